@@ -1,0 +1,210 @@
+"""`CEGPPOConfig`: TRL's `GRPOConfig` plus the CE-GPPO fields, with the paper's defaults."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from trl import GRPOConfig
+
+# Loss types whose per-token term is TRL's PPO-clip `-min(r A, clip(r) A)`: CE-GPPO replaces exactly that term, so it
+# composes with each of their aggregations. The others (cispo, sapo, vespo, luspo) have a different per-token form.
+SUPPORTED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+
+
+@dataclass
+class CEGPPOConfig(GRPOConfig):
+    r"""
+    Configuration class for [`CEGPPOTrainer`]: every field of TRL's [`~trl.GRPOConfig`] plus the fields below.
+
+    CE-GPPO (Su et al., ACL 2026, Eq. 8) keeps PPO-clip's forward value on clipped tokens but gives them back a bounded
+    gradient: `beta1 * (1 - epsilon) * A * grad log pi` for negative-advantage tokens whose ratio fell below
+    `1 - epsilon`, and `beta2 * (1 + epsilon_high) * A * grad log pi` for positive-advantage tokens whose ratio rose above
+    `1 + epsilon_high`. PPO-clip gives both sets zero gradient.
+
+    Defaults follow the paper where it decides: `epsilon = 0.2` (and `epsilon_high=None`, which TRL reads as
+    `epsilon_high = epsilon = 0.2`), token-level normalisation
+    (`loss_type="dapo"`), no KL term (`beta=0.0`), no entropy bonus, `beta1 = 0.5`, `beta2 = 1.0` (the paper's
+    recommendation for 1.5B models; it uses `beta1 = 0.75` for 7B).
+
+    CE-GPPO only acts off-policy. With `steps_per_generation == gradient_accumulation_steps` and `num_iterations == 1`
+    (TRL's default), the ratio is always 1, nothing is clipped and CE-GPPO is GRPO; the trainer warns. The paper takes 8
+    optimizer steps per generation batch: `steps_per_generation = 8 * gradient_accumulation_steps`.
+
+    The authors' scripts also use a dual-clip with `c = 10` on negative-advantage tokens: that is TRL's existing
+    `delta` (set `delta=10.0`; it must exceed `1 + epsilon_high`).
+
+    Parameters:
+        > CE-GPPO coefficients
+
+        cegppo_beta1 (`float`, *optional*, defaults to `0.5`):
+            Gradient coefficient of the "beta1 set": tokens with negative advantage whose ratio fell below
+            `1 - epsilon`. Larger values lower entropy faster (exploitation). `0` gives PPO-clip's gradient on these
+            tokens, `1` gives GPPO's.
+        cegppo_beta2 (`float`, *optional*, defaults to `1.0`):
+            Gradient coefficient of the "beta2 set": tokens with positive advantage whose ratio rose above
+            `1 + epsilon_high`. Larger values keep entropy higher (exploration).
+
+        > Extras from the authors' scripts (off by default; not described in the paper)
+
+        cegppo_sft_coef (`float`, *optional*, defaults to `0.0`):
+            Coefficient of an NLL (SFT) term, `coef * token-mean(-log pi)` over the completions whose total reward is
+            at least `cegppo_sft_reward_threshold`, averaged over those tokens in the generation batch. The authors'
+            scripts use `0.1` with a +1 / -1 reward. `0.0` disables it.
+        cegppo_sft_reward_threshold (`float`, *optional*, defaults to `1.0`):
+            Completions whose total (weighted) reward is `>=` this value get the NLL term. With the paper's +1 / -1
+            reward, `1.0` selects the correct answers.
+        cegppo_exclude_zero_advantage_groups (`bool`, *optional*, defaults to `False`):
+            Leave groups whose advantages are all zero (all completions of a prompt got the same reward) out of the
+            token-mean denominator, as the authors' dynamic sampling does by dropping such groups. Their tokens already
+            contribute zero to the numerator. Requires `loss_type="dapo"`.
+
+        > Diagnostics
+
+        cegppo_low_prob_threshold (`float`, *optional*, defaults to `0.5`):
+            A token is "low probability" in the `cegppo/quadrant/*` metrics when `pi_theta(y_t) < threshold`. The
+            paper's analysis splits tokens into positive / negative advantage x high / low probability; low-probability
+            tokens are the ones whose updates move entropy most.
+
+        > Entropy-target controller (beyond the paper; off by default)
+
+        cegppo_entropy_target (`float`, *optional*):
+            If set, a PI controller adjusts `beta1` and `beta2` after every optimizer step to hold the mean token
+            entropy (nats, as logged in `entropy`) near this target. With error `e_k = target - H_k` (positive when
+            entropy is too low) and clamped integral `I_k = clip(I_{k-1} + e_k, -I_max, I_max)`, the control signal
+            `u_k = kp * e_k + ki * I_k` sets `beta1 = clip(beta1_0 - u_k, beta1_min, beta1_max)` and
+            `beta2 = clip(beta2_0 + u_k, beta2_min, beta2_max)`: too little entropy lowers beta1 and raises beta2,
+            which raises entropy (paper section 5.1). `H_k` is the token-weighted mean over all processes of the
+            optimizer step's micro-batches, so every process computes the same betas. The state is saved with
+            checkpoints and restored on resume.
+        cegppo_entropy_kp (`float`, *optional*, defaults to `1.0`):
+            Proportional gain of the entropy controller (betas per nat).
+        cegppo_entropy_ki (`float`, *optional*, defaults to `0.05`):
+            Integral gain of the entropy controller (betas per nat-step).
+        cegppo_beta1_min (`float`, *optional*, defaults to `0.0`):
+            Lower bound of `beta1` under the controller.
+        cegppo_beta1_max (`float`, *optional*, defaults to `1.0`):
+            Upper bound of `beta1` under the controller.
+        cegppo_beta2_min (`float`, *optional*, defaults to `0.5`):
+            Lower bound of `beta2` under the controller.
+        cegppo_beta2_max (`float`, *optional*, defaults to `1.5`):
+            Upper bound of `beta2` under the controller.
+    """
+
+    # Paper defaults for fields TRL already has (restated so the paper's choice is explicit here).
+    epsilon: float = field(default=0.2, metadata={"help": "Lower clip range (paper: 0.2)."})
+    loss_type: str = field(
+        default="dapo",
+        metadata={"help": "Aggregation of the per-token loss: one of grpo, bnpo, dr_grpo, dapo (paper: dapo)."},
+    )
+    beta: float = field(default=0.0, metadata={"help": "KL coefficient (paper: 0.0, no KL term)."})
+
+    cegppo_beta1: float = field(
+        default=0.5,
+        metadata={"help": "Gradient coefficient for negative-advantage tokens with ratio < 1 - epsilon (paper: 0.5)."},
+    )
+    cegppo_beta2: float = field(
+        default=1.0,
+        metadata={"help": "Gradient coefficient for positive-advantage tokens with ratio > 1 + epsilon_high (paper: 1)."},
+    )
+    cegppo_sft_coef: float = field(
+        default=0.0,
+        metadata={"help": "NLL term on completions with reward >= cegppo_sft_reward_threshold (authors' scripts: 0.1)."},
+    )
+    cegppo_sft_reward_threshold: float = field(
+        default=1.0, metadata={"help": "Completions with total reward >= this value get the NLL term."}
+    )
+    cegppo_exclude_zero_advantage_groups: bool = field(
+        default=False,
+        metadata={"help": "Leave all-zero-advantage groups out of the token-mean denominator (loss_type='dapo')."},
+    )
+    cegppo_low_prob_threshold: float = field(
+        default=0.5, metadata={"help": "pi(y_t) below this is 'low probability' in the quadrant metrics."}
+    )
+    cegppo_entropy_target: float | None = field(
+        default=None, metadata={"help": "Entropy target (nats) of the optional PI controller on beta1/beta2."}
+    )
+    cegppo_entropy_kp: float = field(default=1.0, metadata={"help": "Proportional gain of the entropy controller."})
+    cegppo_entropy_ki: float = field(default=0.05, metadata={"help": "Integral gain of the entropy controller."})
+    cegppo_beta1_min: float = field(default=0.0, metadata={"help": "Controller lower bound of beta1."})
+    cegppo_beta1_max: float = field(default=1.0, metadata={"help": "Controller upper bound of beta1."})
+    cegppo_beta2_min: float = field(default=0.5, metadata={"help": "Controller lower bound of beta2."})
+    cegppo_beta2_max: float = field(default=1.5, metadata={"help": "Controller upper bound of beta2."})
+
+    def __post_init__(self):
+        super().__post_init__()
+        validate_cegppo_config(self)
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+def _finite_non_negative(args, name: str) -> None:
+    value = getattr(args, name)
+    _require(
+        isinstance(value, (int, float)) and math.isfinite(value) and value >= 0,
+        f"`{name}` must be a finite number >= 0, got {value!r}. Set it to a value such as the paper's "
+        "beta1=0.5, beta2=1.0 (or 0 to disable that set's gradient).",
+    )
+
+
+def validate_cegppo_config(args) -> None:
+    """Reject settings that would give a silently wrong CE-GPPO loss. Each error names the field and the fix."""
+    for name in ("cegppo_beta1", "cegppo_beta2", "cegppo_sft_coef"):
+        _finite_non_negative(args, name)
+    epsilon_high = args.epsilon if args.epsilon_high is None else args.epsilon_high
+    _require(
+        isinstance(args.epsilon, (int, float)) and math.isfinite(args.epsilon) and 0 < args.epsilon < 1,
+        f"`epsilon` must be in (0, 1) so that the lower clip bound 1 - epsilon is positive, got {args.epsilon!r}. "
+        "The paper uses epsilon=0.2.",
+    )
+    _require(
+        isinstance(epsilon_high, (int, float)) and math.isfinite(epsilon_high) and epsilon_high > 0,
+        f"`epsilon_high` must be a finite number > 0, got {epsilon_high!r}. The paper uses epsilon_high=0.2.",
+    )
+    _require(
+        args.loss_type in SUPPORTED_LOSS_TYPES,
+        f"`loss_type={args.loss_type!r}` is not supported by CE-GPPO: its per-token loss is not PPO-clip, so there is "
+        f"no clipped set to give gradient back to. Use one of {list(SUPPORTED_LOSS_TYPES)} (the paper uses 'dapo'), "
+        "or use trl.GRPOTrainer for that loss type.",
+    )
+    if args.delta is not None:
+        _require(
+            math.isfinite(args.delta) and args.delta > 1 + epsilon_high,
+            f"`delta` (dual-clip cap, the authors' c=10) must be > 1 + epsilon_high = {1 + epsilon_high}, got "
+            f"{args.delta!r}. Set delta=10.0 as in the authors' scripts, or delta=None to disable dual-clip.",
+        )
+    if args.cegppo_exclude_zero_advantage_groups:
+        _require(
+            args.loss_type == "dapo",
+            "`cegppo_exclude_zero_advantage_groups=True` changes the token-mean denominator, which only "
+            f"`loss_type='dapo'` has; got loss_type={args.loss_type!r}. Set loss_type='dapo' or disable the option.",
+        )
+    _require(
+        math.isfinite(args.cegppo_sft_reward_threshold),
+        f"`cegppo_sft_reward_threshold` must be finite, got {args.cegppo_sft_reward_threshold!r}.",
+    )
+    _require(
+        0 < args.cegppo_low_prob_threshold < 1,
+        f"`cegppo_low_prob_threshold` must be in (0, 1), got {args.cegppo_low_prob_threshold!r}.",
+    )
+    if args.cegppo_entropy_target is not None:
+        _require(
+            math.isfinite(args.cegppo_entropy_target) and args.cegppo_entropy_target > 0,
+            f"`cegppo_entropy_target` must be a positive number of nats, got {args.cegppo_entropy_target!r}; "
+            "set None to disable the controller.",
+        )
+        for name in ("cegppo_entropy_kp", "cegppo_entropy_ki", "cegppo_beta1_min", "cegppo_beta2_min"):
+            _finite_non_negative(args, name)
+        for low, high, start in (
+            ("cegppo_beta1_min", "cegppo_beta1_max", "cegppo_beta1"),
+            ("cegppo_beta2_min", "cegppo_beta2_max", "cegppo_beta2"),
+        ):
+            lo, hi, b0 = getattr(args, low), getattr(args, high), getattr(args, start)
+            _require(
+                math.isfinite(hi) and lo <= b0 <= hi,
+                f"The entropy controller needs `{low}` <= `{start}` <= `{high}`, got {lo} <= {b0} <= {hi}. "
+                f"Widen the bounds or move `{start}` inside them.",
+            )

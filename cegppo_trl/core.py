@@ -1,0 +1,161 @@
+"""Pure tensor functions of CE-GPPO (paper Eq. 8), readable against the paper line by line.
+
+Nothing here knows about models, trainers or processes: each function maps tensors to tensors and is tested alone
+(`tests/test_core.py`) against an independent implementation of Eq. 8.
+
+Notation (shared/CEGPPO.md):
+
+    r      = pi_theta(y_t | ...) / pi_old(y_t | ...)      importance ratio, here `exp(log_ratio)`
+    A      = group-normalised advantage
+    sg(.)  = stop-gradient (`.detach()`)
+
+    l_t =  beta1 * (1 - eps_low)  * r / sg(r) * A    if r < 1 - eps_low  and A < 0     ("beta1 set")
+           beta2 * (1 + eps_high) * r / sg(r) * A    if r > 1 + eps_high and A > 0     ("beta2 set")
+           r * A                                     otherwise
+
+and the per-token *loss* is `-l_t`. The aggregation over tokens (token-mean, sequence-mean, ...) is not part of
+Eq. 8's per-token form and lives with the trainer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class CEGPPOTokenLoss:
+    """Output of [`cegppo_per_token_loss`]. All tensors broadcast to `torch.broadcast_shapes(log_ratio, advantages)`.
+
+    Attributes:
+        per_token_loss: `-l_t` of Eq. 8 (with the optional dual-clip `delta`), differentiable w.r.t. `log_ratio`.
+        beta1_mask: bool, tokens in the beta1 set (`r < 1 - eps_low` and `A < 0`).
+        beta2_mask: bool, tokens in the beta2 set (`r > 1 + eps_high` and `A > 0`).
+        grad_coef: detached `d(-per_token_loss) / d(log pi_theta)`, the weight multiplying `grad log pi` of each token:
+            `beta1 (1 - eps_low) A` / `beta2 (1 + eps_high) A` on the two sets, `r A` elsewhere (0 where dual-clip
+            caps the ratio). Used for gradient-share diagnostics.
+    """
+
+    per_token_loss: torch.Tensor
+    beta1_mask: torch.Tensor
+    beta2_mask: torch.Tensor
+    grad_coef: torch.Tensor
+
+
+def cegppo_per_token_loss(
+    log_ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    epsilon_low: float,
+    epsilon_high: float,
+    beta1: float,
+    beta2: float,
+    delta: float | None = None,
+) -> CEGPPOTokenLoss:
+    """Per-token CE-GPPO loss `-l_t` (Eq. 8).
+
+    Args:
+        log_ratio: `log pi_theta - log pi_old`, shape `(B, T)` (token level) or `(B, 1)` (sequence level). Carries the
+            gradient of `log pi_theta`.
+        advantages: shape `(B, 1)` or `(B, T)`; broadcast against `log_ratio`.
+        epsilon_low, epsilon_high: clip range `[1 - epsilon_low, 1 + epsilon_high]`.
+        beta1: gradient coefficient of the beta1 set (negative advantage, ratio below `1 - epsilon_low`).
+        beta2: gradient coefficient of the beta2 set (positive advantage, ratio above `1 + epsilon_high`).
+        delta: optional dual-clip cap of the ratio in the unclipped branch (TRL's `delta`; the authors' `c = 10`): the
+            "otherwise" branch uses `min(r, delta) * A`, so a negative-advantage token whose ratio exploded gets a
+            bounded loss and no gradient. Same placement as TRL's `delta`.
+
+    Returns:
+        [`CEGPPOTokenLoss`].
+
+    With `beta1 = beta2 = 1` this is GPPO; with `beta1 = beta2 = 0` its gradient is PPO-clip's (forward values on the
+    clipped sets are then 0 instead of PPO's constant `(1 -+ eps) A`, which carries no gradient either way).
+    """
+    ratio = torch.exp(log_ratio)
+    # r / sg(r): exactly 1 in the forward pass, gradient d log pi_theta. exp(x - sg(x)) avoids dividing two
+    # possibly huge or tiny ratios.
+    ratio_over_sg_ratio = torch.exp(log_ratio - log_ratio.detach())
+
+    beta1_mask = (ratio < 1 - epsilon_low) & (advantages < 0)  # strict, as in Eq. 8
+    beta2_mask = (ratio > 1 + epsilon_high) & (advantages > 0)
+
+    unclipped_ratio = ratio if delta is None else torch.clamp(ratio, max=delta)
+    objective = torch.where(
+        beta1_mask,
+        beta1 * (1 - epsilon_low) * ratio_over_sg_ratio * advantages,
+        torch.where(
+            beta2_mask,
+            beta2 * (1 + epsilon_high) * ratio_over_sg_ratio * advantages,
+            unclipped_ratio * advantages,
+        ),
+    )
+
+    with torch.no_grad():
+        unclipped_coef = ratio * advantages
+        if delta is not None:
+            unclipped_coef = torch.where(ratio > delta, torch.zeros_like(unclipped_coef), unclipped_coef)
+        grad_coef = torch.where(
+            beta1_mask,
+            beta1 * (1 - epsilon_low) * advantages,
+            torch.where(beta2_mask, beta2 * (1 + epsilon_high) * advantages, unclipped_coef),
+        )
+
+    return CEGPPOTokenLoss(
+        per_token_loss=-objective, beta1_mask=beta1_mask, beta2_mask=beta2_mask, grad_coef=grad_coef
+    )
+
+
+def ppo_clip_per_token_loss(
+    log_ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    epsilon_low: float,
+    epsilon_high: float,
+    delta: float | None = None,
+) -> torch.Tensor:
+    """Per-token PPO-clip loss exactly as TRL computes it for `loss_type in {"grpo", "bnpo", "dr_grpo", "dapo"}`.
+
+    Mirrors `GRPOTrainer._compute_loss` of TRL 1.16 (`coef_2 = clamp(coef_1, 1 - eps_low, 1 + eps_high)`, optional
+    `coef_1 = clamp(coef_1, max=delta)`, `-min(coef_1 * A, coef_2 * A)`). `tests/test_trl_parity.py` checks this
+    against TRL's real trainer, so a drift in TRL fails the tests.
+    """
+    coef_1 = torch.exp(log_ratio)
+    coef_2 = torch.clamp(coef_1, 1 - epsilon_low, 1 + epsilon_high)
+    if delta is not None:
+        coef_1 = torch.clamp(coef_1, max=delta)
+    return -torch.min(coef_1 * advantages, coef_2 * advantages)
+
+
+def gradient_preserving_correction(
+    log_ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    epsilon_low: float,
+    epsilon_high: float,
+    beta1: float,
+    beta2: float,
+    delta: float | None = None,
+) -> tuple[torch.Tensor, CEGPPOTokenLoss]:
+    """`cegppo_per_token_loss - ppo_clip_per_token_loss`, per token: what turns TRL's PPO-clip loss into CE-GPPO's.
+
+    It is zero (value and gradient) outside the two clipped sets, where Eq. 8 and PPO-clip coincide. On the clipped
+    sets PPO's loss is the constant `-(1 -+ eps) A` with no gradient, so the correction is
+    `-beta (1 -+ eps) A r / sg(r) + (1 -+ eps) A`. Because every TRL aggregation (grpo, bnpo, dr_grpo, dapo) is linear
+    in the per-token loss, `aggregate(ppo) + aggregate(correction) == aggregate(cegppo)` exactly.
+    """
+    cegppo = cegppo_per_token_loss(log_ratio, advantages, epsilon_low, epsilon_high, beta1, beta2, delta)
+    ppo = ppo_clip_per_token_loss(log_ratio, advantages, epsilon_low, epsilon_high, delta)
+    clipped = cegppo.beta1_mask | cegppo.beta2_mask
+    correction = torch.where(clipped, cegppo.per_token_loss - ppo, torch.zeros_like(cegppo.per_token_loss))
+    return correction, cegppo
+
+
+def entropy_change_first_order(probs: torch.Tensor, action: int, advantage: float, weight: float, lr: float) -> float:
+    """First-order entropy change of a softmax policy after one policy-gradient step on action `action`.
+
+    The logits move by `lr * weight * A * (e_a - p)`; then `dH = -lr * weight * A * s_a` with
+    `s_a = p_a (log p_a + H) - sum_b p_b^2 (log p_b + H)` (shared/CEGPPO.md). Positive-advantage rare actions raise
+    entropy, negative-advantage rare actions lower it.
+    """
+    log_p = torch.log(probs)
+    entropy = -(probs * log_p).sum()
+    s_a = probs[action] * (log_p[action] + entropy) - (probs**2 * (log_p + entropy)).sum()
+    return float(-lr * weight * advantage * s_a)

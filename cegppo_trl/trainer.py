@@ -1,0 +1,360 @@
+"""`CEGPPOTrainer`: TRL's `GRPOTrainer` with CE-GPPO's gradient-preserving clipping (paper Eq. 8).
+
+What is overridden, and why:
+
+* `_compute_loss` -- the only change to the objective. TRL computes its PPO-clip loss as usual (so the KL term,
+  entropy bonus / adaptive entropy, MoE aux loss and all of TRL's metrics stay TRL's own); we then add
+  `aggregate(correction)` where `correction = cegppo_per_token_loss - ppo_clip_per_token_loss` (`core.py`) is zero
+  outside the two clipped sets. Every supported aggregation is linear in the per-token loss, so the sum is exactly
+  CE-GPPO's loss. The correction reuses the log-probs and entropies TRL computed in the same forward pass (captured
+  in `_get_per_token_logps_and_entropies`), so there is no second forward.
+* `_generate_and_score_completions` -- only to attach two optional extras of the authors' scripts to the batch: the
+  mask of completions that get the SFT term, and the token-mean denominator without all-zero-advantage groups.
+
+Mirrored TRL logic (pinned to TRL 1.16.x by `pyproject.toml`, and each covered by `tests/test_trl_parity.py`, which
+fails if TRL's behaviour drifts): the ratio and its sequence-level form, the off-policy mask, the high-entropy mask and
+vLLM importance-sampling multiplications, and the four aggregations -- all in `_policy_term_inputs` and
+`_aggregate_like_trl` below.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import textwrap
+import warnings
+from dataclasses import dataclass
+
+import torch
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from trl import GRPOConfig, GRPOTrainer
+from trl.trainer.utils import get_config_model_id
+
+from .config import CEGPPOConfig, validate_cegppo_config
+from .controller import EntropyController
+from .core import gradient_preserving_correction
+
+CONTROLLER_STATE_FILE = "cegppo_controller_state.json"
+QUADRANTS = ("pos_high", "pos_low", "neg_high", "neg_low")
+
+
+def _as_cegppo_config(args: GRPOConfig) -> CEGPPOConfig:
+    """Upgrade a plain `GRPOConfig` (drop-in use) to a `CEGPPOConfig` with the paper's CE-GPPO defaults."""
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init}
+    # GRPOConfig.__post_init__ derived generation_batch_size from steps_per_generation; passing both back is an error.
+    values["generation_batch_size"] = None
+    return CEGPPOConfig(**values)
+
+
+@dataclass
+class _PolicyTermInputs:
+    """Per-token tensors TRL's PPO-clip term is built from, recomputed exactly as TRL does (TRL 1.16)."""
+
+    log_ratio: torch.Tensor  # (B, T) token level or (B, 1) sequence level
+    advantages: torch.Tensor  # (B, 1) or (B, T)
+    mask: torch.Tensor  # (B, T) completion mask x tool mask
+    token_weight: torch.Tensor | None  # off-policy mask x entropy mask x vLLM IS ratio, or None
+
+
+class CEGPPOTrainer(GRPOTrainer):
+    """[`~trl.GRPOTrainer`] with the CE-GPPO policy loss. Same constructor; pass a [`CEGPPOConfig`].
+
+    Replacing `GRPOTrainer` with `CEGPPOTrainer` in a working GRPO script is all a switch needs: a plain `GRPOConfig`
+    is accepted and upgraded to a `CEGPPOConfig` with the paper's `cegppo_beta1=0.5`, `cegppo_beta2=1.0` (a warning
+    says so). CE-GPPO only differs from GRPO off-policy: set `steps_per_generation` to a multiple of
+    `gradient_accumulation_steps` (the paper: 8x) or `num_iterations > 1`.
+
+    Metrics added under `cegppo/` (TRL's `entropy` and `clip_ratio/*` are kept as they are):
+
+    * `beta1`, `beta2`: the coefficients in force (they move only under the entropy controller).
+    * `beta1_token_frac`, `beta2_token_frac`: fraction of loss tokens in the beta1 / beta2 set.
+    * `beta1_grad_share`, `beta2_grad_share`: share of the total gradient weight `sum |d loss / d log pi|` carried
+      by each set (PPO-clip would give both 0).
+    * `quadrant/{pos,neg}_{high,low}/{token_frac,grad_share,clip_frac,restored_grad_share}`: the paper's four token
+      quadrants (advantage sign x `pi_theta(y_t)` above / below `cegppo_low_prob_threshold`): token fraction, share of
+      gradient weight, fraction of the quadrant's tokens that were clipped, and the share of the total gradient
+      weight that CE-GPPO gave back to the quadrant's clipped tokens. Zero-advantage tokens belong to no quadrant.
+    * `sft_nll` (token-mean NLL of the SFT completions), `sft_token_frac` when `cegppo_sft_coef > 0`; `entropy_error`, `entropy_integral` under the
+      entropy controller.
+    """
+
+    _tag_names = ["trl", "grpo", "cegppo"]
+    _name = "CE-GPPO"
+    _paper = {
+        "title": "CE-GPPO: Coordinating Entropy via Gradient-Preserving Clipping Policy Optimization in "
+        "Reinforcement Learning",
+        "id": "2509.20712",
+        "citation": textwrap.dedent("""\
+            @inproceedings{su2026cegppo,
+                title        = {{CE-GPPO: Coordinating Entropy via Gradient-Preserving Clipping Policy Optimization in Reinforcement Learning}},
+                author       = {Zhenpeng Su and Leiyu Pan and Minxuan Lv and Yuntao Li and Wenping Hu and Fuzheng Zhang and Kun Gai and Guorui Zhou},
+                booktitle    = {Proceedings of ACL},
+                year         = 2026,
+                eprint       = {arXiv:2509.20712},
+            }"""),
+    }
+
+    def __init__(self, model, reward_funcs=None, args: GRPOConfig | None = None, *pargs, **kwargs):
+        if args is None:
+            model_name = model if isinstance(model, str) else get_config_model_id(model.config)
+            args = CEGPPOConfig(f"{model_name.split('/')[-1]}-CEGPPO")
+        elif not isinstance(args, CEGPPOConfig):
+            if not isinstance(args, GRPOConfig):
+                raise TypeError(f"`args` must be a CEGPPOConfig (or a GRPOConfig), got {type(args).__name__}.")
+            warnings.warn(
+                "CEGPPOTrainer got a plain GRPOConfig; using CEGPPOConfig with the paper's cegppo_beta1=0.5, "
+                "cegppo_beta2=1.0. Pass a CEGPPOConfig to choose them.",
+                UserWarning,
+                stacklevel=2,
+            )
+            args = _as_cegppo_config(args)
+        # Fields may have been changed after the config was built; check again before any work is done.
+        validate_cegppo_config(args)
+        super().__init__(model, reward_funcs, args, *pargs, **kwargs)
+
+        self.cegppo_beta1 = float(args.cegppo_beta1)
+        self.cegppo_beta2 = float(args.cegppo_beta2)
+        self._capture_logps = False
+        self._captured = None
+        self._controller = EntropyController.from_config(args) if args.cegppo_entropy_target is not None else None
+        self._controller_window = None
+
+        # TRL 1.16 `_generate_and_score_completions`: old log-probs exist only when this condition holds; otherwise the
+        # loss uses `per_token_logps.detach()`, r == 1 and CE-GPPO is GRPO.
+        generate_every = args.steps_per_generation * args.num_iterations
+        if args.gradient_accumulation_steps % generate_every == 0:
+            warnings.warn(
+                "CE-GPPO is inert with this configuration: steps_per_generation "
+                f"({args.steps_per_generation}) x num_iterations ({args.num_iterations}) divides "
+                f"gradient_accumulation_steps ({args.gradient_accumulation_steps}), so every update is on-policy, the "
+                "ratio is always 1, nothing is clipped and the loss equals GRPO's. The paper takes 8 optimizer steps "
+                "per generation batch: set steps_per_generation = 8 * gradient_accumulation_steps "
+                f"(= {8 * args.gradient_accumulation_steps}) or num_iterations > 1.",
+                UserWarning,
+                stacklevel=2,
+            )
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Generation: attach the optional extras to the batch.
+    # ------------------------------------------------------------------------------------------------------------
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._last_rewards_per_func = rewards_per_func  # gathered over processes, (N_total, num_funcs)
+        return rewards_per_func
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        args = self.args
+        loss_mask = output["completion_mask"] if "tool_mask" not in output else output["completion_mask"] * output["tool_mask"]
+        local_size = output["completion_ids"].size(0)
+        process_slice = slice(self.accelerator.process_index * local_size, (self.accelerator.process_index + 1) * local_size)
+
+        if args.cegppo_exclude_zero_advantage_groups:
+            mode = "train" if self.model.training else "eval"
+            group_size = self.num_generations if mode == "train" else self.num_generations_eval
+            all_advantages = self.accelerator.gather(output["advantages"])
+            # A group whose rewards are all equal gets advantage exactly 0 for every member (TRL: r - mean(r)).
+            informative = (all_advantages.view(-1, group_size) != 0).any(dim=1).repeat_interleave(group_size)
+            keep = informative[process_slice].to(loss_mask.dtype)
+            output["num_items_in_batch"] = self.accelerator.gather((loss_mask * keep.unsqueeze(1)).sum()).sum()
+            self._metrics[mode]["cegppo/informative_group_frac"].append(informative.float().mean().item())
+
+        if args.cegppo_sft_coef > 0:
+            # Total reward as TRL logs it: reward_weights-weighted nansum over reward functions (TRL 1.16).
+            rewards_per_func = self._last_rewards_per_func
+            weights = self.reward_weights.to(rewards_per_func.device).unsqueeze(0)
+            rewards = (rewards_per_func * weights).nansum(dim=1)
+            unscorable = torch.isnan(rewards_per_func).all(dim=1)
+            is_top = (rewards >= args.cegppo_sft_reward_threshold) & ~unscorable
+            sft_mask = is_top[process_slice].to(loss_mask.dtype)
+            output["cegppo_sft_mask"] = sft_mask
+            output["cegppo_num_sft_tokens"] = self.accelerator.gather((loss_mask * sft_mask.unsqueeze(1)).sum()).sum()
+        return output
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Loss
+    # ------------------------------------------------------------------------------------------------------------
+    def _get_per_token_logps_and_entropies(self, *pargs, **kwargs):
+        logps, entropies, aux_loss = super()._get_per_token_logps_and_entropies(*pargs, **kwargs)
+        if self._capture_logps:
+            self._captured = (logps, entropies)
+        return logps, entropies, aux_loss
+
+    def _compute_loss(self, model, inputs):
+        self._capture_logps, self._captured = True, None
+        try:
+            loss = super()._compute_loss(model, inputs)  # TRL's PPO-clip loss + KL + entropy bonus + aux loss
+        finally:
+            self._capture_logps = False
+        per_token_logps, entropies = self._captured
+        self._captured = None
+        return loss + self._cegppo_loss_delta(inputs, per_token_logps, entropies)
+
+    def _policy_term_inputs(self, inputs, per_token_logps, entropies) -> _PolicyTermInputs:
+        """Rebuild the ratio and the per-token multipliers exactly as TRL 1.16's `_compute_loss` does."""
+        mask = inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs["tool_mask"]
+        advantages = inputs["advantages"]
+        if advantages.dim() == 1:
+            advantages = advantages.unsqueeze(1)
+        old_per_token_logps = inputs.get("old_per_token_logps")
+        if old_per_token_logps is None:
+            old_per_token_logps = per_token_logps.detach()
+
+        log_ratio = per_token_logps - old_per_token_logps
+        if self.importance_sampling_level == "sequence":
+            log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
+
+        token_weight = None
+        if self.off_policy_mask_threshold is not None:
+            sampling_per_token_logps = inputs.get("sampling_per_token_logps", old_per_token_logps)
+            token_weight = self.get_off_policy_mask(
+                advantages=advantages,
+                per_token_logps=per_token_logps,
+                sampling_per_token_logps=sampling_per_token_logps,
+                mask=mask,
+                off_policy_threshold=self.off_policy_mask_threshold,
+            )
+        if self.top_entropy_quantile < 1.0:
+            entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
+            token_weight = entropy_mask if token_weight is None else token_weight * entropy_mask
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            is_ratio = inputs["importance_sampling_ratio"]
+            token_weight = is_ratio if token_weight is None else token_weight * is_ratio
+        return _PolicyTermInputs(log_ratio, advantages, mask, token_weight)
+
+    def _aggregate_like_trl(self, per_token_loss: torch.Tensor, mask: torch.Tensor, inputs) -> torch.Tensor:
+        """Reduce a per-token loss to the scalar TRL 1.16 would, for grpo / bnpo / dr_grpo / dapo."""
+        mode = "train" if self.model.training else "eval"
+        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        if self.loss_type == "grpo":
+            return ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean() / accumulation
+        if self.loss_type == "bnpo":
+            return (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0) / accumulation
+        if self.loss_type == "dr_grpo":
+            return (per_token_loss * mask).sum() / (per_token_loss.size(0) * self.max_completion_length) / accumulation
+        if self.loss_type == "dapo":
+            return (per_token_loss * mask).sum() / self._token_mean_normalizer(inputs["num_items_in_batch"], mode)
+        raise ValueError(f"loss_type={self.loss_type!r} is not supported by CEGPPOTrainer.")
+
+    def _token_mean_normalizer(self, num_tokens: torch.Tensor, mode: str) -> torch.Tensor:
+        # TRL 1.16 dapo: the count spans the generation batch on all processes; rescale it to one accumulation window.
+        normalizer = num_tokens.clamp(min=1.0) / self.accelerator.num_processes
+        if mode == "train":
+            normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
+        return normalizer
+
+    def _cegppo_loss_delta(self, inputs, per_token_logps, entropies) -> torch.Tensor:
+        """CE-GPPO loss minus TRL's PPO-clip loss (plus the optional SFT term), with metrics and controller update."""
+        mode = "train" if self.model.training else "eval"
+        terms = self._policy_term_inputs(inputs, per_token_logps, entropies)
+        correction, cegppo = gradient_preserving_correction(
+            terms.log_ratio,
+            terms.advantages,
+            self.epsilon_low,
+            self.epsilon_high,
+            self.cegppo_beta1,
+            self.cegppo_beta2,
+            self.args.delta,
+        )
+        if terms.token_weight is not None:
+            correction = correction * terms.token_weight
+        loss_delta = self._aggregate_like_trl(correction, terms.mask, inputs)
+
+        if self.args.cegppo_sft_coef > 0:
+            sft_mask = inputs["cegppo_sft_mask"].unsqueeze(1) * terms.mask
+            nll = -(per_token_logps * sft_mask).sum() / self._token_mean_normalizer(inputs["cegppo_num_sft_tokens"], mode)
+            loss_delta = loss_delta + self.args.cegppo_sft_coef * nll
+            self._log_sums(
+                mode,
+                {
+                    "cegppo/sft_nll": (-(per_token_logps.detach() * sft_mask).sum(), sft_mask.sum()),
+                    "cegppo/sft_token_frac": (sft_mask.sum(), terms.mask.sum()),
+                },
+            )
+
+        self._log_token_metrics(mode, terms, cegppo, per_token_logps)
+        if self._controller is not None and mode == "train":
+            self._controller_step(entropies, terms.mask)
+        return loss_delta
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Metrics
+    # ------------------------------------------------------------------------------------------------------------
+    def _log_sums(self, mode: str, ratios: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Log `sum(numerators) / sum(denominators)` over all processes, with one all-reduce for the whole dict."""
+        stacked = torch.stack([torch.stack([n.float(), d.float()]) for n, d in ratios.values()]).detach()
+        totals = self.accelerator.reduce(stacked, reduction="sum")
+        for name, (num, den) in zip(ratios, totals.tolist()):
+            self._metrics[mode][name].append(num / den if den > 0 else 0.0)
+
+    def _log_token_metrics(self, mode, terms: _PolicyTermInputs, cegppo, per_token_logps) -> None:
+        mask = terms.mask.float()
+        shape = mask.shape
+        weight = cegppo.grad_coef.abs().expand(shape) * mask
+        if terms.token_weight is not None:
+            weight = weight * terms.token_weight.expand(shape)
+        beta1_set = cegppo.beta1_mask.expand(shape) * mask
+        beta2_set = cegppo.beta2_mask.expand(shape) * mask
+        clipped = beta1_set + beta2_set
+        num_tokens, total_weight = mask.sum(), weight.sum()
+        ratios = {
+            "cegppo/beta1_token_frac": ((beta1_set).sum(), num_tokens),
+            "cegppo/beta2_token_frac": ((beta2_set).sum(), num_tokens),
+            "cegppo/beta1_grad_share": ((weight * beta1_set).sum(), total_weight),
+            "cegppo/beta2_grad_share": ((weight * beta2_set).sum(), total_weight),
+        }
+        advantages = terms.advantages.expand(shape)
+        low_prob = per_token_logps.detach() < math.log(self.args.cegppo_low_prob_threshold)
+        for name, quadrant in zip(
+            QUADRANTS,
+            (
+                (advantages > 0) & ~low_prob,
+                (advantages > 0) & low_prob,
+                (advantages < 0) & ~low_prob,
+                (advantages < 0) & low_prob,
+            ),
+        ):
+            in_quadrant = quadrant.float() * mask
+            ratios[f"cegppo/quadrant/{name}/token_frac"] = (in_quadrant.sum(), num_tokens)
+            ratios[f"cegppo/quadrant/{name}/grad_share"] = ((weight * in_quadrant).sum(), total_weight)
+            ratios[f"cegppo/quadrant/{name}/clip_frac"] = ((clipped * in_quadrant).sum(), in_quadrant.sum())
+            ratios[f"cegppo/quadrant/{name}/restored_grad_share"] = ((weight * clipped * in_quadrant).sum(), total_weight)
+        self._log_sums(mode, ratios)
+        if mode == "train" and self.accelerator.sync_gradients:
+            self._metrics[mode]["cegppo/beta1"].append(self.cegppo_beta1)
+            self._metrics[mode]["cegppo/beta2"].append(self.cegppo_beta2)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Entropy controller
+    # ------------------------------------------------------------------------------------------------------------
+    def _controller_step(self, entropies: torch.Tensor, mask: torch.Tensor) -> None:
+        # Same windowing as TRL's adaptive entropy: accumulate the micro-batches of one optimizer step, reduce the
+        # (sum, count) pair over processes at the boundary, and apply the new betas from the next step on.
+        stats = torch.stack([(entropies.detach() * mask).sum(), mask.sum().float()])
+        self._controller_window = stats if self._controller_window is None else self._controller_window + stats
+        if self.accelerator.sync_gradients:
+            totals = self.accelerator.reduce(self._controller_window, reduction="sum")
+            self._controller_window = None
+            world_entropy = (totals[0] / totals[1].clamp(min=1.0)).item()
+            self.cegppo_beta1, self.cegppo_beta2 = self._controller.update(world_entropy)
+            self._metrics["train"]["cegppo/entropy_error"].append(self._controller.last_error)
+            self._metrics["train"]["cegppo/entropy_integral"].append(self._controller.integral)
+
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        if self._controller is not None and self.args.should_save:
+            checkpoint_folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            output_dir = os.path.join(self._get_output_dir(trial=trial), checkpoint_folder)
+            with open(os.path.join(output_dir, CONTROLLER_STATE_FILE), "w") as f:
+                json.dump(self._controller.state_dict(), f, indent=2)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if self._controller is not None and checkpoint is not None:
+            path = os.path.join(checkpoint, CONTROLLER_STATE_FILE)
+            if os.path.exists(path):
+                with open(path) as f:
+                    self._controller = EntropyController.from_state_dict(json.load(f))
+                self.cegppo_beta1, self.cegppo_beta2 = self._controller.beta1, self._controller.beta2
