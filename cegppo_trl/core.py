@@ -159,3 +159,22 @@ def entropy_change_first_order(probs: torch.Tensor, action: int, advantage: floa
     entropy = -(probs * log_p).sum()
     s_a = probs[action] * (log_p[action] + entropy) - (probs**2 * (log_p + entropy)).sum()
     return float(-lr * weight * advantage * s_a)
+
+
+def cegppo_token_mean_loss(
+    log_ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    epsilon_low: float,
+    epsilon_high: float,
+    beta1: float,
+    beta2: float,
+    delta: float | None = None,
+) -> torch.Tensor:
+    """The paper's full objective as a loss: `-J = -sum_{i,t} l_t / sum_i |y_i|` over the tokens where `mask` is 1.
+
+    This is what [`CEGPPOTrainer`] computes with `loss_type="dapo"` for one generation batch on one process (TRL
+    additionally splits the denominator over processes and gradient-accumulation steps).
+    """
+    per_token = cegppo_per_token_loss(log_ratio, advantages, epsilon_low, epsilon_high, beta1, beta2, delta)
+    return (per_token.per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)

@@ -1,0 +1,177 @@
+"""The pure loss functions against an independent, scalar implementation of Eq. 8 (shared/CEGPPO.md)."""
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from cegppo_trl.core import (
+    cegppo_per_token_loss,
+    cegppo_token_mean_loss,
+    gradient_preserving_correction,
+    ppo_clip_per_token_loss,
+)
+
+
+def eq8_scalar(r: float, a: float, eps_low, eps_high, beta1, beta2, delta=None):
+    """Eq. 8 for one token, written from the paper: returns (l_t, d l_t / d log pi_theta)."""
+    if r < 1 - eps_low and a < 0:
+        return beta1 * (1 - eps_low) * a, beta1 * (1 - eps_low) * a  # r / sg(r) == 1, d(r / sg(r)) = d log pi
+    if r > 1 + eps_high and a > 0:
+        return beta2 * (1 + eps_high) * a, beta2 * (1 + eps_high) * a
+    if delta is not None and r > delta:
+        return delta * a, 0.0  # dual-clip: capped ratio, no gradient
+    return r * a, r * a  # d(r a) / d log pi = r a
+
+
+def check_against_scalar(log_ratio, adv, eps_low, eps_high, beta1, beta2, delta=None, atol=1e-12):
+    log_ratio = log_ratio.clone().requires_grad_(True)
+    out = cegppo_per_token_loss(log_ratio, adv, eps_low, eps_high, beta1, beta2, delta)
+    (grad,) = torch.autograd.grad(out.per_token_loss.sum(), log_ratio)
+    ratio = torch.exp(log_ratio.detach())
+    adv_b = adv.expand_as(ratio)
+    for idx in itertools.product(*(range(n) for n in ratio.shape)):
+        r, a = ratio[idx].item(), adv_b[idx].item()
+        value, dvalue = eq8_scalar(r, a, eps_low, eps_high, beta1, beta2, delta)
+        assert out.per_token_loss[idx].item() == pytest.approx(-value, abs=atol, rel=1e-9), (idx, r, a)
+        assert grad[idx].item() == pytest.approx(-dvalue, abs=atol, rel=1e-9), (idx, r, a)
+        assert out.grad_coef[idx].item() == pytest.approx(dvalue, abs=atol, rel=1e-9), (idx, r, a)
+        assert bool(out.beta1_mask[idx]) == (r < 1 - eps_low and a < 0)
+        assert bool(out.beta2_mask[idx]) == (r > 1 + eps_high and a > 0)
+    return out
+
+
+@pytest.mark.parametrize("beta1,beta2", [(0.5, 1.0), (0.75, 1.0), (0.0, 0.0), (1.0, 1.0), (2.0, 0.3)])
+@pytest.mark.parametrize("eps_low,eps_high", [(0.2, 0.2), (0.2, 0.28)])
+def test_random_tokens_match_eq8(beta1, beta2, eps_low, eps_high):
+    gen = torch.Generator().manual_seed(0)
+    log_ratio = torch.randn(6, 9, generator=gen, dtype=torch.float64) * 0.4
+    adv = torch.randn(6, 1, generator=gen, dtype=torch.float64)
+    out = check_against_scalar(log_ratio, adv, eps_low, eps_high, beta1, beta2)
+    assert out.beta1_mask.any() and out.beta2_mask.any()  # both branches exercised
+
+
+def test_per_token_advantages_and_dual_clip():
+    gen = torch.Generator().manual_seed(1)
+    log_ratio = torch.randn(5, 7, generator=gen, dtype=torch.float64) * 1.5  # some ratios exceed delta = 3
+    adv = torch.randn(5, 7, generator=gen, dtype=torch.float64)
+    assert (torch.exp(log_ratio) > 3).any()
+    check_against_scalar(log_ratio, adv, 0.2, 0.2, 0.5, 1.0, delta=3.0)
+
+
+def _exact_log(target: float) -> float:
+    """A float64 x with exp(x) == target exactly, so the edge case is truly on the edge."""
+    x = torch.tensor(math.log(target), dtype=torch.float64)
+    for _ in range(8):
+        r = torch.exp(x).item()
+        if r == target:
+            return x.item()
+        x = torch.nextafter(x, torch.tensor(math.inf if r < target else -math.inf, dtype=torch.float64))
+    raise AssertionError("no exact log found")
+
+
+def test_clip_edges_are_strict():
+    eps = 0.2
+    lo, hi = 1 - eps, 1 + eps
+    log_ratio = torch.tensor([[_exact_log(lo), _exact_log(hi), _exact_log(lo), _exact_log(hi)]], dtype=torch.float64)
+    adv = torch.tensor([[-1.0, 1.0, 1.0, -1.0]], dtype=torch.float64)
+    out = check_against_scalar(log_ratio, adv, eps, eps, 0.5, 1.0)
+    # On the edges nothing is clipped: "otherwise" branch, l = r A with gradient r A.
+    assert not out.beta1_mask.any() and not out.beta2_mask.any()
+    assert torch.allclose(out.per_token_loss, -torch.exp(log_ratio) * adv)
+
+
+def test_zero_advantage_gives_zero_loss_and_gradient():
+    log_ratio = torch.tensor([[-1.0, 0.0, 1.0]], dtype=torch.float64, requires_grad=True)
+    out = cegppo_per_token_loss(log_ratio, torch.zeros(1, 1, dtype=torch.float64), 0.2, 0.2, 0.5, 1.0)
+    (grad,) = torch.autograd.grad(out.per_token_loss.sum(), log_ratio)
+    assert torch.equal(out.per_token_loss, torch.zeros_like(out.per_token_loss))
+    assert torch.equal(grad, torch.zeros_like(grad))
+    assert not out.beta1_mask.any() and not out.beta2_mask.any()
+
+
+def test_forward_value_on_clipped_sets_is_beta_times_ppo_value():
+    log_ratio = torch.tensor([[math.log(0.5), math.log(2.0)]], dtype=torch.float64)
+    adv = torch.tensor([[-2.0, 3.0]], dtype=torch.float64)
+    out = cegppo_per_token_loss(log_ratio, adv, 0.2, 0.28, 0.75, 1.0)
+    assert out.per_token_loss[0].tolist() == pytest.approx([0.75 * 0.8 * 2.0, -1.0 * 1.28 * 3.0])
+
+
+@pytest.mark.parametrize("delta", [None, 4.0])
+def test_reductions_gppo_and_ppo(delta):
+    """beta = 1: GPPO (PPO's forward value, gradient kept); beta = 0: PPO-clip's gradient exactly."""
+    gen = torch.Generator().manual_seed(2)
+    log_ratio = (torch.randn(4, 11, generator=gen, dtype=torch.float64) * 0.8).requires_grad_(True)
+    adv = torch.randn(4, 1, generator=gen, dtype=torch.float64)
+    ppo = ppo_clip_per_token_loss(log_ratio, adv, 0.2, 0.2, delta)
+    (ppo_grad,) = torch.autograd.grad(ppo.sum(), log_ratio)
+
+    gppo = cegppo_per_token_loss(log_ratio, adv, 0.2, 0.2, 1.0, 1.0, delta)
+    assert torch.allclose(gppo.per_token_loss, ppo, atol=1e-12)  # same forward value
+    (gppo_grad,) = torch.autograd.grad(gppo.per_token_loss.sum(), log_ratio)
+    clipped = gppo.beta1_mask | gppo.beta2_mask
+    assert clipped.any()
+    assert torch.allclose(gppo_grad[~clipped], ppo_grad[~clipped])
+    assert (ppo_grad[clipped] == 0).all() and (gppo_grad[clipped] != 0).all()
+
+    zero = cegppo_per_token_loss(log_ratio, adv, 0.2, 0.2, 0.0, 0.0, delta)
+    (zero_grad,) = torch.autograd.grad(zero.per_token_loss.sum(), log_ratio)
+    assert torch.allclose(zero_grad, ppo_grad, atol=1e-12)
+
+
+def test_correction_is_cegppo_minus_ppo_and_zero_outside_clipped_sets():
+    gen = torch.Generator().manual_seed(3)
+    log_ratio = (torch.randn(3, 10, generator=gen, dtype=torch.float64) * 0.5).requires_grad_(True)
+    adv = torch.randn(3, 1, generator=gen, dtype=torch.float64)
+    correction, cegppo = gradient_preserving_correction(log_ratio, adv, 0.2, 0.2, 0.5, 1.0)
+    ppo = ppo_clip_per_token_loss(log_ratio, adv, 0.2, 0.2)
+    assert torch.allclose(ppo + correction, cegppo.per_token_loss, atol=1e-12)
+    clipped = cegppo.beta1_mask | cegppo.beta2_mask
+    assert (correction[~clipped] == 0).all()
+    g_sum = torch.autograd.grad((ppo + correction).sum(), log_ratio, retain_graph=True)[0]
+    g_ref = torch.autograd.grad(cegppo.per_token_loss.sum(), log_ratio)[0]
+    assert torch.allclose(g_sum, g_ref, atol=1e-12)
+
+
+def test_token_mean_with_masks_and_ragged_lengths():
+    gen = torch.Generator().manual_seed(4)
+    lengths = [1, 4, 7, 0, 5]
+    mask = torch.zeros(5, 7, dtype=torch.float64)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1
+    log_ratio = (torch.randn(5, 7, generator=gen, dtype=torch.float64) * 0.5).requires_grad_(True)
+    # Padding positions hold garbage that must not leak into value or gradient.
+    garbage = torch.where(mask.bool(), torch.zeros_like(mask), torch.full_like(mask, 50.0))
+    adv = torch.randn(5, 1, generator=gen, dtype=torch.float64)
+    loss = cegppo_token_mean_loss(log_ratio + garbage, adv, mask, 0.2, 0.2, 0.5, 1.0)
+    (grad,) = torch.autograd.grad(loss, log_ratio)
+
+    total, expected_grad = 0.0, torch.zeros_like(grad)
+    ratio = torch.exp(log_ratio.detach())
+    for i, n in enumerate(lengths):
+        for t in range(n):
+            value, dvalue = eq8_scalar(ratio[i, t].item(), adv[i, 0].item(), 0.2, 0.2, 0.5, 1.0)
+            total += value
+            expected_grad[i, t] = -dvalue / sum(lengths)
+    assert loss.item() == pytest.approx(-total / sum(lengths), rel=1e-10)
+    assert torch.allclose(grad, expected_grad, atol=1e-12)
+    assert (grad[~mask.bool()] == 0).all()
+
+
+def test_sequence_level_ratio_broadcasts():
+    """(B, 1) sequence-level ratios (GSPO-style) use the same branches per sequence."""
+    log_ratio = torch.tensor([[math.log(0.7)], [math.log(1.3)], [0.0]], dtype=torch.float64)
+    adv = torch.tensor([[-1.0], [1.0], [1.0]], dtype=torch.float64)
+    out = check_against_scalar(log_ratio, adv, 0.2, 0.2, 0.5, 1.0)
+    assert out.beta1_mask.squeeze(1).tolist() == [True, False, False]
+    assert out.beta2_mask.squeeze(1).tolist() == [False, True, False]
+
+
+def test_float32_and_bfloat16_inputs_keep_dtype():
+    for dtype in (torch.float32, torch.bfloat16):
+        log_ratio = torch.randn(2, 3).to(dtype)
+        adv = torch.randn(2, 1).to(dtype)
+        out = cegppo_per_token_loss(log_ratio, adv, 0.2, 0.2, 0.5, 1.0)
+        assert out.per_token_loss.dtype == dtype
+        assert torch.isfinite(out.per_token_loss).all()
