@@ -1,0 +1,172 @@
+"""Exactness through the real trainer, and drift detection against TRL's own GRPOTrainer.
+
+`CEGPPOTrainer` computes TRL's loss and adds a CE-GPPO correction built from a mirror of TRL 1.16's ratio, masks and
+aggregation (`_policy_term_inputs`, `_aggregate_like_trl`). The first test rebuilds TRL's PPO-clip loss from that mirror
+and compares it with TRL's `GRPOTrainer._compute_loss` on the same batch for every supported loss type and option:
+if TRL changes any of them, it fails.
+"""
+
+import copy
+
+import pytest
+import torch
+from trl import GRPOConfig, GRPOTrainer
+
+from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
+from cegppo_trl.core import cegppo_token_mean_loss, ppo_clip_per_token_loss
+from conftest import contains_answer_reward, cpu_config, make_loss_batch
+
+LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo"]
+VARIANTS = {
+    "plain": {},
+    "sequence": {"importance_sampling_level": "sequence"},
+    "delta": {"delta": 1.5},
+    "off_policy_mask": {"off_policy_mask_threshold": 0.02},
+    "entropy_mask": {"top_entropy_quantile": 0.5},
+    "vllm_is": {},
+}
+
+
+def build(cls, config_cls, model, tokenizer, dataset, tmp_path, **overrides):
+    args = cpu_config(config_cls, tmp_path, **overrides)
+    return cls(model=model, reward_funcs=contains_answer_reward, args=args, train_dataset=dataset,
+               processing_class=tokenizer)
+
+
+def add_off_policy(trainer, inputs, seed=0, scale=0.4):
+    """Old log-probs = current ones + noise, so ratios spread over both clip edges."""
+    logps = current_logps(trainer, inputs)[0].detach()
+    gen = torch.Generator().manual_seed(seed)
+    inputs = dict(inputs)
+    inputs["old_per_token_logps"] = logps + scale * torch.randn(logps.shape, generator=gen)
+    return inputs
+
+
+def current_logps(trainer, inputs):
+    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    logps, entropies, _ = trainer._get_per_token_logps_and_entropies(
+        trainer.model, input_ids, attention_mask, inputs["completion_ids"].size(1), compute_entropy=True
+    )
+    return logps, entropies
+
+
+def grads(model):
+    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+
+def loss_and_grad(trainer, inputs, compute=None):
+    trainer.model.zero_grad()
+    loss = (compute or trainer._compute_loss)(trainer.model, inputs)
+    loss.backward()
+    return loss.detach(), grads(trainer.model).clone()
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_mirror_of_trl_policy_loss_matches_grpo_trainer(loss_type, variant, tiny_model, tiny_tokenizer,
+                                                        arithmetic_dataset, tmp_path):
+    trainer = build(CEGPPOTrainer, CEGPPOConfig, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path,
+                    loss_type=loss_type, gradient_accumulation_steps=2, steps_per_generation=4,
+                    **VARIANTS[variant])
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 2
+    inputs = add_off_policy(trainer, make_loss_batch(tiny_tokenizer, seed=1))
+    inputs["num_items_in_batch"] = inputs["completion_mask"].sum() * 3  # as if the generation batch were larger
+    if variant == "vllm_is":
+        trainer.use_vllm, trainer.vllm_importance_sampling_correction = True, True
+        gen = torch.Generator().manual_seed(5)
+        inputs["importance_sampling_ratio"] = 0.5 + torch.rand(inputs["completion_ids"].shape, generator=gen)
+
+    trl_loss, trl_grad = loss_and_grad(trainer, inputs, lambda m, x: GRPOTrainer._compute_loss(trainer, m, x))
+
+    def mirrored(model, x):
+        logps, entropies = current_logps(trainer, x)
+        terms = trainer._policy_term_inputs(x, logps, entropies)
+        per_token = ppo_clip_per_token_loss(terms.log_ratio, terms.advantages, trainer.epsilon_low,
+                                            trainer.epsilon_high, trainer.args.delta)
+        if terms.token_weight is not None:
+            per_token = per_token * terms.token_weight
+        return trainer._aggregate_like_trl(per_token, terms.mask, x)
+
+    mirror_loss, mirror_grad = loss_and_grad(trainer, inputs, mirrored)
+    assert torch.allclose(trl_loss, mirror_loss, rtol=1e-5, atol=1e-7), (trl_loss, mirror_loss)
+    assert torch.allclose(trl_grad, mirror_grad, rtol=1e-4, atol=1e-7)
+    # The variant really changed something: its multipliers exist where expected.
+    terms = trainer._policy_term_inputs(inputs, *current_logps(trainer, inputs))
+    assert (terms.token_weight is not None) == (variant in ("off_policy_mask", "entropy_mask", "vllm_is"))
+
+
+def test_dapo_loss_is_the_papers_token_mean_objective(tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path):
+    """One process, one accumulation step: the trainer's loss and gradient equal -J of Eq. 8 computed directly."""
+    trainer = build(CEGPPOTrainer, CEGPPOConfig, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path,
+                    steps_per_generation=1, cegppo_beta1=0.5, cegppo_beta2=1.0)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    inputs = add_off_policy(trainer, make_loss_batch(tiny_tokenizer, seed=2))
+    loss, grad = loss_and_grad(trainer, inputs)
+
+    def paper(model, x):
+        logps, _ = current_logps(trainer, x)
+        return cegppo_token_mean_loss(logps - x["old_per_token_logps"], x["advantages"].unsqueeze(1),
+                                      x["completion_mask"], 0.2, 0.2, 0.5, 1.0)
+
+    ref_loss, ref_grad = loss_and_grad(trainer, inputs, paper)
+    assert torch.allclose(loss, ref_loss, rtol=1e-5, atol=1e-7)
+    assert torch.allclose(grad, ref_grad, rtol=1e-4, atol=1e-7)
+    assert trainer._metrics["train"]["cegppo/beta1_token_frac"][-1] > 0
+    assert trainer._metrics["train"]["cegppo/beta2_token_frac"][-1] > 0
+
+
+def _pair(loss_type, tiny_model, tiny_tokenizer, dataset, tmp_path, beta1, beta2, **overrides):
+    common = dict(loss_type=loss_type, gradient_accumulation_steps=2, steps_per_generation=4, **overrides)
+    grpo = build(GRPOTrainer, GRPOConfig, copy.deepcopy(tiny_model), tiny_tokenizer, dataset, tmp_path / "g", **common)
+    ceg = build(CEGPPOTrainer, CEGPPOConfig, copy.deepcopy(tiny_model), tiny_tokenizer, dataset, tmp_path / "c",
+                cegppo_beta1=beta1, cegppo_beta2=beta2, **common)
+    for t in (grpo, ceg):
+        t.model.train()
+        t.current_gradient_accumulation_steps = 2
+    return grpo, ceg
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_beta_zero_has_grpo_gradient_and_beta_one_is_gppo(loss_type, tiny_model, tiny_tokenizer,
+                                                         arithmetic_dataset, tmp_path):
+    grpo, ceg0 = _pair(loss_type, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path, 0.0, 0.0)
+    inputs = add_off_policy(grpo, make_loss_batch(tiny_tokenizer, seed=3))
+    grpo_loss, grpo_grad = loss_and_grad(grpo, inputs)
+    _, ceg0_grad = loss_and_grad(ceg0, inputs)
+    assert torch.allclose(ceg0_grad, grpo_grad, rtol=1e-5, atol=1e-8)
+
+    _, ceg1 = _pair(loss_type, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path / "1", 1.0, 1.0)
+    gppo_loss, gppo_grad = loss_and_grad(ceg1, inputs)
+    assert torch.allclose(gppo_loss, grpo_loss, rtol=1e-5, atol=1e-7)  # GPPO keeps PPO's forward value
+    assert not torch.allclose(gppo_grad, grpo_grad, rtol=1e-3, atol=1e-6)  # ... and the clipped tokens' gradient
+    assert ceg1._metrics["train"]["cegppo/beta1_grad_share"][-1] > 0
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_on_policy_ratio_one_is_grpo_exactly(loss_type, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path):
+    grpo, ceg = _pair(loss_type, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path, 0.5, 1.0)
+    inputs = make_loss_batch(tiny_tokenizer, seed=4)  # no old_per_token_logps: TRL uses logps.detach(), r == 1
+    grpo_loss, grpo_grad = loss_and_grad(grpo, inputs)
+    ceg_loss, ceg_grad = loss_and_grad(ceg, inputs)
+    assert torch.equal(ceg_loss, grpo_loss)
+    assert torch.equal(ceg_grad, grpo_grad)
+    assert ceg._metrics["train"]["cegppo/beta1_token_frac"][-1] == 0.0
+
+
+def test_kl_term_is_kept(tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path):
+    # With beta > 0 TRL loads a reference model by name, so hand it a saved local directory.
+    from cegppo_trl.tiny import save_tiny
+
+    model_dir = save_tiny(tiny_model, tiny_tokenizer, tmp_path / "tiny")
+    grpo, ceg = _pair("dapo", model_dir, tiny_tokenizer, arithmetic_dataset, tmp_path, 1.0, 1.0, beta=0.1)
+    inputs = add_off_policy(grpo, make_loss_batch(tiny_tokenizer, seed=6))
+    gen = torch.Generator().manual_seed(7)
+    inputs["ref_per_token_logps"] = inputs["old_per_token_logps"] + 0.3 * torch.randn(
+        inputs["old_per_token_logps"].shape, generator=gen)
+    grpo_loss, _ = loss_and_grad(grpo, inputs)
+    ceg_loss, _ = loss_and_grad(ceg, inputs)
+    assert torch.allclose(ceg_loss, grpo_loss, rtol=1e-5, atol=1e-7)
+    assert grpo._metrics["train"]["kl"][-1] > 0 and ceg._metrics["train"]["kl"][-1] == grpo._metrics["train"]["kl"][-1]
