@@ -46,9 +46,10 @@ def arithmetic_dataset():
 
 
 def contains_answer_reward(completions, solution, **kwargs):
-    """+1 if the reference answer appears in the completion, else -1 (a cheap stand-in for math_reward)."""
+    """+1 if the completion contains the answer's last digit or its character-code sum is even, else -1: a cheap
+    reward that a random tiny model earns about half the time, so groups have non-zero advantages."""
     texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
-    return [1.0 if s in t else -1.0 for t, s in zip(texts, solution)]
+    return [1.0 if s[-1] in t or sum(map(ord, t)) % 2 == 0 else -1.0 for t, s in zip(texts, solution)]
 
 
 def cpu_config(cls, output_dir, **overrides):

@@ -1,0 +1,298 @@
+"""An exact toy of CE-GPPO's entropy mechanics: tabular softmax policies trained with the real loss of `core.py`.
+
+The policy is a table of logits, one row per "state" (think: one prompt, or one token position) over
+`num_actions` actions, `num_correct` of which are correct in each state (reward +1, else -1). One RL step:
+
+1. sample a group of `group_size` actions per state from the current policy (which becomes `pi_old`);
+2. group-normalise the +1 / -1 rewards into advantages, `(r - mean) / (std + 1e-4)` as TRL does;
+3. shuffle the `num_states * group_size` samples, split them into `num_minibatches` mini-batches and take one
+   SGD step per mini-batch for `num_epochs` passes, each on the token-mean of `cegppo_per_token_loss`
+   (`core.py`, paper Eq. 8) with `log_ratio = log pi_theta(a) - log pi_old(a)`. Only the first update sees
+   `r == 1`; the later ones are off-policy, so the ratio leaves `[1 - eps_low, 1 + eps_high]` and CE-GPPO's beta1 /
+   beta2 sets are non-empty.
+
+Because a tabular softmax's logit gradient is exactly `coef * (e_a - p)`, the first-order entropy change of a step
+(`shared/CEGPPO.md`: `dH = -eta * F * A * s_a`) is exact up to O(eta^2), which `first_order_check` measures, and
+the entropy change of each update can be split exactly (to first order) into the parts carried by the beta1 set,
+the beta2 set and the unclipped tokens (`ToyRun.dH_beta1` etc.): that is the mechanism by which beta1 lowers
+entropy and beta2 raises it.
+
+Everything is float64 and deterministic for a given seed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from .core import cegppo_per_token_loss, entropy_change_first_order
+
+#: The (beta1, beta2) settings compared in the experiments: GRPO / PPO-clip, beta1-heavy, the paper's
+#: beta2-heavy recommendation, beta2 only, GPPO.
+BETA_GRID = ((0.0, 0.0), (1.0, 0.5), (0.5, 1.0), (0.0, 1.0), (1.0, 1.0))
+
+
+@dataclass
+class ToyConfig:
+    """Settings of one toy run. The defaults give a visible, seed-robust separation of the grid in ~1 s per run.
+
+    Initial logits: in each state one "dominant" action gets logit `init_peak` and the others draw from
+    `N(0, init_scale^2)`; the correct set is `num_correct` actions drawn at random, so the dominant action is
+    sometimes right and sometimes wrong, and there are rare correct actions to discover (LLM-like: a peaked policy
+    with low-probability alternatives).
+    """
+
+    num_actions: int = 8
+    num_correct: int = 2
+    num_states: int = 16
+    group_size: int = 8
+    num_minibatches: int = 4
+    num_epochs: int = 2
+    lr: float = 2.0
+    epsilon_low: float = 0.2
+    epsilon_high: float = 0.2
+    steps: int = 150
+    init_peak: float = 2.5
+    init_scale: float = 0.5
+    delta: float | None = None
+
+
+@dataclass
+class ToyRun:
+    """Per-RL-step traces of one toy run (lists of length `steps + 1` for states, `steps` for per-step sums)."""
+
+    beta1: float
+    beta2: float
+    seed: int
+    config: dict
+    entropy: list[float] = field(default_factory=list)  # mean over states of H(pi(.|s)), before each step and at end
+    correct_mass: list[float] = field(default_factory=list)  # mean probability of the correct set (= expected acc.)
+    reward: list[float] = field(default_factory=list)  # mean sampled reward (+1 / -1) of each step's batch
+    beta1_token_frac: list[float] = field(default_factory=list)  # over all off-/on-policy updates of the step
+    beta2_token_frac: list[float] = field(default_factory=list)
+    dH_beta1: list[float] = field(default_factory=list)  # first-order entropy change carried by the beta1 set
+    dH_beta2: list[float] = field(default_factory=list)  # ... by the beta2 set
+    dH_unclipped: list[float] = field(default_factory=list)  # ... by all other tokens
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def softmax_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy (nats) of `softmax(logits)` along the last dimension."""
+    log_p = torch.log_softmax(logits, dim=-1)
+    return -(log_p.exp() * log_p).sum(-1)
+
+
+def entropy_sensitivity(probs: torch.Tensor) -> torch.Tensor:
+    """`s_a = p_a (log p_a + H) - sum_b p_b^2 (log p_b + H)` for every action `a` (last dimension).
+
+    A policy-gradient step `logits += eta * c * (e_a - p)` changes the entropy by `-eta * c * s_a` to first order
+    (`shared/CEGPPO.md`); `core.entropy_change_first_order` is the same formula for one action.
+    """
+    log_p = torch.log(probs)
+    entropy = -(probs * log_p).sum(-1, keepdim=True)
+    return probs * (log_p + entropy) - (probs**2 * (log_p + entropy)).sum(-1, keepdim=True)
+
+
+def group_advantages(rewards: torch.Tensor) -> torch.Tensor:
+    """GRPO advantages of `rewards` shaped `(num_groups, group_size)`: `(r - mean) / (std + 1e-4)` per group."""
+    return (rewards - rewards.mean(-1, keepdim=True)) / (rewards.std(-1, keepdim=True) + 1e-4)
+
+
+def initial_logits(config: ToyConfig, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(logits (S, K), correct (S, K) bool)` drawn as described in [`ToyConfig`]."""
+    S, K = config.num_states, config.num_actions
+    logits = config.init_scale * torch.randn(S, K, generator=generator, dtype=torch.float64)
+    dominant = torch.randint(0, K, (S,), generator=generator)
+    logits[torch.arange(S), dominant] = config.init_peak
+    correct = torch.zeros(S, K, dtype=torch.bool)
+    for s in range(S):
+        correct[s, torch.randperm(K, generator=generator)[: config.num_correct]] = True
+    return logits, correct
+
+
+def cegppo_update(
+    logits: torch.Tensor,
+    states: torch.Tensor,
+    actions: torch.Tensor,
+    advantages: torch.Tensor,
+    old_logp: torch.Tensor,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    epsilon_low: float = 0.2,
+    epsilon_high: float = 0.2,
+    delta: float | None = None,
+) -> dict:
+    """One SGD step of the token-mean CE-GPPO loss on `(states, actions)` samples; returns the new logits + stats.
+
+    `logits` is not modified. The stats hold the beta1 / beta2 masks, the per-sample gradient coefficient
+    `grad_coef` of `core.cegppo_per_token_loss` and the first-order entropy change (of the mean entropy over all
+    states) carried by each set, computed from `s_a` at the pre-step policy.
+    """
+    theta = logits.detach().clone().requires_grad_(True)
+    logp = torch.log_softmax(theta, dim=-1)[states, actions]
+    out = cegppo_per_token_loss(
+        (logp - old_logp).unsqueeze(-1), advantages.unsqueeze(-1), epsilon_low, epsilon_high, beta1, beta2, delta
+    )
+    loss = out.per_token_loss.mean()
+    (grad,) = torch.autograd.grad(loss, theta)
+    new_logits = (theta - lr * grad).detach()
+
+    n = len(actions)
+    with torch.no_grad():
+        s_a = entropy_sensitivity(torch.softmax(logits, dim=-1))[states, actions]
+        # logits[s] += lr * grad_coef / n * (e_a - p[s])  =>  dH_mean = mean_s(-lr * grad_coef / n * s_a)
+        dH = -lr * out.grad_coef.squeeze(-1) / n * s_a / logits.shape[0]
+    beta1_mask, beta2_mask = out.beta1_mask.squeeze(-1), out.beta2_mask.squeeze(-1)
+    return {
+        "logits": new_logits,
+        "beta1_mask": beta1_mask,
+        "beta2_mask": beta2_mask,
+        "grad_coef": out.grad_coef.squeeze(-1),
+        "dH_beta1": float(dH[beta1_mask].sum()),
+        "dH_beta2": float(dH[beta2_mask].sum()),
+        "dH_unclipped": float(dH[~(beta1_mask | beta2_mask)].sum()),
+    }
+
+
+def run_toy(beta1: float, beta2: float, seed: int = 0, config: ToyConfig | None = None) -> ToyRun:
+    """Train the tabular policy with CE-GPPO (`beta1`, `beta2`) and return its traces. Deterministic per seed.
+
+    The initial policy and correct sets depend only on `seed` (not on the betas), and so does the sampling stream,
+    so the settings of the grid start from the same policy for a given seed.
+    """
+    config = config or ToyConfig()
+    init_gen = torch.Generator().manual_seed(10_000 + seed)
+    logits, correct = initial_logits(config, init_gen)
+    gen = torch.Generator().manual_seed(seed)
+    S, G = config.num_states, config.group_size
+    run = ToyRun(beta1=beta1, beta2=beta2, seed=seed, config=asdict(config))
+
+    def record_state(l):
+        p = torch.softmax(l, dim=-1)
+        run.entropy.append(float(softmax_entropy(l).mean()))
+        run.correct_mass.append(float((p * correct).sum(-1).mean()))
+
+    record_state(logits)
+    states = torch.arange(S).repeat_interleave(G)
+    for _ in range(config.steps):
+        old_logp_all = torch.log_softmax(logits, dim=-1)
+        actions = torch.multinomial(old_logp_all.exp(), G, replacement=True, generator=gen).reshape(-1)
+        rewards = torch.where(correct[states, actions], 1.0, -1.0).to(torch.float64)
+        advantages = group_advantages(rewards.view(S, G)).reshape(-1)
+        old_logp = old_logp_all[states, actions]
+        n1 = n2 = total = 0
+        dH1 = dH2 = dH0 = 0.0
+        for _epoch in range(config.num_epochs):
+            order = torch.randperm(S * G, generator=gen)
+            for chunk in order.chunk(config.num_minibatches):
+                step = cegppo_update(
+                    logits, states[chunk], actions[chunk], advantages[chunk], old_logp[chunk], config.lr,
+                    beta1, beta2, config.epsilon_low, config.epsilon_high, config.delta,
+                )
+                logits = step["logits"]
+                n1 += int(step["beta1_mask"].sum())
+                n2 += int(step["beta2_mask"].sum())
+                total += len(chunk)
+                dH1 += step["dH_beta1"]
+                dH2 += step["dH_beta2"]
+                dH0 += step["dH_unclipped"]
+        run.reward.append(float(rewards.mean()))
+        run.beta1_token_frac.append(n1 / total)
+        run.beta2_token_frac.append(n2 / total)
+        run.dH_beta1.append(dH1)
+        run.dH_beta2.append(dH2)
+        run.dH_unclipped.append(dH0)
+        record_state(logits)
+    return run
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# First-order check: one small step through the real loss vs the formula of shared/CEGPPO.md.
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def single_step_entropy_change(
+    logits: torch.Tensor,
+    action: int,
+    advantage: float,
+    ratio: float,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    epsilon_low: float = 0.2,
+    epsilon_high: float = 0.2,
+) -> tuple[float, float, float]:
+    """Measured and predicted entropy change of one SGD step of the CE-GPPO loss on a single token.
+
+    The token is `action` of a softmax over `logits` (1-D), with advantage `advantage` and importance ratio `ratio`
+    (i.e. `pi_old(a) = pi_theta(a) / ratio`; pick `ratio < 1 - eps_low` with `A < 0` for the beta1 set,
+    `ratio > 1 + eps_high` with `A > 0` for the beta2 set). Returns `(measured dH, first-order dH, weight F)`, where
+    the step is `logits -= lr * grad(loss)`, the first-order value is `core.entropy_change_first_order(p, a, A, F, lr)`
+    and `F = grad_coef / A` is the CE-GPPO gradient weight of the token (`beta1 (1 - eps_low)`, `beta2 (1 + eps_high)`
+    or `ratio`).
+    """
+    logits = logits.to(torch.float64)
+    old_logp = torch.log_softmax(logits, -1)[action] - math.log(ratio)
+    step = cegppo_update(
+        logits.unsqueeze(0), torch.tensor([0]), torch.tensor([action]),
+        torch.tensor([advantage], dtype=torch.float64), old_logp.reshape(1), lr, beta1, beta2,
+        epsilon_low, epsilon_high,
+    )
+    measured = float(softmax_entropy(step["logits"][0]) - softmax_entropy(logits))
+    weight = float(step["grad_coef"][0]) / advantage
+    predicted = entropy_change_first_order(torch.softmax(logits, -1), action, advantage, weight, lr)
+    return measured, predicted, weight
+
+
+def first_order_check(lr: float = 1e-4, seed: int = 0, num_actions: int = 8, trials: int = 64) -> dict:
+    """Compare measured vs first-order entropy changes over random single-token steps in all three branches.
+
+    Returns `{"max_rel_error", "trials", "rows": [{branch, action_prob, measured, predicted, rel_error}]}`; the
+    relative error is `|measured - predicted| / |predicted|` and shrinks linearly with `lr`.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    branches = (("beta1", -1.0, 0.7), ("beta2", 1.0, 1.4), ("unclipped_pos", 1.0, 1.05), ("unclipped_neg", -1.0, 0.95))
+    for trial in range(trials):
+        logits = 1.5 * torch.randn(num_actions, generator=gen, dtype=torch.float64)
+        action = int(torch.randint(0, num_actions, (1,), generator=gen))
+        branch, sign, ratio = branches[trial % len(branches)]
+        advantage = sign * (0.5 + float(torch.rand(1, generator=gen)))
+        measured, predicted, weight = single_step_entropy_change(logits, action, advantage, ratio, lr, 0.5, 1.0)
+        rows.append({
+            "branch": branch,
+            "action_prob": float(torch.softmax(logits, -1)[action]),
+            "weight": weight,
+            "measured": measured,
+            "predicted": predicted,
+            "rel_error": abs(measured - predicted) / max(abs(predicted), 1e-300),
+        })
+    return {"max_rel_error": max(r["rel_error"] for r in rows), "trials": trials, "lr": lr, "rows": rows}
+
+
+def summarize_runs(runs: list[ToyRun], tail: int = 10) -> dict:
+    """Mean and standard deviation over seeds of: final entropy (mean of the last `tail` entries), mean entropy over
+    training, final correct mass, the total first-order entropy change carried by the beta1 and beta2 sets, and the
+    mean beta1 / beta2 token fractions."""
+
+    def stats(values):
+        t = torch.tensor(values, dtype=torch.float64)
+        return {"mean": float(t.mean()), "std": float(t.std()) if len(values) > 1 else 0.0}
+
+    return {
+        "n_seeds": len(runs),
+        "final_entropy": stats([sum(r.entropy[-tail:]) / tail for r in runs]),
+        "mean_entropy": stats([sum(r.entropy) / len(r.entropy) for r in runs]),
+        "initial_entropy": stats([r.entropy[0] for r in runs]),
+        "final_correct_mass": stats([sum(r.correct_mass[-tail:]) / tail for r in runs]),
+        "beta1_token_frac": stats([sum(r.beta1_token_frac) / len(r.beta1_token_frac) for r in runs]),
+        "beta2_token_frac": stats([sum(r.beta2_token_frac) / len(r.beta2_token_frac) for r in runs]),
+        "dH_beta1_total": stats([sum(r.dH_beta1) for r in runs]),
+        "dH_beta2_total": stats([sum(r.dH_beta2) for r in runs]),
+        "dH_unclipped_total": stats([sum(r.dH_unclipped) for r in runs]),
+    }

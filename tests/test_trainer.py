@@ -1,0 +1,211 @@
+"""CEGPPOTrainer through real training steps on a tiny local model: learning, checkpoints, LoRA, options, errors."""
+
+import json
+import math
+import os
+import warnings
+
+import pytest
+import torch
+from trl import GRPOConfig
+
+from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
+
+
+def make_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, config, **kwargs):
+    return CEGPPOTrainer(model=tiny_model, reward_funcs=reward_fn, args=config, train_dataset=arithmetic_dataset,
+                         processing_class=tiny_tokenizer, **kwargs)
+
+
+def history_values(trainer, key):
+    return [h[key] for h in trainer.state.log_history if key in h]
+
+
+def test_off_policy_training_changes_weights_and_logs_clipping(tiny_model, tiny_tokenizer, arithmetic_dataset,
+                                                               reward_fn, make_config, tmp_path):
+    config = make_config(CEGPPOConfig, tmp_path, max_steps=8, steps_per_generation=4)
+    trainer = make_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, config)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    changed = [n for n, p in trainer.model.named_parameters() if not torch.equal(before[n], p.detach())]
+    assert len(changed) == len(before)
+    clipped = history_values(trainer, "cegppo/beta1_token_frac") + history_values(trainer, "cegppo/beta2_token_frac")
+    assert max(clipped) > 0, "off-policy mini-batches must produce clipped tokens"
+    assert history_values(trainer, "clip_ratio/low_mean") == history_values(trainer, "cegppo/beta1_token_frac")
+    for key in ("entropy", "cegppo/beta1_grad_share", "cegppo/quadrant/neg_low/token_frac", "cegppo/beta1"):
+        values = history_values(trainer, key)
+        assert values and all(math.isfinite(v) for v in values), key
+    assert history_values(trainer, "cegppo/beta1") == [0.5] * 8
+
+
+def test_checkpoint_save_and_resume(tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config, tmp_path):
+    config = make_config(CEGPPOConfig, tmp_path / "run", max_steps=4, save_strategy="steps", save_steps=2)
+    trainer = make_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, config)
+    trainer.train()
+    checkpoint = tmp_path / "run" / "checkpoint-2"
+    assert (checkpoint / "model.safetensors").exists() and (checkpoint / "trainer_state.json").exists()
+    assert "CE-GPPO" in (tmp_path / "run" / "README.md").read_text()
+
+    from transformers import AutoModelForCausalLM
+
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "checkpoint-4")
+    for (name, p), q in zip(trainer.model.named_parameters(), reloaded.parameters()):
+        assert torch.equal(p.detach(), q.detach()), name
+
+    config = make_config(CEGPPOConfig, tmp_path / "run", max_steps=6, save_strategy="steps", save_steps=2)
+    resumed = make_trainer(reloaded, tiny_tokenizer, arithmetic_dataset, reward_fn, config)
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    assert resumed.state.global_step == 6
+    assert (tmp_path / "run" / "checkpoint-6").exists()
+
+
+def test_lora_adapter_saves_and_loads(tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config,
+                                      tmp_path):
+    from peft import AutoPeftModelForCausalLM, LoraConfig
+
+    config = make_config(CEGPPOConfig, tmp_path / "lora", max_steps=3, learning_rate=5e-2)
+    peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    base_dir = tmp_path / "base"
+    from cegppo_trl.tiny import save_tiny
+
+    save_tiny(tiny_model, tiny_tokenizer, base_dir)
+    trainer = make_trainer(str(base_dir), tiny_tokenizer, arithmetic_dataset, reward_fn, config,
+                           peft_config=peft_config)
+    trainable = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora" in n for n in trainable)
+    trainer.train()
+    assert any(not torch.equal(trainable[n], p.detach()) for n, p in trainer.model.named_parameters() if n in trainable)
+    assert history_values(trainer, "cegppo/beta1_token_frac")
+    trainer.save_model(str(tmp_path / "adapter"))
+    assert (tmp_path / "adapter" / "adapter_config.json").exists()
+    loaded = AutoPeftModelForCausalLM.from_pretrained(str(tmp_path / "adapter"))
+    ids = torch.tensor([[5, 6, 7, 8]])
+    trainer.model.eval()
+    with torch.no_grad():
+        assert torch.allclose(loaded(ids).logits, trainer.model(ids).logits, atol=1e-5)
+
+
+def test_eval_runs_with_cegppo_metrics(tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config,
+                                       tmp_path):
+    config = make_config(CEGPPOConfig, tmp_path, max_steps=2, eval_strategy="steps", eval_steps=2,
+                         per_device_eval_batch_size=8)
+    trainer = make_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, config,
+                           eval_dataset=arithmetic_dataset.select(range(8)))
+    trainer.train()
+    assert history_values(trainer, "eval_cegppo/beta1_token_frac")
+    assert history_values(trainer, "eval_loss")
+
+
+def test_sft_term_and_zero_advantage_denominator(tiny_model, tiny_tokenizer, arithmetic_dataset, make_config,
+                                                 tmp_path):
+    def first_completion_wins(completions, **kwargs):
+        # Group of 4: one completion +1, the rest -1, except every other group is all -1 (zero advantage).
+        return [1.0 if i % 8 == 0 else -1.0 for i in range(len(completions))]
+
+    config = make_config(CEGPPOConfig, tmp_path, max_steps=2, cegppo_sft_coef=0.1,
+                         cegppo_exclude_zero_advantage_groups=True)
+    trainer = CEGPPOTrainer(model=tiny_model, reward_funcs=first_completion_wins, args=config,
+                            train_dataset=arithmetic_dataset, processing_class=tiny_tokenizer)
+    trainer.model.train()
+    batch = trainer._generate_and_score_completions([arithmetic_dataset[i] for i in range(8)])
+    sft_mask = batch["cegppo_sft_mask"]
+    assert sft_mask.tolist() == [1.0 if i % 8 == 0 else 0.0 for i in range(8)]
+    loss_mask = batch["completion_mask"]
+    assert batch["cegppo_num_sft_tokens"].item() == (loss_mask * sft_mask.unsqueeze(1)).sum().item()
+    # Groups 0 (rows 0-3) is informative, group 1 (rows 4-7) is all -1: only group 0 counts in the denominator.
+    assert batch["num_items_in_batch"].item() == loss_mask[:4].sum().item()
+    trainer.train()
+    assert history_values(trainer, "cegppo/sft_nll")
+    assert history_values(trainer, "cegppo/informative_group_frac")[0] == pytest.approx(0.5)
+
+
+def test_sft_term_adds_token_mean_nll(tiny_model, tiny_tokenizer, arithmetic_dataset, make_config, reward_fn,
+                                      tmp_path):
+    """The SFT term's value is coef * mean(-log pi) over the SFT tokens (one process, one accumulation step)."""
+    from conftest import make_loss_batch
+
+    config = make_config(CEGPPOConfig, tmp_path, cegppo_sft_coef=0.25, steps_per_generation=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = make_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, config)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    inputs = make_loss_batch(tiny_tokenizer, seed=3)
+    sft_mask = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 0.0])
+    inputs["cegppo_sft_mask"] = sft_mask
+    inputs["cegppo_num_sft_tokens"] = (inputs["completion_mask"] * sft_mask.unsqueeze(1)).sum()
+    with_sft = trainer._compute_loss(trainer.model, inputs).item()
+    trainer.args.cegppo_sft_coef = 0.0
+    without = trainer._compute_loss(trainer.model, inputs).item()
+    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    logps, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, input_ids, attention_mask,
+                                                             inputs["completion_ids"].size(1))
+    mask = inputs["completion_mask"] * sft_mask.unsqueeze(1)
+    expected = 0.25 * (-(logps * mask).sum() / mask.sum()).item()
+    assert with_sft - without == pytest.approx(expected, rel=1e-4)
+
+
+def test_inert_configuration_warns(tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config, tmp_path):
+    config = make_config(CEGPPOConfig, tmp_path, steps_per_generation=1, gradient_accumulation_steps=1)
+    with pytest.warns(UserWarning, match=r"steps_per_generation.*num_iterations.*8 optimizer steps"):
+        make_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, config)
+    config = make_config(CEGPPOConfig, tmp_path, steps_per_generation=1, num_iterations=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        make_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, config)
+
+
+def test_plain_grpo_config_is_upgraded(tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config,
+                                       tmp_path):
+    config = make_config(GRPOConfig, tmp_path, max_steps=1, epsilon=0.25)
+    with pytest.warns(UserWarning, match="plain GRPOConfig"):
+        trainer = make_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, config)
+    assert isinstance(trainer.args, CEGPPOConfig)
+    assert trainer.args.cegppo_beta1 == 0.5 and trainer.args.epsilon == 0.25
+    assert trainer.args.steps_per_generation == 4 and trainer.args.generation_batch_size == 32
+    trainer.train()
+    assert trainer.state.global_step == 1
+
+
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        ({"cegppo_beta1": -0.1}, "cegppo_beta1"),
+        ({"cegppo_beta2": float("nan")}, "cegppo_beta2"),
+        ({"cegppo_beta2": float("inf")}, "cegppo_beta2"),
+        ({"epsilon": 1.0}, "epsilon"),
+        ({"epsilon": -0.2}, "epsilon"),
+        ({"epsilon_high": float("nan")}, "epsilon_high"),
+        ({"loss_type": "cispo"}, "loss_type"),
+        ({"loss_type": "sapo"}, "loss_type"),
+        ({"loss_type": "vespo"}, "loss_type"),
+        ({"loss_type": "luspo"}, "loss_type"),
+        ({"delta": 1.1}, "delta"),
+        ({"cegppo_exclude_zero_advantage_groups": True, "loss_type": "grpo"}, "cegppo_exclude_zero_advantage_groups"),
+        ({"cegppo_sft_coef": -1.0}, "cegppo_sft_coef"),
+        ({"cegppo_entropy_target": 0.5, "cegppo_beta1": 2.0}, "cegppo_beta1_max"),
+        ({"cegppo_entropy_target": -1.0}, "cegppo_entropy_target"),
+        ({"cegppo_low_prob_threshold": 1.5}, "cegppo_low_prob_threshold"),
+    ],
+)
+def test_bad_config_fails_with_field_name(overrides, field, make_config, tmp_path):
+    with pytest.raises(ValueError, match=field):
+        make_config(CEGPPOConfig, tmp_path, **overrides)
+
+
+def test_bad_values_set_after_construction_fail_at_trainer_init(tiny_model, tiny_tokenizer, arithmetic_dataset,
+                                                                reward_fn, make_config, tmp_path):
+    config = make_config(CEGPPOConfig, tmp_path)
+    config.cegppo_beta1 = float("nan")
+    with pytest.raises(ValueError, match="cegppo_beta1"):
+        make_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, config)
+
+
+def test_paper_defaults():
+    config = CEGPPOConfig(output_dir="unused", use_cpu=True, bf16=False)
+    assert (config.cegppo_beta1, config.cegppo_beta2) == (0.5, 1.0)
+    assert config.epsilon == 0.2 and config.epsilon_high is None  # TRL reads None as epsilon_high = epsilon
+    assert config.loss_type == "dapo" and config.beta == 0.0 and config.entropy_coef == 0.0
+    assert config.cegppo_sft_coef == 0.0 and not config.cegppo_exclude_zero_advantage_groups
+    assert config.cegppo_entropy_target is None
