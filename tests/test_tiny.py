@@ -1,0 +1,243 @@
+"""Tests for cegppo_trl.tiny: local tokenizer/model, save/load through the Auto classes, SFT warm start."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from cegppo_trl.tiny import (
+    CHAT_TEMPLATE,
+    PROMPT_INSTRUCTION,
+    _encode_example,
+    _make_arithmetic_rows,
+    arithmetic_sft_examples,
+    build_tiny_model,
+    build_tiny_tokenizer,
+    extract_boxed,
+    format_user_message,
+    greedy_accuracy,
+    save_tiny,
+    sft_warmstart,
+)
+
+PROBLEM = "What is 23+41?"
+TEXTS = [
+    format_user_message(PROBLEM),
+    "23+41=64. \\boxed{64}",
+    "Hello wörld  \n\n x = 3.14159, ünïcödé 日本語 \t tabs <|im_end|> 1234567890",
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    return build_tiny_model(tokenizer)
+
+
+@pytest.fixture(scope="module")
+def saved_dir(tmp_path_factory, model, tokenizer):
+    return save_tiny(model, tokenizer, tmp_path_factory.mktemp("tiny"))
+
+
+def _chat_ids(tok, problem=PROBLEM):
+    msgs = [{"role": "user", "content": format_user_message(problem)}]
+    return tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+
+
+# ---------------------------------------------------------------------------------------------- tokenizer
+
+
+def test_tokenizer_basics(tokenizer):
+    assert 256 < len(tokenizer) <= 600
+    assert tokenizer.unk_token is None
+    assert tokenizer.eos_token == "<|im_end|>"
+    assert tokenizer.pad_token is not None and tokenizer.pad_token_id != tokenizer.eos_token_id
+    for d in "0123456789":
+        assert len(tokenizer(d, add_special_tokens=False)["input_ids"]) == 1
+    ids = tokenizer("12345", add_special_tokens=False)["input_ids"]
+    assert tokenizer.convert_ids_to_tokens(ids) == list("12345")  # digits are never merged
+    for text in TEXTS:  # lossless, no BOS/EOS added implicitly
+        ids = tokenizer(text)["input_ids"]
+        assert tokenizer.decode(ids) == text
+    assert tokenizer(TEXTS[0])["input_ids"] == tokenizer(TEXTS[0], add_special_tokens=False)["input_ids"]
+    assert build_tiny_tokenizer().get_vocab() == tokenizer.get_vocab()  # deterministic
+
+
+def test_chat_template(tokenizer):
+    msgs = [{"role": "user", "content": format_user_message(PROBLEM)}]
+    text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    assert text == (
+        f"<|im_start|>user\n{PROBLEM} {PROMPT_INSTRUCTION}<|im_end|>\n<|im_start|>assistant\n"
+    )
+    no_gen = tokenizer.apply_chat_template(msgs, add_generation_prompt=False, tokenize=False)
+    assert no_gen == f"<|im_start|>user\n{PROBLEM} {PROMPT_INSTRUCTION}<|im_end|>\n"
+    # TRL's GRPOTrainer call: batched, tokenize=True, return_dict=True
+    out = tokenizer.apply_chat_template([msgs, msgs], add_generation_prompt=True, tokenize=True, return_dict=True)
+    assert out["input_ids"][0] == out["input_ids"][1] == tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert tokenizer.convert_ids_to_tokens(out["input_ids"][0][:1]) == ["<|im_start|>"]
+    assert "<|im_start|>" in tokenizer.convert_ids_to_tokens(out["input_ids"][0])
+    # special tokens are skipped when decoding completions (TRL decodes with skip_special_tokens=True)
+    comp = tokenizer("\\boxed{64}", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    assert tokenizer.decode(comp, skip_special_tokens=True) == "\\boxed{64}"
+
+
+def test_tokenizer_roundtrip_auto(tokenizer, saved_dir):
+    from transformers import AutoTokenizer
+
+    tok2 = AutoTokenizer.from_pretrained(saved_dir, local_files_only=True)  # with the model's config.json
+    assert tok2.get_vocab() == tokenizer.get_vocab()
+    assert len(tok2) == len(tokenizer)
+    for attr in ("eos_token", "pad_token", "bos_token", "unk_token", "eos_token_id", "pad_token_id"):
+        assert getattr(tok2, attr) == getattr(tokenizer, attr), attr
+    for text in TEXTS:
+        assert tok2(text)["input_ids"] == tokenizer(text)["input_ids"]
+        assert tok2.decode(tok2(text)["input_ids"]) == text
+    assert tok2.chat_template == CHAT_TEMPLATE
+    assert _chat_ids(tok2) == _chat_ids(tokenizer)
+    j1, j2 = json.loads(tokenizer.backend_tokenizer.to_str()), json.loads(tok2.backend_tokenizer.to_str())
+    for key in ("normalizer", "pre_tokenizer", "decoder", "added_tokens"):
+        assert j1[key] == j2[key], key
+    assert j1["model"]["merges"] == j2["model"]["merges"]
+
+
+# ---------------------------------------------------------------------------------------------- model
+
+
+def test_model_size_config_and_determinism(tokenizer, model):
+    n_params = sum(p.numel() for p in model.parameters())
+    assert 0.8e6 < n_params < 1.3e6
+    assert model.dtype == torch.float32
+    assert model.config.tie_word_embeddings
+    assert model.get_input_embeddings().weight.data_ptr() == model.get_output_embeddings().weight.data_ptr()
+    assert model.config.vocab_size == len(tokenizer)
+    for cfg in (model.config, model.generation_config):
+        assert cfg.eos_token_id == tokenizer.eos_token_id
+        assert cfg.pad_token_id == tokenizer.pad_token_id
+        assert cfg.bos_token_id == tokenizer.bos_token_id
+    same = build_tiny_model(tokenizer, seed=0)
+    other = build_tiny_model(tokenizer, seed=1)
+    sd, sd_same, sd_other = model.state_dict(), same.state_dict(), other.state_dict()
+    assert all(torch.equal(sd[k], sd_same[k]) for k in sd)
+    assert not all(torch.equal(sd[k], sd_other[k]) for k in sd)
+    small = build_tiny_model(tokenizer, hidden_size=64, num_layers=2, intermediate_size=128)
+    assert small.config.intermediate_size == 128 and small.config.num_hidden_layers == 2
+
+
+def test_save_load_auto(model, tokenizer, saved_dir):
+    from transformers import AutoModelForCausalLM
+
+    model2 = AutoModelForCausalLM.from_pretrained(saved_dir, local_files_only=True)
+    assert model2.dtype == torch.float32
+    sd, sd2 = model.state_dict(), model2.state_dict()
+    assert sd.keys() == sd2.keys() and all(torch.equal(sd[k], sd2[k]) for k in sd)
+    assert model2.generation_config.eos_token_id == tokenizer.eos_token_id
+    ids = torch.tensor([_chat_ids(tokenizer)])
+    model.eval(), model2.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, model2(ids).logits)
+
+
+def test_eos_stops_generation(tokenizer, model):
+    """generate() relies on the model's generation_config: once eos is produced the sequence stops."""
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    eos = tokenizer.eos_token_id
+
+    class ForceEos(LogitsProcessor):  # row i is forced to emit eos as its (i + 2)-th new token
+        def __init__(self, prompt_len):
+            self.prompt_len = prompt_len
+
+        def __call__(self, input_ids, scores):
+            step = input_ids.shape[1] - self.prompt_len
+            for i in range(scores.shape[0]):
+                if step == i + 1:
+                    scores[i] = -float("inf")
+                    scores[i, eos] = 0.0
+                elif step <= i:
+                    scores[i, eos] = -float("inf")
+            return scores
+
+    ids = torch.tensor([_chat_ids(tokenizer)] * 2)
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=20,
+        do_sample=False,
+        logits_processor=LogitsProcessorList([ForceEos(ids.shape[1])]),
+    )
+    new = out[:, ids.shape[1] :]
+    assert new.shape[1] == 3  # stopped once every row hit eos, long before max_new_tokens
+    assert new[0, 1].item() == eos and new[0, 2].item() == tokenizer.pad_token_id
+    assert new[1, 2].item() == eos and eos not in new[1, :2].tolist()
+
+
+# ---------------------------------------------------------------------------------------------- SFT
+
+
+def test_arithmetic_sft_examples():
+    rows = [{"problem": "What is 23+41?", "answer": "64"}, {"problem": "Compute 2*3.", "answer": 6}]
+    ex = arithmetic_sft_examples(rows)
+    assert ex[0] == (f"What is 23+41? {PROMPT_INSTRUCTION}", "23+41=64. \\boxed{64}")
+    assert ex[1] == (f"Compute 2*3. {PROMPT_INSTRUCTION}", "\\boxed{6}")
+    assert arithmetic_sft_examples(rows[:1], style="boxed")[0][1] == "\\boxed{64}"
+    assert extract_boxed(ex[0][1]) == "64" and extract_boxed("no box") is None
+
+
+def test_prompt_masking(tokenizer):
+    """Prompt ids are exactly TRL's chat-template prompt; only completion + eos carry labels."""
+    from cegppo_trl.tiny import _collate
+
+    prompt, completion = arithmetic_sft_examples([{"problem": PROBLEM, "answer": "64"}])[0]
+    p, c = _encode_example(tokenizer, prompt, completion)
+    assert p == _chat_ids(tokenizer)
+    assert c[-1] == tokenizer.eos_token_id
+    assert tokenizer.decode(c, skip_special_tokens=True) == completion
+    short = arithmetic_sft_examples([{"problem": "What is 1+2?", "answer": "3"}])[0]
+    batch = _collate(tokenizer, [(p, c), _encode_example(tokenizer, *short)])
+    labels, mask = batch["labels"], batch["attention_mask"]
+    assert (labels[0, : len(p)] == -100).all()
+    assert labels[0, len(p) : len(p) + len(c)].tolist() == c
+    assert ((labels != -100).sum(1) <= mask.sum(1)).all()
+    assert (labels[mask == 0] == -100).all()  # padding never labelled
+    assert (labels != -100).sum().item() == len(c) + len(_encode_example(tokenizer, *short)[1])
+
+
+def test_sft_warmstart_lowers_loss_and_prompt_loss_is_ignored(tokenizer):
+    torch.manual_seed(0)
+    rows = _make_arithmetic_rows(256, seed=0)
+    m = build_tiny_model(tokenizer, seed=0)
+    stats = sft_warmstart(m, tokenizer, arithmetic_sft_examples(rows), steps=30, batch_size=32, progress=False)
+    assert set(stats) >= {"initial_loss", "final_loss", "seconds"}
+    assert stats["initial_loss"] > 5.0  # ~ln(vocab) at random init
+    assert stats["final_loss"] < stats["initial_loss"] - 2.0
+    # deterministic for a seed
+    m2 = build_tiny_model(tokenizer, seed=0)
+    stats2 = sft_warmstart(m2, tokenizer, arithmetic_sft_examples(rows), steps=30, batch_size=32, progress=False)
+    assert stats2["final_loss"] == pytest.approx(stats["final_loss"], rel=1e-5)
+    # The prompt is not trained on: its loss stays high while the completion loss dropped.
+    p, c = _encode_example(tokenizer, *arithmetic_sft_examples(rows[:1])[0])
+    ids = torch.tensor([p + c])
+    m.eval()
+    with torch.no_grad():
+        logp = torch.log_softmax(m(ids).logits[0, :-1], -1)
+    nll = -logp.gather(1, ids[0, 1:, None])[:, 0]
+    prompt_nll, completion_nll = nll[: len(p) - 1].mean().item(), nll[len(p) - 1 :].mean().item()
+    assert prompt_nll > completion_nll + 1.0
+
+
+def test_sft_accepts_dicts_and_accuracy_helper(tokenizer):
+    rows = _make_arithmetic_rows(8, seed=5)
+    m = build_tiny_model(tokenizer, seed=0)
+    dict_examples = [{"prompt": format_user_message(r["problem"]), "completion": f"\\boxed{{{r['answer']}}}"} for r in rows]
+    stats = sft_warmstart(m, tokenizer, dict_examples, steps=2, batch_size=4, progress=False)
+    assert stats["steps"] == 2 and stats["examples"] == 8
+    acc, samples = greedy_accuracy(m, tokenizer, rows, n=4, max_new_tokens=4, return_samples=True)
+    assert 0.0 <= acc <= 1.0 and len(samples) == 4
+    acc_t = greedy_accuracy(m, tokenizer, rows, n=4, max_new_tokens=4, temperature=1.0)
+    assert 0.0 <= acc_t <= 1.0
