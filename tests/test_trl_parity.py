@@ -24,6 +24,7 @@ VARIANTS = {
     "off_policy_mask": {"off_policy_mask_threshold": 0.02},
     "entropy_mask": {"top_entropy_quantile": 0.5},
     "vllm_is": {},
+    "tool_mask": {},
 }
 
 
@@ -73,6 +74,9 @@ def test_mirror_of_trl_policy_loss_matches_grpo_trainer(loss_type, variant, tiny
     trainer.current_gradient_accumulation_steps = 2
     inputs = add_off_policy(trainer, make_loss_batch(tiny_tokenizer, seed=1))
     inputs["num_items_in_batch"] = inputs["completion_mask"].sum() * 3  # as if the generation batch were larger
+    if variant == "tool_mask":  # multi-turn tool output tokens are excluded from the loss
+        inputs["tool_mask"] = (torch.arange(inputs["completion_ids"].size(1)) % 3 != 1).long().expand_as(
+            inputs["completion_mask"]).clone()
     if variant == "vllm_is":
         trainer.use_vllm, trainer.vllm_importance_sampling_correction = True, True
         gen = torch.Generator().manual_seed(5)
@@ -170,3 +174,35 @@ def test_kl_term_is_kept(tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_pat
     ceg_loss, _ = loss_and_grad(ceg, inputs)
     assert torch.allclose(ceg_loss, grpo_loss, rtol=1e-5, atol=1e-7)
     assert grpo._metrics["train"]["kl"][-1] > 0 and ceg._metrics["train"]["kl"][-1] == grpo._metrics["train"]["kl"][-1]
+
+
+@pytest.mark.parametrize("extra", [
+    {"entropy_coef": 0.05},
+    {"entropy_coef": 0.05, "use_adaptive_entropy": True, "entropy_target": 10.0},
+])
+def test_entropy_bonus_is_kept(extra, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path):
+    """TRL's entropy bonus (static or adaptive) is added unchanged: GPPO's loss still equals GRPO's."""
+    grpo, ceg = _pair("dapo", tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path, 1.0, 1.0, **extra)
+    inputs = add_off_policy(grpo, make_loss_batch(tiny_tokenizer, seed=8))
+    grpo_loss, _ = loss_and_grad(grpo, inputs)
+    ceg_loss, _ = loss_and_grad(ceg, inputs)
+    assert torch.allclose(ceg_loss, grpo_loss, rtol=1e-5, atol=1e-7)
+    assert ceg._metrics["train"]["entropy_coef"] == grpo._metrics["train"]["entropy_coef"]
+
+
+def test_moe_aux_loss_is_kept(tiny_tokenizer, arithmetic_dataset, tmp_path):
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    torch.manual_seed(0)
+    config = MixtralConfig(vocab_size=len(tiny_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                           num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+                           output_router_logits=True, router_aux_loss_coef=0.05,
+                           pad_token_id=tiny_tokenizer.pad_token_id, eos_token_id=tiny_tokenizer.eos_token_id)
+    moe = MixtralForCausalLM(config)
+    grpo, ceg = _pair("dapo", moe, tiny_tokenizer, arithmetic_dataset, tmp_path, 1.0, 1.0)
+    assert grpo.aux_loss_enabled and ceg.aux_loss_enabled
+    inputs = add_off_policy(grpo, make_loss_batch(tiny_tokenizer, seed=9))
+    grpo_loss, _ = loss_and_grad(grpo, inputs)
+    ceg_loss, _ = loss_and_grad(ceg, inputs)
+    assert torch.allclose(ceg_loss, grpo_loss, rtol=1e-5, atol=1e-7)
+    assert ceg._metrics["train"]["aux_loss"] == grpo._metrics["train"]["aux_loss"]
