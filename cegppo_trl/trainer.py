@@ -28,6 +28,7 @@ import warnings
 from dataclasses import dataclass
 
 import torch
+import trl
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import get_config_model_id
@@ -37,6 +38,8 @@ from .controller import EntropyController
 from .core import gradient_preserving_correction
 
 CONTROLLER_STATE_FILE = "cegppo_controller_state.json"
+# The TRL minor versions whose `GRPOTrainer._compute_loss` the mirrored code below was checked against.
+TESTED_TRL_MINOR_VERSIONS = ("1.16",)
 QUADRANTS = ("pos_high", "pos_low", "neg_high", "neg_low")
 
 
@@ -110,6 +113,15 @@ class CEGPPOTrainer(GRPOTrainer):
                 stacklevel=2,
             )
             args = _as_cegppo_config(args)
+        trl_minor = ".".join(trl.__version__.split(".")[:2])
+        if trl_minor not in TESTED_TRL_MINOR_VERSIONS:
+            warnings.warn(
+                f"cegppo_trl mirrors GRPOTrainer._compute_loss of TRL {TESTED_TRL_MINOR_VERSIONS} but TRL "
+                f"{trl.__version__} is installed; run tests/test_trl_parity.py before trusting the loss, or install "
+                f"trl=={TESTED_TRL_MINOR_VERSIONS[-1]}.*",
+                UserWarning,
+                stacklevel=2,
+            )
         # Fields may have been changed after the config was built; check again before any work is done.
         validate_cegppo_config(args)
         super().__init__(model, reward_funcs, args, *pargs, **kwargs)
