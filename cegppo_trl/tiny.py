@@ -9,7 +9,7 @@ Typical use::
 
     tokenizer = build_tiny_tokenizer()
     model = build_tiny_model(tokenizer)
-    sft_warmstart(model, tokenizer, arithmetic_sft_examples(rows))
+    sft_warmstart(model, tokenizer, arithmetic_sft_examples(rows))  # 800 steps
     save_tiny(model, tokenizer, "outputs/tiny")  # == model.save_pretrained(p); tokenizer.save_pretrained(p)
 
     # later, offline (e.g. `GRPOTrainer(model="outputs/tiny", ...)`):
@@ -103,7 +103,8 @@ def format_user_message(problem: str) -> str:
 
 
 def _default_corpus(seed: int = 0) -> list[str]:
-    """Chat-formatted arithmetic dialogues (+, -, *, operands up to 3 digits) plus a little scaffolding text."""
+    """Chat-formatted arithmetic dialogues ("What is a+b?" with +, -, *, operands up to 3 digits; "Ann has 3 apples
+    and gets 4 more. ..." word problems) plus a little scaffolding text."""
     rng = random.Random(seed)
     texts = []
     for _ in range(2000):
@@ -112,9 +113,19 @@ def _default_corpus(seed: int = 0) -> list[str]:
         res = {"+": a + b, "-": a - b, "*": a * b}[op]
         expr = f"{a}{op}{b}"
         user = format_user_message(f"What is {expr}?")
-        texts.append(
-            f"{IM_START}user\n{user}{IM_END}\n{IM_START}assistant\n{expr}={res}. \\boxed{{{res}}}{IM_END}\n"
-        )
+        answer = f"{expr}={res}. \\boxed{{{res}}}" if rng.random() < 0.5 else f"\\boxed{{{res}}}"
+        texts.append(f"{IM_START}user\n{user}{IM_END}\n{IM_START}assistant\n{answer}{IM_END}\n")
+    names = ["Ann", "Sam", "Mia", "Tom", "Zoe", "Ben", "Eva", "Leo", "Max", "Ada"]
+    items = ["apples", "cards", "books", "eggs", "pens", "coins", "marbles", "stickers", "cookies", "stamps"]
+    for _ in range(600):  # simple word problems
+        name, item = rng.choice(names), rng.choice(items)
+        a, b = rng.randint(0, 99), rng.randint(0, 99)
+        if rng.random() < 0.5:
+            problem, res = f"{name} has {a} {item} and gets {b} more. How many {item} does {name} have now?", a + b
+        else:
+            problem, res = f"{name} has {a} {item} and gives away {b}. How many {item} are left?", a - b
+        user = format_user_message(problem)
+        texts.append(f"{IM_START}user\n{user}{IM_END}\n{IM_START}assistant\n\\boxed{{{res}}}{IM_END}\n")
     texts += [
         f"{IM_START}system\nYou are a helpful assistant. Solve the problem step by step.{IM_END}\n",
         "The answer is \\boxed{42}. Compute the sum, difference or product of the numbers.",
@@ -241,15 +252,39 @@ def load_tiny(path: str | os.PathLike) -> tuple[PreTrainedModel, PreTrainedToken
 # SFT warm start
 # --------------------------------------------------------------------------------------------------------------
 
-_EXPR_RE = re.compile(r"what\s+is\s+(.+?)\s*\?", re.IGNORECASE)
+_EXPR_RE = re.compile(r"what\s+is\s+(-?\d+)\s*([+\-*])\s*(-?\d+)\s*\?", re.IGNORECASE)
+_INT_RE = re.compile(r"(?<!\d)(?<!\d\.)-?\d+(?!\d)(?!\.\d)")  # integers, not parts of decimals
+
+
+def _equation(problem: str, answer: str) -> str | None:
+    """``"a<op>b"`` for the problem: the expression of "What is a<op>b?", else the first of a+b, a-b, a*b (over the
+    problem's two integers, in order) that equals the answer; None if there is no such expression."""
+    m = _EXPR_RE.search(problem)
+    if m:
+        return f"{m.group(1)}{m.group(2)}{m.group(3)}"
+    nums = _INT_RE.findall(problem)
+    try:
+        target = int(answer)
+    except ValueError:
+        return None
+    if len(nums) != 2:
+        return None
+    a, b = int(nums[0]), int(nums[1])
+    for op, value in (("+", a + b), ("-", a - b), ("*", a * b)):
+        if value == target:
+            return f"{a}{op}{b}"
+    return None
 
 
 def arithmetic_sft_examples(rows: Iterable[dict], style: str = "equation") -> list[tuple[str, str]]:
     """Turn ``{"problem": "What is 23+41?", "answer": "64"}`` rows into (user message, completion) pairs.
 
-    The user message is `format_user_message(problem)`. With ``style="equation"`` (default, learns better)
-    the completion restates the expression: ``"23+41=64. \\boxed{64}"``; with ``style="boxed"`` it is only
-    ``"\\boxed{64}"``. Problems not of the form "What is <expr>?" fall back to the boxed style.
+    The user message is `format_user_message(problem)`. With ``style="equation"`` (default) the completion writes
+    the equation first, ``"23+41=64. \\boxed{64}"`` (15 tokens + eos for two-digit numbers); for other problems
+    (e.g. "Ann has 49 cards and gives away 27. ...") the equation is the first of a+b, a-b, a*b over the
+    problem's two integers that equals the answer (``"49-27=22. \\boxed{22}"``), and just ``"\\boxed{22}"`` when
+    none does. ``style="boxed"`` always gives only ``"\\boxed{64}"``; on the mixed shipped data set it does not
+    learn within 800 SFT steps (held-out accuracy ~0.1), while the equation style does.
     """
     if style not in ("equation", "boxed"):
         raise ValueError(f"unknown style {style!r}")
@@ -257,9 +292,9 @@ def arithmetic_sft_examples(rows: Iterable[dict], style: str = "equation") -> li
     for row in rows:
         problem, answer = str(row["problem"]), str(row["answer"]).strip()
         completion = f"\\boxed{{{answer}}}"
-        m = _EXPR_RE.search(problem)
-        if style == "equation" and m:
-            completion = f"{m.group(1).replace(' ', '')}={answer}. {completion}"
+        eq = _equation(problem, answer) if style == "equation" else None
+        if eq is not None:
+            completion = f"{eq}={answer}. {completion}"
         out.append((format_user_message(problem), completion))
     return out
 
@@ -317,6 +352,7 @@ def sft_warmstart(
     warmup_steps: int | None = None,
     weight_decay: float = 0.0,
     max_grad_norm: float = 1.0,
+    num_threads: int | None = None,
 ) -> dict[str, float]:
     """Supervised fine-tune `model` in place on (user prompt, completion) examples.
 
@@ -325,6 +361,15 @@ def sft_warmstart(
     may also be a list of messages), the completion is the completion text followed by eos. The loss is the
     token-mean cross-entropy over completion + eos tokens only (prompt and padding are masked).
     Plain torch loop: AdamW, linear warmup then cosine decay to 10% of `lr`, batches drawn with replacement.
+
+    The defaults give a model that solves some but not all problems, as the RL demo needs. Measured (seed 0) on
+    the shipped arithmetic data (3000 train rows: "What is a+b?", "What is a-b?", word problems; 300 held-out)
+    with `arithmetic_sft_examples`' equation style: 800 steps -> held-out accuracy 0.71 greedy / 0.63 sampled at
+    temperature 1 (550 steps: 0.54 / 0.41). On "What is a+b?" alone (a, b < 50) 800 steps give ~0.98 / 0.98.
+    Accuracy moves steeply with `steps`, `lr` and `batch_size`.
+
+    `num_threads` sets torch's intra-op threads for the duration of the call (restored afterwards); None leaves
+    them alone. On a busy 2-core machine ``num_threads=1`` can be several times faster than 2 (thread spinning).
 
     Returns ``{"initial_loss", "final_loss" (mean of the last 20 steps), "seconds", "steps", "examples"}``.
     """
@@ -358,6 +403,9 @@ def sft_warmstart(
         from tqdm.auto import tqdm
 
         bar = tqdm(total=steps, desc="SFT warm start", unit="step")
+    prev_threads = torch.get_num_threads()
+    if num_threads is not None:
+        torch.set_num_threads(num_threads)
     start = time.perf_counter()
     try:
         for step in range(steps):
@@ -366,7 +414,9 @@ def sft_warmstart(
             width = int(mask.sum(1).max())
             input_ids = data["input_ids"][idx, :width]
             labels = data["labels"][idx, :width]
-            logits = model(input_ids=input_ids, attention_mask=mask[:, :width], use_cache=False).logits
+            # Right padding + causal attention: real tokens never attend to the padding after them, so no
+            # attention mask is needed (padding carries no labels).
+            logits = model(input_ids=input_ids, use_cache=False).logits
             # token-mean CE over completion tokens (shifted)
             loss = torch.nn.functional.cross_entropy(
                 logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1), ignore_index=-100
@@ -383,10 +433,11 @@ def sft_warmstart(
                 if step % 10 == 0 or step == steps - 1:
                     bar.set_postfix(loss=f"{losses[-1]:.4f}")
     finally:
+        seconds = time.perf_counter() - start
+        torch.set_num_threads(prev_threads)
         if bar is not None:
             bar.close()
         model.train(was_training)
-    seconds = time.perf_counter() - start
     tail = losses[-20:] if losses else [float("nan")]
     return {
         "initial_loss": losses[0] if losses else float("nan"),

@@ -1,27 +1,30 @@
 """An exact toy of CE-GPPO's entropy mechanics: tabular softmax policies trained with the real loss of `core.py`.
 
-The policy is a table of logits, one row per "state" (think: one prompt, or one token position) over
-`num_actions` actions, `num_correct` of which are correct in each state (reward +1, else -1). One RL step:
+Each of `num_states` "prompts" is answered by a sequence of `seq_len` tokens, one per position, every position with
+its own row of logits over `num_actions` actions. Only the first position(s) decide the reward (+1 if the action
+there is in the prompt's correct set, else -1); the other "filler" positions share the sequence's advantage without
+affecting the reward, like most tokens of an LLM's answer (`seq_len=1` is a plain bandit). One RL step:
 
-1. sample a group of `group_size` actions per state from the current policy (which becomes `pi_old`);
-2. group-normalise the +1 / -1 rewards into advantages, `(r - mean) / (std + 1e-4)` as TRL does;
-3. shuffle the `num_states * group_size` samples, split them into `num_minibatches` mini-batches and take one
-   SGD step per mini-batch for `num_epochs` passes, each on the token-mean of `cegppo_per_token_loss`
-   (`core.py`, paper Eq. 8) with `log_ratio = log pi_theta(a) - log pi_old(a)`. Only the first update sees
-   `r == 1`; the later ones are off-policy, so the ratio leaves `[1 - eps_low, 1 + eps_high]` and CE-GPPO's beta1 /
-   beta2 sets are non-empty.
+1. sample a group of `group_size` sequences per prompt from the current policy (which becomes `pi_old`);
+2. group-normalise the +1 / -1 rewards into advantages, `(r - mean) / (std + 1e-4)` as TRL does, and give every
+   token of a sequence its sequence's advantage;
+3. shuffle the sequences, split them into `num_minibatches` mini-batches and take one SGD step per mini-batch for
+   `num_epochs` passes, each on the token-mean of `cegppo_per_token_loss` (`core.py`, paper Eq. 8) with
+   `log_ratio = log pi_theta(a) - log pi_old(a)`. Only the first update sees `r == 1`; the later ones are
+   off-policy, so ratios leave `[1 - eps_low, 1 + eps_high]` and CE-GPPO's beta1 / beta2 sets are non-empty.
 
 Because a tabular softmax's logit gradient is exactly `coef * (e_a - p)`, the first-order entropy change of a step
 (`shared/CEGPPO.md`: `dH = -eta * F * A * s_a`) is exact up to O(eta^2), which `first_order_check` measures, and
-the entropy change of each update can be split exactly (to first order) into the parts carried by the beta1 set,
-the beta2 set and the unclipped tokens (`ToyRun.dH_beta1` etc.): that is the mechanism by which beta1 lowers
+the entropy change of every update splits (to first order) into the parts carried by the beta1 set, the beta2 set
+and the unclipped tokens (`ToyRun.dH_beta1`, `dH_beta2`, `dH_unclipped`): the mechanism by which beta1 lowers
 entropy and beta2 raises it.
 
-Everything is float64 and deterministic for a given seed.
+Everything is float64 and deterministic for a given seed; a run takes about a second on one CPU thread.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import asdict, dataclass, field
 
@@ -36,27 +39,47 @@ BETA_GRID = ((0.0, 0.0), (1.0, 0.5), (0.5, 1.0), (0.0, 1.0), (1.0, 1.0))
 
 @dataclass
 class ToyConfig:
-    """Settings of one toy run. The defaults give a visible, seed-robust separation of the grid in ~1 s per run.
+    """Settings of one toy run. The defaults are the "sequence" toy of `docs/entropy_results.md` (~1 s per run).
 
-    Initial logits: in each state one "dominant" action gets logit `init_peak` and the others draw from
-    `N(0, init_scale^2)`; the correct set is `num_correct` actions drawn at random, so the dominant action is
-    sometimes right and sometimes wrong, and there are rare correct actions to discover (LLM-like: a peaked policy
-    with low-probability alternatives).
+    A "prompt" (`num_states` of them) is answered by a sequence of `seq_len` tokens, one per position; each position
+    has its own row of logits (a tabular policy, positions independent). Only the first `num_key_positions`
+    positions decide the reward (+1 if all of them hold a correct action, else -1); the others are "filler" whose
+    tokens share the sequence's advantage without affecting it -- like most tokens of an LLM's answer. `seq_len=1`
+    is a plain contextual bandit.
+
+    Initial logits: at every position one "dominant" action gets logit `init_peak` and the others draw from
+    `N(0, init_scale^2)` (a peaked, LLM-like policy with low-probability alternatives); the correct set is
+    `num_correct` actions drawn at random (`dominant_correct=True`: the dominant action plus `num_correct - 1`
+    others), so the dominant action is sometimes right and sometimes wrong.
+
+    Updates: `num_epochs` passes over the batch in `num_minibatches` mini-batches of whole sequences, each one SGD
+    step with learning rate `lr` on the token-mean loss (per-token step `lr / tokens per mini-batch`).
     """
 
     num_actions: int = 8
     num_correct: int = 2
-    num_states: int = 16
+    num_states: int = 8
     group_size: int = 8
-    num_minibatches: int = 4
+    seq_len: int = 8
+    num_key_positions: int = 1
+    num_minibatches: int = 8
     num_epochs: int = 2
-    lr: float = 2.0
+    lr: float = 8.0
     epsilon_low: float = 0.2
     epsilon_high: float = 0.2
     steps: int = 150
-    init_peak: float = 2.5
+    init_peak: float = 4.0
     init_scale: float = 0.5
+    dominant_correct: bool = False
     delta: float | None = None
+
+
+#: The two toys of the results page: "sequence" (the default config) and "bandit", the same policy and per-token step
+#: with one rewarded position and no filler tokens.
+TOY_PRESETS = {
+    "sequence": ToyConfig(),
+    "bandit": ToyConfig(seq_len=1, lr=1.0),
+}
 
 
 @dataclass
@@ -75,6 +98,8 @@ class ToyRun:
     dH_beta1: list[float] = field(default_factory=list)  # first-order entropy change carried by the beta1 set
     dH_beta2: list[float] = field(default_factory=list)  # ... by the beta2 set
     dH_unclipped: list[float] = field(default_factory=list)  # ... by all other tokens
+    key_entropy: list[float] = field(default_factory=list)  # seq_len > 1: entropy of the rewarded positions
+    filler_entropy: list[float] = field(default_factory=list)  # ... and of the positions the reward ignores
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -104,13 +129,19 @@ def group_advantages(rewards: torch.Tensor) -> torch.Tensor:
 
 def initial_logits(config: ToyConfig, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """`(logits (S, K), correct (S, K) bool)` drawn as described in [`ToyConfig`]."""
-    S, K = config.num_states, config.num_actions
+    S, K = config.num_states * config.seq_len, config.num_actions
     logits = config.init_scale * torch.randn(S, K, generator=generator, dtype=torch.float64)
     dominant = torch.randint(0, K, (S,), generator=generator)
     logits[torch.arange(S), dominant] = config.init_peak
     correct = torch.zeros(S, K, dtype=torch.bool)
     for s in range(S):
-        correct[s, torch.randperm(K, generator=generator)[: config.num_correct]] = True
+        if config.dominant_correct:  # the dominant action plus num_correct - 1 others
+            others = torch.tensor([a for a in range(K) if a != int(dominant[s])])
+            chosen = others[torch.randperm(K - 1, generator=generator)[: config.num_correct - 1]]
+            correct[s, chosen] = True
+            correct[s, dominant[s]] = True
+        else:
+            correct[s, torch.randperm(K, generator=generator)[: config.num_correct]] = True
     return logits, correct
 
 
@@ -166,38 +197,55 @@ def run_toy(beta1: float, beta2: float, seed: int = 0, config: ToyConfig | None 
     so the settings of the grid start from the same policy for a given seed.
     """
     config = config or ToyConfig()
+    with _single_thread():
+        return _run_toy(beta1, beta2, seed, config)
+
+
+def _run_toy(beta1: float, beta2: float, seed: int, config: ToyConfig) -> ToyRun:
     init_gen = torch.Generator().manual_seed(10_000 + seed)
     logits, correct = initial_logits(config, init_gen)
     gen = torch.Generator().manual_seed(seed)
-    S, G = config.num_states, config.group_size
+    P, G, T = config.num_states, config.group_size, config.seq_len
     run = ToyRun(beta1=beta1, beta2=beta2, seed=seed, config=asdict(config))
+    key = torch.zeros(T, dtype=torch.bool)
+    key[: config.num_key_positions] = True
+    key_states = key.repeat(P)
 
     def record_state(l):
         p = torch.softmax(l, dim=-1)
-        run.entropy.append(float(softmax_entropy(l).mean()))
-        run.correct_mass.append(float((p * correct).sum(-1).mean()))
+        H = softmax_entropy(l)
+        run.entropy.append(float(H.mean()))
+        run.correct_mass.append(float((p * correct).sum(-1)[key_states].mean()))
+        if T > config.num_key_positions:
+            run.key_entropy.append(float(H[key_states].mean()))
+            run.filler_entropy.append(float(H[~key_states].mean()))
 
     record_state(logits)
-    states = torch.arange(S).repeat_interleave(G)
+    # Sequence i = (prompt, sample) of the batch; its token t lives in state prompt * T + t.
+    seq_prompt = torch.arange(P).repeat_interleave(G)  # (P*G,)
+    seq_states = seq_prompt.unsqueeze(1) * T + torch.arange(T).unsqueeze(0)  # (P*G, T)
     for _ in range(config.steps):
         old_logp_all = torch.log_softmax(logits, dim=-1)
-        actions = torch.multinomial(old_logp_all.exp(), G, replacement=True, generator=gen).reshape(-1)
-        rewards = torch.where(correct[states, actions], 1.0, -1.0).to(torch.float64)
-        advantages = group_advantages(rewards.view(S, G)).reshape(-1)
-        old_logp = old_logp_all[states, actions]
+        actions = torch.multinomial(old_logp_all.exp()[seq_states.reshape(-1)], 1, generator=gen).view(P * G, T)
+        # A sequence is correct when every key position holds a correct action (filler positions do not matter).
+        key_correct = correct[seq_states[:, key], actions[:, key]].all(dim=1)
+        rewards = torch.where(key_correct, 1.0, -1.0).to(torch.float64)
+        advantages = group_advantages(rewards.view(P, G)).reshape(-1)
+        old_logp = old_logp_all[seq_states, actions]
         n1 = n2 = total = 0
         dH1 = dH2 = dH0 = 0.0
         for _epoch in range(config.num_epochs):
-            order = torch.randperm(S * G, generator=gen)
+            order = torch.randperm(P * G, generator=gen)
             for chunk in order.chunk(config.num_minibatches):
                 step = cegppo_update(
-                    logits, states[chunk], actions[chunk], advantages[chunk], old_logp[chunk], config.lr,
+                    logits, seq_states[chunk].reshape(-1), actions[chunk].reshape(-1),
+                    advantages[chunk].repeat_interleave(T), old_logp[chunk].reshape(-1), config.lr,
                     beta1, beta2, config.epsilon_low, config.epsilon_high, config.delta,
                 )
                 logits = step["logits"]
                 n1 += int(step["beta1_mask"].sum())
                 n2 += int(step["beta2_mask"].sum())
-                total += len(chunk)
+                total += step["beta1_mask"].numel()
                 dH1 += step["dH_beta1"]
                 dH2 += step["dH_beta2"]
                 dH0 += step["dH_unclipped"]
@@ -209,6 +257,17 @@ def run_toy(beta1: float, beta2: float, seed: int = 0, config: ToyConfig | None 
         run.dH_unclipped.append(dH0)
         record_state(logits)
     return run
+
+
+@contextlib.contextmanager
+def _single_thread():
+    """Tabular updates are tiny; intra-op threads only add contention on a shared CPU (20x slower measured)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 # ----------------------------------------------------------------------------------------------------------------

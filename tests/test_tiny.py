@@ -181,12 +181,23 @@ def test_eos_stops_generation(tokenizer, model):
 
 
 def test_arithmetic_sft_examples():
-    rows = [{"problem": "What is 23+41?", "answer": "64"}, {"problem": "Compute 2*3.", "answer": 6}]
+    rows = [
+        {"problem": "What is 23+41?", "answer": "64"},
+        {"problem": "Ann has 49 cards and gives away 27. How many cards are left?", "answer": "22"},
+        {"problem": "Compute 2*3.", "answer": 6},
+        {"problem": "What is 1.5 plus 2?", "answer": "3.5"},
+    ]
     ex = arithmetic_sft_examples(rows)
     assert ex[0] == (f"What is 23+41? {PROMPT_INSTRUCTION}", "23+41=64. \\boxed{64}")
-    assert ex[1] == (f"Compute 2*3. {PROMPT_INSTRUCTION}", "\\boxed{6}")
-    assert arithmetic_sft_examples(rows[:1], style="boxed")[0][1] == "\\boxed{64}"
+    assert ex[1] == (f"{rows[1]['problem']} {PROMPT_INSTRUCTION}", "49-27=22. \\boxed{22}")
+    assert ex[2][1] == "2*3=6. \\boxed{6}"
+    assert ex[3][1] == "\\boxed{3.5}"  # no integer equation fits: boxed only
+    assert [c for _, c in arithmetic_sft_examples(rows, style="boxed")] == [
+        "\\boxed{64}", "\\boxed{22}", "\\boxed{6}", "\\boxed{3.5}"
+    ]
     assert extract_boxed(ex[0][1]) == "64" and extract_boxed("no box") is None
+    with pytest.raises(ValueError):
+        arithmetic_sft_examples(rows, style="cot")
 
 
 def test_prompt_masking(tokenizer):
@@ -209,17 +220,14 @@ def test_prompt_masking(tokenizer):
 
 
 def test_sft_warmstart_lowers_loss_and_prompt_loss_is_ignored(tokenizer):
-    torch.manual_seed(0)
+    # num_threads=1: on a busy 2-core machine two intra-op threads are several times slower.
     rows = _make_arithmetic_rows(256, seed=0)
+    examples = arithmetic_sft_examples(rows)
     m = build_tiny_model(tokenizer, seed=0)
-    stats = sft_warmstart(m, tokenizer, arithmetic_sft_examples(rows), steps=30, batch_size=32, progress=False)
-    assert set(stats) >= {"initial_loss", "final_loss", "seconds"}
+    stats = sft_warmstart(m, tokenizer, examples, steps=30, batch_size=32, progress=False, num_threads=1)
+    assert set(stats) >= {"initial_loss", "final_loss", "seconds", "steps", "examples"}
     assert stats["initial_loss"] > 5.0  # ~ln(vocab) at random init
     assert stats["final_loss"] < stats["initial_loss"] - 2.0
-    # deterministic for a seed
-    m2 = build_tiny_model(tokenizer, seed=0)
-    stats2 = sft_warmstart(m2, tokenizer, arithmetic_sft_examples(rows), steps=30, batch_size=32, progress=False)
-    assert stats2["final_loss"] == pytest.approx(stats["final_loss"], rel=1e-5)
     # The prompt is not trained on: its loss stays high while the completion loss dropped.
     p, c = _encode_example(tokenizer, *arithmetic_sft_examples(rows[:1])[0])
     ids = torch.tensor([p + c])
@@ -231,13 +239,19 @@ def test_sft_warmstart_lowers_loss_and_prompt_loss_is_ignored(tokenizer):
     assert prompt_nll > completion_nll + 1.0
 
 
-def test_sft_accepts_dicts_and_accuracy_helper(tokenizer):
+def test_sft_deterministic_dicts_and_accuracy_helper(tokenizer):
     rows = _make_arithmetic_rows(8, seed=5)
-    m = build_tiny_model(tokenizer, seed=0)
-    dict_examples = [{"prompt": format_user_message(r["problem"]), "completion": f"\\boxed{{{r['answer']}}}"} for r in rows]
-    stats = sft_warmstart(m, tokenizer, dict_examples, steps=2, batch_size=4, progress=False)
-    assert stats["steps"] == 2 and stats["examples"] == 8
-    acc, samples = greedy_accuracy(m, tokenizer, rows, n=4, max_new_tokens=4, return_samples=True)
+    dict_examples = [{"prompt": p, "completion": c} for p, c in arithmetic_sft_examples(rows)]
+    kw = dict(steps=3, batch_size=4, progress=False, num_threads=1)
+    m1, m2 = build_tiny_model(tokenizer, seed=0), build_tiny_model(tokenizer, seed=0)
+    s1 = sft_warmstart(m1, tokenizer, dict_examples, **kw)
+    s2 = sft_warmstart(m2, tokenizer, rows, **kw)  # problem/answer dicts -> the same examples
+    assert s1["steps"] == 3 and s1["examples"] == 8
+    assert s1["final_loss"] == s2["final_loss"]
+    sd1, sd2 = m1.state_dict(), m2.state_dict()
+    assert all(torch.equal(sd1[k], sd2[k]) for k in sd1)
+    acc, samples = greedy_accuracy(m1, tokenizer, rows, n=4, max_new_tokens=4, return_samples=True)
     assert 0.0 <= acc <= 1.0 and len(samples) == 4
-    acc_t = greedy_accuracy(m, tokenizer, rows, n=4, max_new_tokens=4, temperature=1.0)
+    assert set(samples[0]) == {"problem", "answer", "completion", "pred", "correct"}
+    acc_t = greedy_accuracy(m1, tokenizer, rows, n=4, max_new_tokens=4, temperature=1.0)
     assert 0.0 <= acc_t <= 1.0

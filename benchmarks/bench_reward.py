@@ -1,0 +1,330 @@
+"""Grading throughput and latency of cegppo_trl.math_reward against TRL's trl.rewards.accuracy_reward.
+
+The mix imitates one GRPO step: groups of 16 completions per prompt, 90% ordinary answers (MATH-like gold types:
+integers, fractions, radicals, polynomials, multiples of pi, intervals; right, equivalent-but-rewritten, wrong, or
+unboxed) and 10% slow or hostile ones (exponent towers, huge factorials, deep nesting, a megabyte of text, NUL bytes,
+code, long or slow-to-simplify expressions).
+
+TRL's function runs serially in a child process, as it does in the trainer (main thread, signal timeouts). Some
+hostile inputs never finish there, so each item is capped (``--trl-cap``, default 15 s) and the child restarted:
+its mix figures are then bounds (marked ``>=`` / ``<=``).
+
+Usage: python benchmarks/bench_reward.py [--n 2048] [--timeout 3.0] [--workers N] [--trl-cap 15] [--skip-trl]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import select
+import subprocess
+import sys
+import time
+from math import gcd
+
+GROUP = 16  # completions per prompt
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The mix
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _gold_and_variants(rng: random.Random) -> tuple[str, list[str], list[str]]:
+    """A gold answer, equivalent rewritings of it, and wrong answers."""
+    kind = rng.choices(["int", "frac", "sqrt", "poly", "pi", "interval"], [55, 12, 10, 10, 7, 6])[0]
+    if kind == "int":
+        n = rng.choice([rng.randint(0, 99), rng.randint(100, 999), rng.randint(1000, 99999)])
+        same = [f"{n:,}" if n >= 1000 else f"{n}.0"]
+        return str(n), same, [str(n + d) for d in (1, -1, 10)]
+    if kind == "frac":
+        b = rng.randint(2, 40)
+        a = rng.randint(1, 3 * b)
+        g = gcd(a, b)
+        a, b = a // g, b // g
+        if b == 1:
+            b = 7
+        same = [f"{a}/{b}", rf"\dfrac{{{a}}}{{{b}}}"]
+        return rf"\frac{{{a}}}{{{b}}}", same, [rf"\frac{{{a + 1}}}{{{b}}}", f"{a}/{b + 1}"]
+    if kind == "sqrt":
+        k, m = rng.randint(2, 9), rng.choice([2, 3, 5, 6, 7, 10])
+        return rf"{k}\sqrt{{{m}}}", [rf"\sqrt{{{k * k * m}}}"], [rf"{k}\sqrt{{{m + 1}}}", rf"{k + 1}\sqrt{{{m}}}"]
+    if kind == "poly":
+        a = rng.randint(1, 9)
+        return f"x^2+{2 * a}x+{a * a}", [f"(x+{a})^2"], [f"(x+{a + 1})^2", f"x^2+{a}x+{a * a}"]
+    if kind == "pi":
+        a, b = rng.randint(1, 9), rng.randint(2, 9)
+        return rf"\frac{{{a}\pi}}{{{b}}}", [rf"\frac{{{a}}}{{{b}}}\pi"], [rf"\frac{{{a + 1}\pi}}{{{b}}}"]
+    a, b = sorted(rng.sample(range(-20, 20), 2))
+    return f"[{a}, {b})", [f"[{a},{b})"], [f"({a}, {b})", f"[{a}, {b + 1})"]
+
+
+_FILLER = [
+    "Let me think about this step by step.",
+    "First, we simplify the expression.",
+    "Substituting the values, we get {n}.",
+    "So the intermediate result is {n}.",
+    "Checking the boundary cases carefully.",
+    "This gives us {n} when we expand.",
+    "Wait, let me double-check the arithmetic.",
+]
+
+
+def _reasoning(rng: random.Random) -> str:
+    return " ".join(rng.choice(_FILLER).format(n=rng.randint(1, 500)) for _ in range(rng.randint(10, 40)))
+
+
+def _ordinary(rng: random.Random, n: int) -> list[tuple[str, str]]:
+    items = []
+    while len(items) < n:
+        gold, same, wrong = _gold_and_variants(rng)
+        for _ in range(GROUP):
+            r = rng.random()
+            if r < 0.50:
+                answer = gold
+            elif r < 0.65:
+                answer = rng.choice(same)
+            else:
+                answer = rng.choice(wrong)
+            ending = (
+                f" The answer is ${answer}$." if r >= 0.90 else f" Therefore the final answer is $\\boxed{{{answer}}}$."
+            )
+            items.append((f"<think>{_reasoning(rng)}</think>{_reasoning(rng)[:300]}{ending}", gold))
+    return items[:n]
+
+
+HOSTILE_KINDS = {  # kind -> the i-th distinct completion of that kind (distinct, so no batch deduplication helps)
+    "power tower": lambda i: rf"\boxed{{{i % 8 + 2}^{{9^{{9^{{9}}}}}}}}",
+    "factorial 99999999!": lambda i: rf"\boxed{{{99999999 - i}!}}",
+    "factorial (10!)!": lambda i: rf"\boxed{{({10 + i % 5}!)! + {i}}}",
+    "binomial": lambda i: rf"\boxed{{\binom{{{99999999 - i}}}{{49999999}}}}",
+    "x^99999999": lambda i: rf"\boxed{{x^{{{99999999 - i}}}}}",
+    "frac nested 300": lambda i: "\\boxed{" + "\\frac{1}{" * (300 + i) + "2" + "}" * (300 + i) + "}",
+    "parens nested 500": lambda i: "\\boxed{" + "(" * (500 + i) + "1" + ")" * (500 + i) + "}",
+    "1 MB of text": lambda i: "a" * (1_000_000 + i),
+    "unbalanced braces": lambda i: rf"\boxed{{\frac{{1}}{{{i}" + "{" * 500,
+    "NUL bytes": lambda i: "\x00" * 1000 + f"\\boxed{{{i}\x00}}",
+    "python code": lambda i: f"\\boxed{{__import__('os').system('echo pwned{i}')}}",
+    "sum of 480 terms (slow)": lambda i: "\\boxed{" + "+".join(["x"] * 479 + [str(i)]) + "}",
+    "(x+1)^3000 (slow)": lambda i: rf"\boxed{{(x+{i + 1})^{{3000}}}}",
+    "frac nested 10 (slow)": lambda i: "\\boxed{" + "\\frac{1}{" * 10 + str(i + 2) + "}" * 10 + "}",
+}
+
+
+def build_mix(n: int, seed: int = 0) -> tuple[list[tuple[str, str]], list[tuple[str, str]], list[str]]:
+    """(ordinary items, hostile items, hostile kind of each hostile item); items are (completion, gold)."""
+    rng = random.Random(seed)
+    n_hostile = n // 10
+    ordinary = _ordinary(rng, n - n_hostile)
+    kinds = [list(HOSTILE_KINDS)[i % len(HOSTILE_KINDS)] for i in range(n_hostile)]
+    hostile = [(HOSTILE_KINDS[k](i), "7") for i, k in enumerate(kinds)]
+    return ordinary, hostile, kinds
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Measurements
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def run_ours(items: list[tuple[str, str]], timeout_s: float, workers: int | None) -> dict:
+    from cegppo_trl import rewards
+
+    rewards.shutdown_grading_workers()  # fresh workers, cold caches
+    rewards._GOLD_STATUS.clear()
+    rewards._VERDICTS.clear()
+    rewards.grade_completions([r"\boxed{x}"], ["x"], timeout_s=timeout_s, num_workers=workers)  # start-up, untimed
+    start = time.perf_counter()
+    results = rewards.grade_completions(
+        [c for c, _ in items], [g for _, g in items], timeout_s=timeout_s, num_workers=workers
+    )
+    elapsed = time.perf_counter() - start
+    latencies = [r.seconds for r in results]
+    statuses = [r.status for r in results]
+    return {
+        "n": len(items),
+        "seconds": elapsed,
+        "rate": len(items) / elapsed,
+        "p99": _percentile(latencies, 0.99),
+        "max": max(latencies),
+        "timeouts": statuses.count("timeout") + statuses.count("error"),
+        "correct": statuses.count("correct"),
+    }
+
+
+_TRL_CHILD = r"""
+import json, sys, time, logging
+logging.disable(logging.WARNING)
+from trl.rewards import accuracy_reward
+print("ready", flush=True)
+for line in sys.stdin:
+    completion, gold = json.loads(line)
+    start = time.perf_counter()
+    value = accuracy_reward([[{"role": "assistant", "content": completion}]], [gold])[0]
+    print(json.dumps([value, time.perf_counter() - start]), flush=True)
+"""
+
+
+class _TrlChild:
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _TRL_CHILD],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        assert self.proc.stdout.readline().strip() == "ready"
+
+    def grade(self, completion: str, gold: str, cap: float) -> tuple[float | None, float]:
+        """(reward, seconds); (None, cap) when the item did not finish within ``cap`` seconds."""
+        self.proc.stdin.write(json.dumps([completion, gold]) + "\n")
+        self.proc.stdin.flush()
+        ready, _, _ = select.select([self.proc.stdout], [], [], cap)
+        if not ready:
+            return None, cap
+        value, seconds = json.loads(self.proc.stdout.readline())
+        return value, seconds
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def run_trl(ordinary: list[tuple[str, str]], hostile_kinds: list[str], cap: float) -> dict:
+    child = _TrlChild()
+    ordinary_latencies = []
+    correct = 0
+    for completion, gold in ordinary:
+        value, seconds = child.grade(completion, gold, cap)
+        if value is None:  # pragma: no cover - an ordinary item should never hang
+            child.close()
+            child = _TrlChild()
+        ordinary_latencies.append(seconds)
+        correct += value == 1.0
+    kind_seconds = {}
+    for kind in dict.fromkeys(hostile_kinds):  # each distinct hostile kind once, then extrapolate
+        value, seconds = child.grade(HOSTILE_KINDS[kind](0), "7", cap)
+        kind_seconds[kind] = (seconds, value is None)
+        if value is None:
+            child.close()
+            child = _TrlChild()
+    child.close()
+    hostile_latencies = [kind_seconds[k][0] for k in hostile_kinds]
+    capped = any(kind_seconds[k][1] for k in hostile_kinds)
+    ordinary_time = sum(ordinary_latencies)
+    mix_time = ordinary_time + sum(hostile_latencies)
+    latencies = ordinary_latencies + hostile_latencies
+    return {
+        "ordinary_rate": len(ordinary) / ordinary_time,
+        "mix_rate": len(latencies) / mix_time,
+        "p99": _percentile(latencies, 0.99),
+        "max": max(latencies),
+        "capped": capped,
+        "capped_kinds": [k for k, (_, c) in kind_seconds.items() if c],
+        "kind_seconds": kind_seconds,
+        "correct": correct,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=2048, help="completions in the mix (one GRPO step: 2048)")
+    parser.add_argument("--timeout", type=float, default=3.0, help="math_reward timeout_s")
+    parser.add_argument("--workers", type=int, default=None, help="grading processes (default: CPUs / local ranks)")
+    parser.add_argument("--trl-cap", type=float, default=15.0, help="seconds before a TRL grading call is abandoned")
+    parser.add_argument("--skip-trl", action="store_true", help="only measure cegppo_trl.math_reward")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    from cegppo_trl import rewards
+
+    ordinary, hostile, kinds = build_mix(args.n, args.seed)
+    workers = args.workers or rewards._default_num_workers()
+    cpus = len(os.sched_getaffinity(0))
+    print(
+        f"mix: {len(ordinary)} ordinary + {len(hostile)} slow/hostile completions ({len(HOSTILE_KINDS)} kinds); "
+        f"{cpus} CPUs, {workers} grading workers, timeout {args.timeout} s, load average "
+        f"{os.getloadavg()[0]:.1f} before start"
+    )
+    local = sum(
+        a is None or a == g or rewards._fast_verdict(a, g) is not None
+        for a, g in ((rewards.extract_answer(c), g) for c, g in ordinary)
+    )
+    print(
+        f"ordinary completions decided in-process (no answer, answer == gold, or plain numbers): "
+        f"{local / len(ordinary):.0%}"
+    )
+
+    ours_ordinary = run_ours(ordinary, args.timeout, workers)
+    ours_mix = run_ours(ordinary + hostile, args.timeout, workers)
+    rewards.shutdown_grading_workers()
+    distinct: dict[tuple[str, str], tuple[str, str]] = {}
+    for c, g in ordinary:  # pairs no shortcut decides: plain numbers, identical strings, repeats in the batch
+        a = rewards.extract_answer(c)
+        if a is not None and a != g and rewards._fast_verdict(a, g) is None:
+            distinct.setdefault((a, g), (c, g))
+    ours_pool_only = run_ours(list(distinct.values()), args.timeout, workers)
+    rewards.shutdown_grading_workers()
+
+    rows = [
+        (
+            "cegppo math_reward",
+            f"{ours_ordinary['rate']:.0f}",
+            f"{ours_mix['rate']:.0f}",
+            f"{ours_mix['p99'] * 1000:.0f} ms",
+            f"{ours_mix['max']:.2f} s",
+        )
+    ]
+    trl = None
+    if not args.skip_trl:
+        trl = run_trl(ordinary, kinds, args.trl_cap)
+        bound = ">=" if trl["capped"] else ""
+        rows.append(
+            (
+                "trl accuracy_reward",
+                f"{trl['ordinary_rate']:.0f}",
+                f"{'<=' if trl['capped'] else ''}{trl['mix_rate']:.1f}",
+                f"{bound}{trl['p99'] * 1000:.0f} ms",
+                f"{bound}{trl['max']:.2f} s",
+            )
+        )
+        rows.append(
+            (
+                "ratio (ours / trl)",
+                f"{ours_ordinary['rate'] / trl['ordinary_rate']:.1f}x",
+                f"{'>=' if trl['capped'] else ''}{ours_mix['rate'] / trl['mix_rate']:.0f}x",
+                "",
+                "",
+            )
+        )
+    header = ("", "ordinary c/s", "mix c/s", "p99 latency", "max latency")
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    print()
+    for row in [header, *rows]:
+        cells = zip(row, widths, strict=True)
+        print("  ".join(str(cell).rjust(w) if i else str(cell).ljust(w) for i, (cell, w) in enumerate(cells)))
+    print()
+    print(
+        f"cegppo: ordinary part {ours_ordinary['n']} in {ours_ordinary['seconds']:.2f} s; mix {ours_mix['n']} in "
+        f"{ours_mix['seconds']:.2f} s with {ours_mix['timeouts']} timeouts; the {ours_pool_only['n']} distinct "
+        f"(answer, gold) pairs of the ordinary part that need math-verify alone: {ours_pool_only['rate']:.0f} c/s"
+    )
+    if trl is not None:
+        print(
+            f"agreement on the ordinary part: cegppo {ours_ordinary['correct']} correct, trl {trl['correct']} correct"
+        )
+        slow = ", ".join(
+            f"{k} {'>' if capped else ''}{s:.2f} s" for k, (s, capped) in trl["kind_seconds"].items() if s > 0.05
+        )
+        print(f"trl time per hostile kind (measured once each, extrapolated to the mix): {slow}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,449 @@
+"""Math datasets in TRL's conversational prompt format, with a ``solution`` column for :func:`cegppo_trl.math_reward`.
+
+Public API
+----------
+- :func:`load_math_dataset` -- a local file (jsonl / json / parquet / csv), a Hub id, or ``"builtin:arithmetic"``
+  / ``"builtin:arithmetic_eval"`` -> ``datasets.Dataset`` with columns ``prompt`` and ``solution``.
+- :func:`build_prompt` -- the prompt convention used for every row.
+- :func:`make_arithmetic_rows` -- the deterministic generator of the built-in arithmetic data set.
+- :data:`DEFAULT_INSTRUCTION`, :data:`BUILTIN_DATASETS`.
+
+Regenerate the shipped files with ``python -m cegppo_trl.data``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import numbers
+import os
+import random
+import warnings
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "BUILTIN_DATASETS",
+    "DEFAULT_INSTRUCTION",
+    "DatasetFormatError",
+    "build_prompt",
+    "load_math_dataset",
+    "make_arithmetic_rows",
+]
+
+DEFAULT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+"""Appended to every problem (the DeepSeek-R1 / CE-GPPO convention: final answer in ``\\boxed{}``)."""
+
+PROBLEM_COLUMNS = ("problem", "question", "prompt", "query", "input")
+"""Problem columns tried in this order when ``problem_column`` is not given."""
+
+ANSWER_COLUMNS = (
+    "answer",
+    "final_answer",
+    "ground_truth",
+    "reference",
+    "gold",
+    "target",
+    "reward_model.ground_truth",
+    "solution",
+)
+"""Answer columns tried in this order when ``answer_column`` is not given. ``solution`` comes last because in MATH
+style data sets it holds the worked solution while ``answer`` holds the final answer; ``reward_model.ground_truth``
+is the nested verl layout of KlearReasoner-MathSub-30K."""
+
+_DATA_DIR = Path(__file__).resolve().parent / "data"
+BUILTIN_DATASETS = {
+    "builtin:arithmetic": _DATA_DIR / "arithmetic.jsonl",
+    "builtin:arithmetic_eval": _DATA_DIR / "arithmetic_eval.jsonl",
+}
+"""Names accepted by :func:`load_math_dataset` for the data shipped with the package."""
+
+_LOCAL_FORMATS = (".jsonl", ".json", ".parquet", ".csv")
+_MAX_LISTED_INDICES = 20
+
+
+class DatasetFormatError(ValueError):
+    """The data cannot be turned into ``prompt`` / ``solution`` rows; the message says what and how to fix it."""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Prompt convention
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def build_prompt(
+    problem: str, system_prompt: str | None = None, instruction: str | None = DEFAULT_INSTRUCTION
+) -> list[dict[str, str]]:
+    """The conversational prompt for one problem: an optional system message, then one user message.
+
+    The user message is ``problem + "\\n" + instruction``; an ``instruction`` containing ``{problem}`` is used as a
+    template instead, and ``instruction=None`` (or ``""``) leaves the problem unchanged.
+    """
+    if not instruction:
+        content = problem
+    elif "{problem}" in instruction:
+        content = instruction.replace("{problem}", problem)  # not str.format: "\boxed{}" has braces
+    else:
+        content = f"{problem}\n{instruction}"
+    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    messages.append({"role": "user", "content": content})
+    return messages
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Reading raw rows
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _read_jsonl(path: Path) -> list[Any]:
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for line_number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise DatasetFormatError(f"{path}: line {line_number} is not valid JSON ({e.msg}).") from None
+    return rows
+
+
+def _read_json(path: Path) -> list[Any]:
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        if e.msg == "Extra data":  # several JSON documents: JSON lines with a .json name (as in verl data sets)
+            return _read_jsonl(path)
+        raise DatasetFormatError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}).") from None
+    if isinstance(data, dict):
+        for key in ("data", "rows", "examples", "train"):
+            if isinstance(data.get(key), list):
+                return data[key]
+        lengths = {len(v) for v in data.values() if isinstance(v, list)}
+        if data and len(lengths) == 1 and all(isinstance(v, list) for v in data.values()):
+            keys = list(data)
+            return [dict(zip(keys, values, strict=True)) for values in zip(*data.values(), strict=True)]  # columns
+        raise DatasetFormatError(
+            f"{path} holds a JSON object with keys {sorted(data)[:10]}; expected a list of row objects, "
+            "an object of equal-length column lists, or JSON lines."
+        )
+    if not isinstance(data, list):
+        raise DatasetFormatError(f"{path} holds a JSON {type(data).__name__}; expected a list of row objects.")
+    return data
+
+
+def _read_local(path: Path) -> list[Any]:
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        return _read_jsonl(path)
+    if suffix == ".json":
+        return _read_json(path)
+    if suffix == ".csv":
+        # csv keeps every cell a string, so answers like "007" or "0.50" reach the reward exactly as written.
+        with path.open(encoding="utf-8", newline="") as f:
+            return list(csv.DictReader(f))
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    raise DatasetFormatError(
+        f"{path}: unsupported file type {suffix!r}; use one of {', '.join(_LOCAL_FORMATS)}, a Hub data set id, "
+        f"or one of {', '.join(BUILTIN_DATASETS)}."
+    )
+
+
+def _rows_to_columns(rows: Sequence[Any], source: str) -> dict[str, list]:
+    bad = [i for i, row in enumerate(rows) if not isinstance(row, dict)]
+    if bad:
+        raise DatasetFormatError(
+            f"{source}: rows {_index_list(bad)} are not objects (got {type(rows[bad[0]]).__name__}); "
+            "each row must map column names to values."
+        )
+    names: dict[str, None] = {}
+    for row in rows:
+        names.update(dict.fromkeys(row))
+    return {name: [row.get(name) for row in rows] for name in names}
+
+
+def _looks_like_path(path_or_id: str) -> bool:
+    return (
+        path_or_id.lower().endswith(_LOCAL_FORMATS)
+        or path_or_id.startswith((".", "/", "~"))
+        or os.sep in path_or_id.strip("/").replace("/", "", 1)
+    )
+
+
+def _load_columns(path_or_id: str, split: str | None, name: str | None) -> tuple[dict[str, list], str]:
+    if path_or_id.startswith("builtin:"):
+        if path_or_id not in BUILTIN_DATASETS:
+            raise ValueError(f"unknown built-in data set {path_or_id!r}; available: {', '.join(BUILTIN_DATASETS)}.")
+        path = BUILTIN_DATASETS[path_or_id]
+        return _rows_to_columns(_read_jsonl(path), path_or_id), path_or_id
+    local = Path(path_or_id).expanduser()
+    if local.is_file():
+        return _rows_to_columns(_read_local(local), str(local)), str(local)
+    if local.is_dir():
+        raise ValueError(f"{path_or_id} is a directory; pass the data file itself ({', '.join(_LOCAL_FORMATS)}).")
+    if _looks_like_path(path_or_id):
+        raise FileNotFoundError(
+            f"no such file: {path_or_id!r}. Pass an existing {'/'.join(_LOCAL_FORMATS)} file, a Hub data set id "
+            f"such as 'HuggingFaceH4/MATH-500', or one of {', '.join(BUILTIN_DATASETS)}."
+        )
+    import datasets
+
+    loaded = datasets.load_dataset(path_or_id, name, split=split)
+    if not isinstance(loaded, datasets.Dataset):
+        raise ValueError(f"{path_or_id!r} gave {type(loaded).__name__}; pass a single split, e.g. split='train'.")
+    return {column: loaded[column] for column in loaded.column_names}, f"{path_or_id} (split {split!r})"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Column mapping and row validation
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _index_list(indices: Sequence[int]) -> str:
+    shown = ", ".join(str(i) for i in indices[:_MAX_LISTED_INDICES])
+    more = f", ... ({len(indices)} in total)" if len(indices) > _MAX_LISTED_INDICES else ""
+    return f"[{shown}{more}]"
+
+
+def _column_values(columns: dict[str, list], column: str) -> list | None:
+    """Values of ``column``; ``"a.b"`` reads key ``b`` of dict column ``a`` (verl's ``reward_model.ground_truth``)."""
+    if column in columns:
+        return columns[column]
+    head, _, key = column.partition(".")
+    if key and head in columns:
+        values = columns[head]
+        if any(isinstance(v, dict) and key in v for v in values):
+            return [v.get(key) if isinstance(v, dict) else None for v in values]
+    return None
+
+
+def _pick_column(columns: dict[str, list], given: str | None, candidates: Sequence[str], what: str, arg: str) -> str:
+    found = sorted(columns)
+    if given is not None:
+        if _column_values(columns, given) is None:
+            raise DatasetFormatError(
+                f"{arg}={given!r} is not a column of this data set; found columns {found}. "
+                f"Pass {arg}= one of them (nested dict keys as 'column.key')."
+            )
+        return given
+    for candidate in candidates:
+        if _column_values(columns, candidate) is not None:
+            return candidate
+    raise DatasetFormatError(
+        f"no {what} column found: the data set has columns {found}, expected one of {list(candidates)}. "
+        f"Pass {arg}='<column name>'."
+    )
+
+
+def _problem_text(value: Any) -> tuple[str | None, str]:
+    """(problem, error reason); a conversational prompt contributes the content of its last user message."""
+    if isinstance(value, (list, tuple)) and value and all(isinstance(m, dict) for m in value):
+        users = [m for m in value if m.get("role") == "user"]
+        content = (users or list(value))[-1].get("content")
+        if isinstance(content, list):
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        value = content
+    if value is None:
+        return None, "problem is missing (None)"
+    if not isinstance(value, str):
+        return None, f"problem is not a string (got {type(value).__name__})"
+    if not value.strip():
+        return None, "problem is empty"
+    return value.strip(), ""
+
+
+def _answer_text(value: Any) -> tuple[str | None, str]:
+    """(answer, error reason). Integers and finite floats become strings; None, bools, lists, dicts are errors."""
+    if value is None:
+        return None, "answer is missing (None)"
+    if isinstance(value, bool):
+        return None, "answer is a bool"
+    if isinstance(value, numbers.Integral):
+        return str(int(value)), ""
+    if isinstance(value, numbers.Real):
+        number = float(value)
+        if not math.isfinite(number):
+            return None, f"answer is {number}"
+        return (str(int(number)) if number.is_integer() else repr(number)), ""
+    if not isinstance(value, str):
+        return None, f"answer is not a string or number (got {type(value).__name__})"
+    if not value.strip():
+        return None, "answer is empty"
+    return value.strip(), ""
+
+
+def load_math_dataset(
+    path_or_id: str,
+    split: str = "train",
+    problem_column: str | None = None,
+    answer_column: str | None = None,
+    system_prompt: str | None = None,
+    instruction: str | None = DEFAULT_INSTRUCTION,
+    *,
+    name: str | None = None,
+    drop_invalid: bool = False,
+    keep_columns: bool = False,
+):
+    """Load math problems as a ``datasets.Dataset`` with TRL's conversational ``prompt`` and a ``solution`` column.
+
+    Args:
+        path_or_id: a local ``.jsonl`` / ``.json`` / ``.parquet`` / ``.csv`` file, ``"builtin:arithmetic"`` /
+            ``"builtin:arithmetic_eval"``, or a Hugging Face Hub data set id (loaded with
+            ``datasets.load_dataset``; needs network or a local cache).
+        split: split of a Hub data set. A local or built-in file is one split, so it is ignored there.
+        problem_column: column holding the problem; default: the first of ``problem``, ``question``, ``prompt``,
+            ``query``, ``input``. A conversational column (list of messages) gives its last user message.
+        answer_column: column holding the gold answer; default: the first of ``answer``, ``final_answer``,
+            ``ground_truth``, ``reference``, ``gold``, ``target``, ``reward_model.ground_truth``, ``solution``.
+            ``"a.b"`` reads key ``b`` of a dict column ``a``.
+        system_prompt: optional system message placed before the user message.
+        instruction: text appended to each problem (default: final answer in ``\\boxed{}``); a text containing
+            ``{problem}`` is a template; ``None`` keeps the problem as is.
+        name: configuration name of a Hub data set.
+        drop_invalid: drop unusable rows with a warning listing their indices, instead of raising.
+        keep_columns: keep the other columns of the source (an original ``prompt`` / ``solution`` column that is
+            replaced is kept as ``original_prompt`` / ``original_solution``).
+
+    Returns:
+        ``datasets.Dataset`` with ``prompt`` (``[{"role": "user", "content": ...}]``, optionally after a system
+        message) and ``solution`` (the gold answer as a string). Integer and float answers are converted to
+        strings (``27.0`` -> ``"27"``); answers that are ``None``, booleans, lists or dicts are errors.
+
+    Raises:
+        DatasetFormatError: missing columns (the message lists the columns found and the argument to pass), or
+            unusable rows (empty or missing problem or answer, wrong types), listed by 0-based row index, unless
+            ``drop_invalid=True``.
+    """
+    import datasets
+
+    columns, source = _load_columns(path_or_id, split, name)
+    if not columns:
+        raise DatasetFormatError(f"{source} has no rows.")
+    p_col = _pick_column(columns, problem_column, PROBLEM_COLUMNS, "problem", "problem_column")
+    a_candidates = [c for c in ANSWER_COLUMNS if c != p_col]
+    a_col = _pick_column(columns, answer_column, a_candidates, "answer", "answer_column")
+    if a_col == p_col:
+        raise DatasetFormatError(f"problem_column and answer_column are both {p_col!r}; they must differ.")
+    raw_problems = _column_values(columns, p_col)
+    raw_answers = _column_values(columns, a_col)
+
+    problems: list[str | None] = []
+    answers: list[str | None] = []
+    errors: dict[str, list[int]] = {}
+    for i, (raw_problem, raw_answer) in enumerate(zip(raw_problems, raw_answers, strict=True)):  # type: ignore
+        problem, problem_error = _problem_text(raw_problem)
+        answer, answer_error = _answer_text(raw_answer)
+        for reason in (problem_error, answer_error):
+            if reason:
+                errors.setdefault(reason, []).append(i)
+        problems.append(problem)
+        answers.append(answer)
+
+    keep = [i for i in range(len(problems)) if problems[i] is not None and answers[i] is not None]
+    if errors:
+        details = "; ".join(f"{reason} in rows {_index_list(rows)}" for reason, rows in errors.items())
+        message = (
+            f"{source}: {len(problems) - len(keep)} of {len(problems)} rows are unusable "
+            f"(problem column {p_col!r}, answer column {a_col!r}; 0-based row indices): {details}."
+        )
+        if not drop_invalid:
+            raise DatasetFormatError(message + " Fix the data, or pass drop_invalid=True to drop these rows.")
+        warnings.warn(message + " They were dropped (drop_invalid=True).", stacklevel=2)
+    if not keep:
+        raise DatasetFormatError(f"{source}: no usable rows remain.")
+
+    out: dict[str, list] = {
+        "prompt": [build_prompt(problems[i], system_prompt, instruction) for i in keep],  # type: ignore[arg-type]
+        "solution": [answers[i] for i in keep],
+    }
+    if keep_columns:
+        for column, values in columns.items():
+            target = f"original_{column}" if column in out else column
+            out[target] = [values[i] for i in keep]
+    try:
+        return datasets.Dataset.from_dict(out)
+    except Exception as e:  # noqa: BLE001 - pyarrow type errors only come from extra columns
+        if not keep_columns:
+            raise
+        raise DatasetFormatError(
+            f"{source}: the extra columns kept by keep_columns=True have mixed types ({e}); pass keep_columns=False."
+        ) from e
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Built-in arithmetic data set
+# ----------------------------------------------------------------------------------------------------------------
+
+_NAMES = ("Ann", "Ben", "Sam", "Mia", "Tom", "Zoe")
+_ITEMS = ("apples", "pens", "cards", "coins", "books", "eggs")
+ARITHMETIC_SIZES = {"builtin:arithmetic": (3000, 0), "builtin:arithmetic_eval": (300, 1)}
+"""(rows, seed) of each shipped file; the eval file excludes every train problem."""
+
+
+def make_arithmetic_rows(n: int, seed: int = 0, exclude: Iterable[str] = ()) -> list[dict[str, str]]:
+    """``n`` distinct short arithmetic problems, deterministic in ``seed``, as ``{"problem", "answer"}`` rows.
+
+    Operands are 1..49 so a tiny model can learn them: 55% "What is a+b?", 25% "What is a-b?" (a >= b), 20% one-line
+    word problems ("Ann has 12 apples and gets 7 more. How many apples does Ann have now?"). Answers are decimal
+    strings. Problems in ``exclude`` are never produced (used to keep the eval file disjoint from train).
+    """
+    if not isinstance(n, int) or n < 0:
+        raise ValueError(f"n must be a non-negative integer, got {n!r}.")
+    rng = random.Random(seed)
+    seen = set(exclude)
+    rows: list[dict[str, str]] = []
+    attempts = 0
+    while len(rows) < n:
+        attempts += 1
+        if attempts > 200 * n + 10_000:
+            raise ValueError(f"could not make {n} distinct problems; ask for fewer rows or exclude fewer.")
+        kind = rng.random()
+        a, b = rng.randint(1, 49), rng.randint(1, 49)
+        if kind < 0.55:
+            problem, answer = f"What is {a}+{b}?", a + b
+        elif kind < 0.80:
+            a, b = max(a, b), min(a, b)
+            problem, answer = f"What is {a}-{b}?", a - b
+        else:
+            who, item = rng.choice(_NAMES), rng.choice(_ITEMS)
+            if rng.random() < 0.5:
+                problem = f"{who} has {a} {item} and gets {b} more. How many {item} does {who} have now?"
+                answer = a + b
+            else:
+                a, b = max(a, b), min(a, b)
+                problem = f"{who} has {a} {item} and gives away {b}. How many {item} are left?"
+                answer = a - b
+        if problem in seen:
+            continue
+        seen.add(problem)
+        rows.append({"problem": problem, "answer": str(answer)})
+    return rows
+
+
+def _builtin_arithmetic() -> dict[str, list[dict[str, str]]]:
+    """The exact contents of the shipped files."""
+    train_n, train_seed = ARITHMETIC_SIZES["builtin:arithmetic"]
+    eval_n, eval_seed = ARITHMETIC_SIZES["builtin:arithmetic_eval"]
+    train = make_arithmetic_rows(train_n, train_seed)
+    held_out = make_arithmetic_rows(eval_n, eval_seed, exclude={row["problem"] for row in train})
+    return {"builtin:arithmetic": train, "builtin:arithmetic_eval": held_out}
+
+
+def _write_builtin_files() -> None:
+    for builtin, rows in _builtin_arithmetic().items():
+        path = BUILTIN_DATASETS[builtin]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w", encoding="utf-8", newline="\n") as f:
+            for row in rows:
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        print(f"wrote {len(rows)} rows to {path}")
+
+
+if __name__ == "__main__":
+    _write_builtin_files()

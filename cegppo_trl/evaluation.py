@@ -1,0 +1,546 @@
+"""`cegppo-eval`: avg@k and pass@k of a model on math data sets, graded with the paper's math-verify reward.
+
+The paper reports avg@32 (MATH500: avg@4): sample `k` completions per problem (temperature 0.6, top_p 0.95), grade
+each with math-verify against the reference answer, and average the accuracy over all `k x N` completions. pass@j
+(for `j <= k`) uses the unbiased estimator of Chen et al. (2021), `1 - C(k - c, j) / C(k, j)` per problem with `c`
+correct samples, averaged over problems.
+
+Command line::
+
+    cegppo-eval MODEL --datasets builtin:arithmetic_eval [PATH_OR_HUB_ID ...] --k 32 \\
+        [--temperature 0.6] [--top-p 0.95] [--max-new-tokens 1024] [--batch-size 64] [--backend hf|vllm] \\
+        [--output eval_report.json]
+
+`MODEL` is a local directory (a saved model or a Trainer checkpoint) or a Hub id. Each data set goes through
+`cegppo_trl.data.load_math_dataset` (so `--split`, `--problem-column`, `--answer-column`, `--instruction` apply to all
+of them). The command prints one summary line per data set and writes a JSON report with the settings, the metrics
+and per-problem correct counts (`--save-completions` adds the completions).
+
+In training, `AvgAtKCallback` logs the same metrics on a held-out set every N optimizer steps into the trainer's
+`log_history` (and so into `trainer_state.json` and `cegppo-plot`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+
+__all__ = [
+    "AvgAtKCallback",
+    "evaluate_completions",
+    "evaluate_model",
+    "format_summary",
+    "generate_completions",
+    "main",
+    "pass_at_k",
+]
+
+DEFAULT_TEMPERATURE = 0.6  # paper's validation sampling
+DEFAULT_TOP_P = 0.95
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Estimators
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from `n` samples of which `c` are correct: `1 - C(n - c, k) / C(n, k)`.
+
+    Computed as a product (`1 - prod_{i=n-c+1}^{n} (1 - k / i)`) so that large `n` does not overflow.
+    """
+    if not (0 <= c <= n) or not (1 <= k <= n):
+        raise ValueError(f"pass_at_k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}.")
+    if n - c < k:
+        return 1.0
+    prod = 1.0
+    for i in range(n - c + 1, n + 1):
+        prod *= 1.0 - k / i
+    return 1.0 - prod
+
+
+def evaluate_completions(
+    completions: Sequence[Sequence[str]],
+    solutions: Sequence[Any],
+    pass_ks: Sequence[int] | None = None,
+    *,
+    timeout_s: float | None = None,
+    num_workers: int | None = None,
+) -> dict[str, Any]:
+    """Grade `completions[i]` (the `k` samples of problem `i`) against `solutions[i]` with the math reward.
+
+    Returns ``{"num_problems", "k", "avg@k", "pass@j" for j in pass_ks (default: 1 and k), "num_correct": [c_i],
+    "status_counts": {status: count}, "statuses": [[...]]}``. Problems whose gold answer cannot be parsed
+    (status ``bad_gold``, reward None in training) are excluded from the averages and counted in
+    ``num_skipped``.
+    """
+    from .rewards import DEFAULT_TIMEOUT_S, grade_completions
+
+    if len(completions) != len(solutions):
+        raise ValueError(f"got completions for {len(completions)} problems but {len(solutions)} solutions.")
+    ks = {len(c) for c in completions}
+    if len(ks) != 1 or 0 in ks:
+        raise ValueError(f"every problem needs the same number (>= 1) of completions, got {sorted(ks)}.")
+    (k,) = ks
+    pass_ks = sorted({1, k} if pass_ks is None else {int(j) for j in pass_ks})
+    bad = [j for j in pass_ks if not 1 <= j <= k]
+    if bad:
+        raise ValueError(f"pass@j needs 1 <= j <= k = {k}; got j = {bad}.")
+
+    flat = [text for group in completions for text in group]
+    golds = [solution for solution in solutions for _ in range(k)]
+    graded = grade_completions(
+        flat, golds, timeout_s=DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s, num_workers=num_workers
+    )
+    statuses = [[g.status for g in graded[i * k : (i + 1) * k]] for i in range(len(completions))]
+    num_correct = [sum(s == "correct" for s in row) for row in statuses]
+    scored = [i for i, row in enumerate(statuses) if "bad_gold" not in row]
+    report: dict[str, Any] = {"num_problems": len(completions), "num_skipped": len(completions) - len(scored), "k": k}
+    if scored:
+        report[f"avg@{k}"] = sum(num_correct[i] for i in scored) / (k * len(scored))
+        for j in pass_ks:
+            report[f"pass@{j}"] = sum(pass_at_k(k, num_correct[i], j) for i in scored) / len(scored)
+    else:
+        report[f"avg@{k}"] = float("nan")
+        for j in pass_ks:
+            report[f"pass@{j}"] = float("nan")
+    report["status_counts"] = dict(Counter(g.status for g in graded))
+    report["num_correct"] = num_correct
+    report["statuses"] = statuses
+    return report
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Generation
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _prompt_ids(tokenizer, prompt: Any) -> list[int]:
+    """Token ids of a prompt exactly as TRL's GRPOTrainer builds them (chat template for conversational prompts)."""
+    if isinstance(prompt, str):
+        return list(tokenizer(text=prompt)["input_ids"])
+    ids = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True, return_dict=True)
+    return list(ids["input_ids"])
+
+
+def _prompt_text(tokenizer, prompt: Any) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    return tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False)
+
+
+def _sampling_kwargs(temperature: float, top_p: float) -> dict[str, Any]:
+    if temperature == 0:
+        return {"do_sample": False}
+    return {"do_sample": True, "temperature": float(temperature), "top_p": float(top_p), "top_k": 0}
+
+
+@torch.no_grad()
+def generate_completions(
+    model,
+    tokenizer,
+    prompts: Sequence[Any],
+    k: int,
+    *,
+    temperature: float = DEFAULT_TEMPERATURE,
+    top_p: float = DEFAULT_TOP_P,
+    max_new_tokens: int = 1024,
+    batch_size: int = 64,
+    seed: int = 0,
+    progress: bool | str = False,
+) -> list[list[str]]:
+    """`k` sampled completions (decoded text) for each prompt, with Hugging Face `generate`.
+
+    `prompts` are conversational (lists of messages; rendered with the tokenizer's chat template and generation
+    prompt) or plain strings. `batch_size` counts sequences per `generate` call. Sampling uses `temperature` and
+    `top_p` with no top-k cut (`temperature=0`: greedy). The global RNG is left as it was: sampling runs under
+    `torch.random.fork_rng`, seeded with `seed`. `progress`: a tqdm bar (a string gives its description).
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}.")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
+    device = next(model.parameters()).device
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    eos_id = model.generation_config.eos_token_id
+    if eos_id is None:
+        eos_id = tokenizer.eos_token_id
+    encoded = [_prompt_ids(tokenizer, p) for p in prompts]
+    jobs = [(i, j) for i in range(len(prompts)) for j in range(k)]
+    # Longest prompts first, so each batch pads little and the first batch shows the worst-case memory.
+    jobs.sort(key=lambda job: -len(encoded[job[0]]))
+    out: list[list[str | None]] = [[None] * k for _ in prompts]
+
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(jobs), desc=progress if isinstance(progress, str) else "generating", unit="sample",
+                   dynamic_ncols=True)
+    was_training = model.training
+    model.eval()
+    fork_devices = [device.index if device.index is not None else 0] if device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=fork_devices):
+            torch.manual_seed(seed)
+            for start in range(0, len(jobs), batch_size):
+                chunk = jobs[start : start + batch_size]
+                ids = [encoded[i] for i, _ in chunk]
+                width = max(map(len, ids))
+                input_ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+                attention_mask = torch.zeros_like(input_ids)
+                for row, p in enumerate(ids):  # left padding
+                    input_ids[row, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+                    attention_mask[row, width - len(p) :] = 1
+                generated = model.generate(
+                    input_ids=input_ids.to(device),
+                    attention_mask=attention_mask.to(device),
+                    max_new_tokens=max_new_tokens,
+                    eos_token_id=eos_id,
+                    pad_token_id=pad_id,
+                    use_cache=True,
+                    **_sampling_kwargs(temperature, top_p),
+                )
+                texts = tokenizer.batch_decode(generated[:, width:], skip_special_tokens=True)
+                for (i, j), text in zip(chunk, texts):
+                    out[i][j] = text
+                if bar is not None:
+                    bar.update(len(chunk))
+    finally:
+        model.train(was_training)
+        if bar is not None:
+            bar.close()
+    return out  # type: ignore[return-value]
+
+
+def _generate_vllm(model_path: str, tokenizer, prompts, k, *, temperature, top_p, max_new_tokens, seed, dtype):
+    try:
+        from vllm import LLM, SamplingParams
+    except ImportError as error:
+        raise RuntimeError(
+            "--backend vllm needs vLLM (`pip install cegppo-trl[vllm]`); it is not installed. Use --backend hf."
+        ) from error
+    llm = LLM(model=model_path, seed=seed, dtype=dtype or "auto")
+    params = SamplingParams(n=k, temperature=temperature, top_p=top_p if temperature > 0 else 1.0,
+                            max_tokens=max_new_tokens, seed=seed)
+    texts = [_prompt_text(tokenizer, p) for p in prompts]
+    outputs = llm.generate(texts, params)
+    return [[choice.text for choice in output.outputs] for output in outputs]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Whole-model evaluation (the CLI)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _load_model(model_name_or_path: str, dtype: str, device: str):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch_dtype = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    tokenizer = AutoTokenizer.from_pretrained(model_name_or_path)
+    model = AutoModelForCausalLM.from_pretrained(model_name_or_path, dtype=torch_dtype)
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    model.to(device)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def _problem_text(prompt: Any) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    users = [m["content"] for m in prompt if m.get("role") == "user"]
+    return users[-1] if users else str(prompt)
+
+
+def evaluate_model(
+    model_name_or_path: str,
+    datasets: Sequence[str],
+    *,
+    k: int = 4,
+    pass_ks: Sequence[int] | None = None,
+    temperature: float = DEFAULT_TEMPERATURE,
+    top_p: float = DEFAULT_TOP_P,
+    max_new_tokens: int = 1024,
+    batch_size: int = 64,
+    backend: str = "hf",
+    seed: int = 0,
+    max_problems: int | None = None,
+    split: str = "test",
+    problem_column: str | None = None,
+    answer_column: str | None = None,
+    instruction: str | None = "default",
+    system_prompt: str | None = None,
+    dtype: str = "auto",
+    device: str = "auto",
+    timeout_s: float | None = None,
+    save_completions: bool = False,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Evaluate one model on several data sets; returns the JSON report (see the module docstring).
+
+    `instruction="default"` keeps `load_math_dataset`'s default instruction; None appends none.
+    """
+    from .data import DEFAULT_INSTRUCTION, load_math_dataset
+
+    if backend not in ("hf", "vllm"):
+        raise ValueError(f"backend must be 'hf' or 'vllm', got {backend!r}.")
+    if temperature < 0 or not 0 < top_p <= 1:
+        raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}.")
+    if temperature == 0 and k > 1:
+        raise ValueError("temperature 0 is greedy decoding: all k samples would be equal; use --k 1.")
+    instruction_text = DEFAULT_INSTRUCTION if instruction == "default" else instruction
+    start_all = time.perf_counter()
+    if backend == "hf":
+        model, tokenizer = _load_model(model_name_or_path, dtype, device)
+    else:
+        from transformers import AutoTokenizer
+
+        model, tokenizer = None, AutoTokenizer.from_pretrained(model_name_or_path)
+
+    report: dict[str, Any] = {
+        "model": model_name_or_path,
+        "settings": {
+            "k": k, "pass_ks": sorted({1, k} if pass_ks is None else set(pass_ks)), "temperature": temperature,
+            "top_p": top_p, "max_new_tokens": max_new_tokens, "batch_size": batch_size, "backend": backend,
+            "seed": seed, "max_problems": max_problems, "split": split, "instruction": instruction_text,
+            "system_prompt": system_prompt, "dtype": dtype,
+        },
+        "datasets": {},
+    }
+    for name in datasets:
+        start = time.perf_counter()
+        data = load_math_dataset(
+            name, split=split, problem_column=problem_column, answer_column=answer_column,
+            system_prompt=system_prompt, instruction=instruction_text,
+        )
+        if max_problems is not None:
+            data = data.select(range(min(max_problems, len(data))))
+        prompts, solutions = list(data["prompt"]), list(data["solution"])
+        if backend == "hf":
+            completions = generate_completions(
+                model, tokenizer, prompts, k, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
+                batch_size=batch_size, seed=seed, progress=name if progress else False,
+            )
+        else:
+            completions = _generate_vllm(
+                model_name_or_path, tokenizer, prompts, k, temperature=temperature, top_p=top_p,
+                max_new_tokens=max_new_tokens, seed=seed, dtype=None if dtype == "auto" else dtype,
+            )
+        result = evaluate_completions(completions, solutions, pass_ks, timeout_s=timeout_s)
+        problems = []
+        for i, (prompt, solution) in enumerate(zip(prompts, solutions)):
+            entry = {"index": i, "problem": _problem_text(prompt), "solution": solution,
+                     "num_correct": result["num_correct"][i]}
+            if save_completions:
+                entry["completions"] = completions[i]
+                entry["statuses"] = result["statuses"][i]
+            problems.append(entry)
+        metrics = {key: value for key, value in result.items() if key not in ("num_correct", "statuses")}
+        metrics["seconds"] = time.perf_counter() - start
+        metrics["problems"] = problems
+        report["datasets"][name] = metrics
+    report["seconds"] = time.perf_counter() - start_all
+    return report
+
+
+def format_summary(name: str, metrics: dict[str, Any]) -> str:
+    """One line: ``name: avg@k = xx.x% | pass@1 = ... | pass@k = ... (N problems x k samples, T s)``."""
+    k = metrics["k"]
+    parts = [f"avg@{k} = {100 * metrics[f'avg@{k}']:.1f}%"]
+    parts += [f"{key} = {100 * value:.1f}%" for key, value in metrics.items() if key.startswith("pass@")]
+    skipped = f", {metrics['num_skipped']} skipped (unparseable gold)" if metrics.get("num_skipped") else ""
+    seconds = f", {metrics['seconds']:.1f} s" if "seconds" in metrics else ""
+    return f"{name}: " + " | ".join(parts) + f" ({metrics['num_problems']} problems x {k} samples{skipped}{seconds})"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cegppo-eval",
+        description="avg@k and pass@k of a model or checkpoint on math data sets, graded with math-verify "
+        "(+1 correct / -1 otherwise, as in CE-GPPO). The paper reports avg@32 (MATH500: avg@4) at temperature 0.6, "
+        "top_p 0.95.",
+    )
+    parser.add_argument("model", help="local model / checkpoint directory or Hugging Face Hub id")
+    parser.add_argument("--datasets", nargs="+", required=True,
+                        help="data sets for load_math_dataset: local files, Hub ids or builtin:arithmetic_eval")
+    parser.add_argument("--k", type=int, default=4, help="samples per problem (paper: 32; MATH500: 4)")
+    parser.add_argument("--pass-k", type=int, nargs="+", default=None,
+                        help="pass@j values to report, each <= k (default: 1 and k)")
+    parser.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE, help="sampling temperature (0.6)")
+    parser.add_argument("--top-p", type=float, default=DEFAULT_TOP_P, help="nucleus sampling top_p (0.95)")
+    parser.add_argument("--max-new-tokens", type=int, default=1024, help="maximum completion length")
+    parser.add_argument("--batch-size", type=int, default=64, help="sequences per generate call (hf backend)")
+    parser.add_argument("--backend", choices=("hf", "vllm"), default="hf", help="generation backend (default hf)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-problems", type=int, default=None, help="evaluate only the first N problems")
+    parser.add_argument("--split", default="test", help="split of Hub data sets (default test)")
+    parser.add_argument("--problem-column", default=None)
+    parser.add_argument("--answer-column", default=None)
+    parser.add_argument("--instruction", default="default",
+                        help="text appended to each problem ('default': load_math_dataset's boxed-answer "
+                        "instruction; 'none': nothing; a text with {problem} is a template)")
+    parser.add_argument("--system-prompt", default=None)
+    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto")
+    parser.add_argument("--device", default="auto", help="hf backend device (auto: cuda if available)")
+    parser.add_argument("--timeout-s", type=float, default=None, help="grading time limit per completion")
+    parser.add_argument("--output", default="eval_report.json", help="JSON report path (default eval_report.json)")
+    parser.add_argument("--save-completions", action="store_true", help="store the completions in the report")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.k < 1 or args.batch_size < 1 or args.max_new_tokens < 1:
+        parser.error("--k, --batch-size and --max-new-tokens must be >= 1.")
+    if args.pass_k is not None and any(not 1 <= j <= args.k for j in args.pass_k):
+        parser.error(f"every --pass-k value must be between 1 and --k = {args.k}.")
+    instruction = None if args.instruction.lower() == "none" else args.instruction
+    try:
+        report = evaluate_model(
+            args.model, args.datasets, k=args.k, pass_ks=args.pass_k, temperature=args.temperature,
+            top_p=args.top_p, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, backend=args.backend,
+            seed=args.seed, max_problems=args.max_problems, split=args.split, problem_column=args.problem_column,
+            answer_column=args.answer_column, instruction=instruction, system_prompt=args.system_prompt,
+            dtype=args.dtype, device=args.device, timeout_s=args.timeout_s,
+            save_completions=args.save_completions, progress=not args.no_progress,
+        )
+    except (ValueError, RuntimeError, OSError) as error:
+        parser.exit(2, f"cegppo-eval: error: {error}\n")
+    directory = os.path.dirname(os.path.abspath(args.output))
+    os.makedirs(directory, exist_ok=True)
+    with open(args.output, "w") as f:
+        json.dump(report, f, indent=2)
+    for name, metrics in report["datasets"].items():
+        print(format_summary(name, metrics))
+    print(f"report: {args.output}", file=sys.stderr)
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# In-training evaluation
+# ----------------------------------------------------------------------------------------------------------------
+
+
+class AvgAtKCallback(TrainerCallback):
+    """Log avg@k / pass@k of the policy on a held-out set every `eval_steps` optimizer steps.
+
+    Works with any `transformers.Trainer` that passes `model` and `processing_class` to callbacks (GRPOTrainer,
+    CEGPPOTrainer). Each evaluation appends one entry ``{"<prefix>avg@k", "<prefix>pass@j" ..., "step", "epoch"}``
+    to `state.log_history` (so it is saved in `trainer_state.json` and plotted by `cegppo-plot`; the trainer's own
+    logging callbacks such as wandb do not see it).
+
+    Args:
+        eval_dataset: rows with ``prompt`` (conversational or text) and ``solution``, e.g. from
+            `load_math_dataset` (a `datasets.Dataset` or a list of dicts).
+        k: samples per problem. pass_ks: pass@j values (default: 1 and k).
+        eval_steps: evaluate when `global_step % eval_steps == 0`. eval_on_start: also at step 0.
+            eval_on_end: also after the last step if it was not an evaluation step.
+        temperature, top_p, max_new_tokens, batch_size, seed: generation (see `generate_completions`; the same
+            seed every time, so successive evaluations differ only by the weights). The trainer's RNG is untouched.
+        max_problems: use only the first N rows.
+        metric_prefix: prefix of the logged names (default ``"heldout/"``: ``heldout/avg@4``).
+
+    Every process evaluates the whole set (under DeepSpeed ZeRO-3 all ranks must run `generate` together); keep the
+    held-out set small.
+    """
+
+    def __init__(
+        self,
+        eval_dataset,
+        k: int = 4,
+        eval_steps: int = 50,
+        *,
+        pass_ks: Sequence[int] | None = None,
+        temperature: float = DEFAULT_TEMPERATURE,
+        top_p: float = DEFAULT_TOP_P,
+        max_new_tokens: int = 1024,
+        batch_size: int = 64,
+        seed: int = 0,
+        max_problems: int | None = None,
+        eval_on_start: bool = False,
+        eval_on_end: bool = True,
+        metric_prefix: str = "heldout/",
+        timeout_s: float | None = None,
+    ):
+        if eval_steps < 1 or k < 1:
+            raise ValueError(f"eval_steps and k must be >= 1, got {eval_steps}, {k}.")
+        rows = list(eval_dataset)
+        if max_problems is not None:
+            rows = rows[:max_problems]
+        if not rows or any("prompt" not in r or "solution" not in r for r in rows):
+            raise ValueError(
+                "eval_dataset must be non-empty rows with 'prompt' and 'solution' (load it with "
+                "cegppo_trl.load_math_dataset)."
+            )
+        self.prompts = [r["prompt"] for r in rows]
+        self.solutions = [r["solution"] for r in rows]
+        self.k = k
+        self.pass_ks = pass_ks
+        self.eval_steps = eval_steps
+        self.generation = dict(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
+                               batch_size=batch_size, seed=seed)
+        self.eval_on_start = eval_on_start
+        self.eval_on_end = eval_on_end
+        self.metric_prefix = metric_prefix
+        self.timeout_s = timeout_s
+        self.history: list[dict[str, float]] = []
+        self._last_step: int | None = None
+
+    def evaluate(self, model, tokenizer) -> dict[str, float]:
+        """avg@k / pass@j of `model` on the held-out set, with the prefixed metric names."""
+        start = time.perf_counter()
+        completions = generate_completions(model, tokenizer, self.prompts, self.k, **self.generation)
+        result = evaluate_completions(completions, self.solutions, self.pass_ks, timeout_s=self.timeout_s)
+        metrics = {
+            f"{self.metric_prefix}{key}": float(value)
+            for key, value in result.items()
+            if key.startswith(("avg@", "pass@"))
+        }
+        metrics[f"{self.metric_prefix}eval_seconds"] = time.perf_counter() - start
+        return metrics
+
+    def _run(self, state, kwargs) -> None:
+        model, tokenizer = kwargs.get("model"), kwargs.get("processing_class")
+        if model is None or tokenizer is None:
+            raise RuntimeError(
+                "AvgAtKCallback needs the trainer to pass `model` and `processing_class` to callbacks "
+                "(pass processing_class=tokenizer to the trainer)."
+            )
+        tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a processor wraps the tokenizer
+        metrics = self.evaluate(model, tokenizer)
+        entry = {**metrics, "step": state.global_step}
+        if state.epoch is not None:
+            entry["epoch"] = state.epoch
+        state.log_history.append(entry)
+        self.history.append(entry)
+        self._last_step = state.global_step
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.eval_on_start and self._last_step != state.global_step:
+            self._run(state, kwargs)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step % self.eval_steps == 0 and self._last_step != state.global_step:
+            self._run(state, kwargs)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.eval_on_end and self._last_step != state.global_step:
+            self._run(state, kwargs)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

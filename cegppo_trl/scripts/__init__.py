@@ -1,0 +1,1 @@
+"""Command-line scripts of cegppo_trl (`cegppo-train`)."""

@@ -1,0 +1,115 @@
+"""`cegppo-demo` at a reduced size: warm start, CE-GPPO and GRPO side by side, table, JSON and PNG."""
+
+import json
+
+import pytest
+import torch
+
+from cegppo_trl import demo
+from cegppo_trl.data import load_math_dataset
+from cegppo_trl.tiny import format_user_message
+
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """The demo's default (`--threads 1`) for the in-process helpers too: a tiny model on a shared 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+QUICK_ARGS = ["--quick", "--sft-steps", "30", "--steps", "4", "--eval-size", "16", "--no-progress"]
+
+
+@pytest.mark.parametrize("problems", ["sums", "all"])
+def test_demo_prompts_are_the_warm_start_prompts(problems):
+    """RL trains on exactly the problems, and the user message, that the tiny model was SFT-trained on."""
+    dataset = demo.demo_train_dataset(problems)
+    rows = demo.load_rows("builtin:arithmetic", problems=problems)
+    assert len(dataset) == len(rows) > 1000
+    for example, row in zip(dataset, rows):
+        assert example["prompt"] == [{"role": "user", "content": format_user_message(row["problem"])}]
+        assert example["solution"] == row["answer"]
+    if problems == "sums":
+        assert all(r["problem"].startswith("What is ") and "+" in r["problem"] for r in rows)
+        held_out = demo.load_rows("builtin:arithmetic_eval", problems=problems)
+        assert held_out and not {r["problem"] for r in held_out} & {r["problem"] for r in rows}
+    else:
+        assert len(rows) == len(load_math_dataset("builtin:arithmetic"))
+
+
+def test_warm_start_is_cached_on_disk(tmp_path):
+    rows = demo.load_rows("builtin:arithmetic_eval", 8)
+    kwargs = dict(seed=0, sft_steps=3, progress=False, cache_dir=tmp_path / "warm", eval_rows=rows, num_threads=1)
+    model, _, info = demo.warm_start(**kwargs)
+    assert not info["cached"] and info["sft"]["steps"] == 3
+    assert 0.0 <= info["accuracy"] <= 1.0 and info["entropy"] > 0
+    again, _, info_again = demo.warm_start(**kwargs)
+    assert info_again["cached"] and info_again["accuracy"] == info["accuracy"]
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
+    # Different arguments do not reuse the cache.
+    _, _, other = demo.warm_start(**{**kwargs, "sft_steps": 2})
+    assert not other["cached"]
+
+
+def test_demo_end_to_end(tmp_path, capsys):
+    out = tmp_path / "demo"
+    assert demo.main([*QUICK_ARGS, "--output-dir", str(out)]) == 0
+    printed = capsys.readouterr().out
+
+    # Files: plot, table, summary, one trainer_state.json per run, the cached warm start.
+    png = out / "cegppo_vs_grpo.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    table = (out / "results.md").read_text()
+    assert "CE-GPPO (beta1=0.5, beta2=1)" in table and "GRPO (beta1=beta2=0)" in table
+    assert table.strip() in printed
+    summary = json.loads((out / "results.json").read_text())
+    assert (out / "warm_start" / "config.json").is_file()
+
+    runs = {r["label"]: r for r in summary["runs"]}
+    assert len(runs) == 2
+    for run in runs.values():
+        assert run["max_steps"] == 4 and run["seed"] == 0
+        for key in ("start_accuracy", "end_accuracy", "start_greedy_accuracy", "end_greedy_accuracy"):
+            assert 0.0 <= run[key] <= 1.0
+        assert run["start_entropy"] > 0 and run["end_entropy"] > 0
+        assert -1.0 <= run["start_reward"] <= 1.0 and -1.0 <= run["end_reward"] <= 1.0
+    cegppo, grpo = runs["CE-GPPO (beta1=0.5, beta2=1)"], runs["GRPO (beta1=beta2=0)"]
+    assert (cegppo["beta1"], cegppo["beta2"], grpo["beta1"], grpo["beta2"]) == (0.5, 1.0, 0.0, 0.0)
+    # Both runs start from the same cached weights with the same seed: same held-out start, same first batch.
+    assert cegppo["start_accuracy"] == grpo["start_accuracy"]
+    assert cegppo["start_entropy"] == pytest.approx(grpo["start_entropy"])
+    assert cegppo["start_accuracy"] == summary["warm_start"]["accuracy"]
+
+    histories = {}
+    for name in ("cegppo", "grpo"):
+        state = json.loads((out / "runs" / name / "trainer_state.json").read_text())
+        steps = [e for e in state["log_history"] if "loss" in e]
+        assert len(steps) == 4
+        for entry in steps:
+            for metric in demo.PLOT_METRICS[1:]:
+                assert metric in entry, metric
+        histories[name] = steps
+    assert histories["cegppo"][0]["reward"] == histories["grpo"][0]["reward"]
+    assert histories["cegppo"][0]["entropy"] == pytest.approx(histories["grpo"][0]["entropy"])
+    assert {e["cegppo/beta1"] for e in histories["cegppo"]} == {0.5}
+    assert {e["cegppo/beta1"] for e in histories["grpo"]} == {0.0}
+
+
+def test_run_rl_overrides_and_result(tmp_path):
+    """`run_rl` as another experiment uses it: a path as model, config overrides, the returned dict."""
+    rows = demo.load_rows("builtin:arithmetic_eval", 8)
+    warm = tmp_path / "warm"
+    demo.warm_start(seed=1, sft_steps=3, progress=False, cache_dir=warm, eval_rows=rows, evaluate=False, num_threads=1)
+    result = demo.run_rl(
+        str(warm), None, beta1=0.75, beta2=1.0, seed=1, max_steps=2, output_dir=tmp_path / "rl", eval_rows=rows,
+        progress=False, per_device_train_batch_size=16, num_generations=4, steps_per_generation=2, num_iterations=1,
+        train_dataset=load_math_dataset("builtin:arithmetic", instruction=demo.DEMO_INSTRUCTION).select(range(64)),
+    )  # fmt: skip
+    assert result["beta1"] == 0.75 and result["max_steps"] == 2
+    steps = [e for e in result["log_history"] if "loss" in e]
+    assert len(steps) == 2 and {e["cegppo/beta1"] for e in steps} == {0.75}
+    assert set(result) >= {"start_accuracy", "end_accuracy", "start_entropy", "end_entropy", "seconds", "log_history"}
+    assert (tmp_path / "rl" / "trainer_state.json").is_file()

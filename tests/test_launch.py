@@ -1,0 +1,163 @@
+"""`examples/train_cegppo.py` end to end on the tiny CPU recipe: one process, two gloo processes (DDP, with LoRA),
+and DeepSpeed ZeRO-2 / ZeRO-3 and FSDP2 on two CPU processes. Each run must save a model (or adapter) that loads, a
+model card, and a `trainer_state.json` whose logs carry the CE-GPPO metrics.
+
+Runs are 4 optimizer steps of 8 completions per process; nothing is downloaded (HF_HUB_OFFLINE=1). The first
+DeepSpeed run compiles a small communication op with g++/ninja (about 25 s, cached afterwards).
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "examples" / "train_cegppo.py"
+RECIPE = ROOT / "recipes" / "tiny" / "cegppo" / "config_cpu.yaml"
+MAX_STEPS = 4
+CEGPPO_METRICS = (
+    "cegppo/beta1_token_frac",
+    "cegppo/beta2_token_frac",
+    "cegppo/beta1_grad_share",
+    "cegppo/beta2_grad_share",
+    "cegppo/beta1",
+    "cegppo/beta2",
+    "cegppo/quadrant/neg_low/token_frac",
+)
+TIMEOUT_S = 900  # generous: the machine is shared; a normal run takes well under a minute
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env.update(
+        HF_HUB_OFFLINE="1",
+        HF_HUB_DISABLE_TELEMETRY="1",
+        TOKENIZERS_PARALLELISM="false",
+        OMP_NUM_THREADS="1",  # 2 processes on 2 cores
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def _run(cmd: list[str]) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    if proc.returncode != 0:
+        pytest.fail(
+            f"command failed ({proc.returncode}): {' '.join(cmd)}\n--- stdout ---\n{proc.stdout[-4000:]}\n"
+            f"--- stderr ---\n{proc.stderr[-8000:]}"
+        )
+    return proc
+
+
+def _launch(output_dir: Path, accelerate_config: str | None, *extra: str, processes: int = 2):
+    train_args = [str(SCRIPT), "--config", str(RECIPE), "--output_dir", str(output_dir), *extra]
+    if accelerate_config is None:
+        return _run([sys.executable, *train_args])
+    launcher = [
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--config_file", str(ROOT / "accelerate_configs" / accelerate_config),
+        "--num_processes", str(processes),
+        "--mixed_precision", "no",  # the trainer runs with bf16=False on CPU; the configs say bf16 for GPUs
+        "--main_process_port", str(_free_port()),
+    ]  # fmt: skip
+    return _run([*launcher, *train_args])
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    """The tiny model exactly as `builtin:tiny` builds it (same seed and SFT steps as the recipe), built once."""
+    import yaml
+
+    from cegppo_trl.scripts.train import materialize_tiny_model
+
+    recipe = yaml.safe_load(RECIPE.read_text())
+    path = tmp_path_factory.mktemp("tiny") / "tiny-init"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model on a shared 2-core machine: 1 thread is several times faster than 2
+    try:
+        materialize_tiny_model(str(path), seed=recipe["seed"], sft_steps=recipe["tiny_sft_steps"])
+    finally:
+        torch.set_num_threads(threads)
+    return path
+
+
+def _check_logs(output_dir: Path, world_size: int) -> list[dict]:
+    state = json.loads((output_dir / "trainer_state.json").read_text())
+    assert state["global_step"] == MAX_STEPS
+    steps = [e for e in state["log_history"] if "loss" in e]
+    assert [e["step"] for e in steps] == list(range(1, MAX_STEPS + 1))
+    for entry in steps:
+        missing = [m for m in (*CEGPPO_METRICS, "entropy", "clip_ratio/region_mean") if m not in entry]
+        assert not missing, f"step {entry['step']} lacks {missing}"
+        assert 0.0 <= entry["cegppo/beta1_token_frac"] <= 1.0 and 0.0 <= entry["cegppo/beta2_token_frac"] <= 1.0
+        assert (entry["cegppo/beta1"], entry["cegppo/beta2"]) == (0.5, 1.0)
+    assert "reward" in steps[0] and "rewards/math_reward/mean" in steps[0] and "rewards/format_reward/mean" in steps[0]
+    # Each of the `world_size` processes consumed its own share of the data: 8 completions = 2 prompts per step each.
+    rows = 256  # max_train_samples
+    assert steps[-1]["epoch"] == pytest.approx(MAX_STEPS * 2 * world_size / rows)
+    # The completions were scored differently (format reward), so the policy gradient was not zero.
+    assert any(e["grad_norm"] > 0 for e in steps)
+    card = (output_dir / "README.md").read_text()
+    assert "CE-GPPO" in card and "2509.20712" in card
+    return steps
+
+
+def _assert_trained_full_model(output_dir: Path, init_dir: Path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model, info = AutoModelForCausalLM.from_pretrained(output_dir, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    init = AutoModelForCausalLM.from_pretrained(init_dir)
+    trained, start = model.state_dict(), init.state_dict()
+    assert trained.keys() == start.keys()
+    assert all(trained[k].shape == start[k].shape for k in trained)
+    assert any(not torch.equal(trained[k], start[k]) for k in trained), "the saved weights are the initial ones"
+    tokenizer = AutoTokenizer.from_pretrained(output_dir)
+    ids = tokenizer("What is 2+3?", return_tensors="pt").input_ids
+    assert torch.isfinite(model(ids).logits).all()
+
+
+def test_single_process_builtin_tiny(tmp_path):
+    out = tmp_path / "single"
+    _launch(out, None)
+    _check_logs(out, world_size=1)
+    # builtin:tiny was built in <output_dir>/tiny-init and trained from there.
+    _assert_trained_full_model(out, out / "tiny-init")
+
+
+def test_two_processes_ddp_lora(tmp_path, tiny_model_dir):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "ddp-lora"
+    _launch(
+        out, "multi_gpu.yaml",
+        "--model_name_or_path", str(tiny_model_dir),
+        "--use_peft", "true", "--lora_r", "8", "--lora_alpha", "16", "--lora_target_modules", "all-linear",
+    )  # fmt: skip
+    _check_logs(out, world_size=2)
+    assert (out / "adapter_config.json").is_file() and not (out / "model.safetensors").exists()
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    model = PeftModel.from_pretrained(base, out)
+    lora_b = [p for n, p in model.named_parameters() if "lora_B" in n]
+    assert lora_b and any(p.abs().sum() > 0 for p in lora_b), "LoRA B matrices are still zero: nothing was trained"
+
+
+@pytest.mark.parametrize("sharding", ["zero2", "zero3", "fsdp2"])
+def test_two_processes_sharded(tmp_path, tiny_model_dir, sharding):
+    """DeepSpeed ZeRO-2 / ZeRO-3 and PyTorch FSDP2 on two CPU processes; the saved model is the full one."""
+    out = tmp_path / sharding
+    _launch(out, f"{sharding}.yaml", "--model_name_or_path", str(tiny_model_dir))
+    _check_logs(out, world_size=2)
+    _assert_trained_full_model(out, tiny_model_dir)

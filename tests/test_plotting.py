@@ -1,0 +1,111 @@
+"""`load_log_history`, `plot_log_histories` and the `cegppo-plot` command."""
+
+import json
+import math
+
+import matplotlib.image
+import pytest
+
+from cegppo_trl.plotting import DEFAULT_METRICS, load_log_history, main, plot_log_histories
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def fake_history(steps=20, scale=1.0, quadrants=True):
+    history = []
+    for step in range(1, steps + 1):
+        entry = {
+            "step": step,
+            "loss": 0.1,
+            "reward": scale * math.tanh(step / 10),
+            "entropy": 1.0 / step,
+            "clip_ratio/region_mean": 0.01 * (step % 3),
+            "cegppo/beta1_token_frac": 0.005,
+            "cegppo/beta2_token_frac": 0.002,
+        }
+        if quadrants:
+            for q in ("pos_high", "pos_low", "neg_high", "neg_low"):
+                entry[f"cegppo/quadrant/{q}/token_frac"] = 0.2
+        history.append(entry)
+    history.append({"step": steps, "train_runtime": 1.0, "train_loss": 0.1})  # the trainer's final summary entry
+    return history
+
+
+def write_state(directory, history):
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "trainer_state.json").write_text(json.dumps({"global_step": history[-1]["step"],
+                                                              "log_history": history}))
+    return directory
+
+
+def png_shape(path):
+    with open(path, "rb") as f:
+        assert f.read(8) == PNG_SIGNATURE
+    return matplotlib.image.imread(path).shape
+
+
+def test_load_log_history_accepts_run_checkpoint_and_file(tmp_path):
+    h2, h6, h10 = fake_history(2), fake_history(6), fake_history(10)
+    run = tmp_path / "run"
+    write_state(run / "checkpoint-2", h2)
+    write_state(run / "checkpoint-10", h10)  # numerically, not lexically, the latest
+    write_state(run / "checkpoint-6", h6)
+    assert load_log_history(run) == h10  # no trainer_state.json of its own: the latest checkpoint's
+    assert load_log_history(run / "checkpoint-6") == h6
+    assert load_log_history(run / "checkpoint-2" / "trainer_state.json") == h2
+    write_state(run, h6)
+    assert load_log_history(str(run)) == h6  # the run's own file wins
+    bare = tmp_path / "history.json"
+    bare.write_text(json.dumps(h2))
+    assert load_log_history(bare) == h2
+    with pytest.raises(FileNotFoundError):
+        load_log_history(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError):
+        load_log_history(tmp_path / "empty")
+
+
+def test_plot_one_and_two_runs(tmp_path):
+    one = plot_log_histories({"a": fake_history()}, tmp_path / "one.png", title="one run")
+    two = plot_log_histories({"a": fake_history(), "b": fake_history(15, 0.5, quadrants=False)},
+                             tmp_path / "sub" / "two.png")
+    assert one == str(tmp_path / "one.png") and two == str(tmp_path / "sub" / "two.png")
+    for path in (one, two):
+        height, width = png_shape(path)[:2]
+        assert height > 100 and width > 100
+    # Default metrics present: 5 + 4 quadrant token fractions = 9 panels (3 rows); absent metrics are skipped.
+    assert len(DEFAULT_METRICS) > 9
+    only_reward = plot_log_histories({"a": fake_history()}, tmp_path / "reward.png", metrics=["reward", "missing"])
+    assert png_shape(one)[0] > 2 * png_shape(only_reward)[0]
+    with pytest.raises(ValueError, match="Logged metrics"):
+        plot_log_histories({"a": fake_history()}, tmp_path / "x.png", metrics=["not/logged"])
+    with pytest.raises(ValueError):
+        plot_log_histories({}, tmp_path / "x.png")
+
+
+def test_plot_skips_non_finite_and_non_numeric_values(tmp_path):
+    history = fake_history(5)
+    history[1]["reward"] = float("nan")
+    history[2]["reward"] = "n/a"
+    history[3]["reward"] = True
+    path = plot_log_histories({"a": history}, tmp_path / "p.png", metrics=["reward"])
+    assert png_shape(path)[0] > 0
+
+
+def test_cli_one_and_two_runs(tmp_path, capsys):
+    run_a = write_state(tmp_path / "a", fake_history())
+    run_b = write_state(tmp_path / "b" / "checkpoint-4", fake_history(4, 2.0))
+    out = tmp_path / "plot.png"
+    assert main([str(run_a), "--out", str(out)]) == 0
+    assert out.stat().st_size > 0 and png_shape(out)[0] > 0
+    out2 = tmp_path / "plot2.png"
+    assert main([str(run_a), str(tmp_path / "b"), "--out", str(out2), "--labels", "grpo", "cegppo",
+                 "--metrics", "reward", "entropy", "--title", "t"]) == 0
+    assert out2.stat().st_size > 0
+    assert "wrote" in capsys.readouterr().out
+    assert run_b.exists()
+    with pytest.raises(SystemExit):  # one label for two runs
+        main([str(run_a), str(tmp_path / "b"), "--out", str(out2), "--labels", "x"])
+    with pytest.raises(SystemExit) as error:  # no such run
+        main([str(tmp_path / "missing"), "--out", str(out2)])
+    assert error.value.code == 2

@@ -1,0 +1,193 @@
+"""Every recipe parses into valid configs, and the paper recipes carry the paper's numbers.
+
+The paper recipes say `bf16: true`, which TrainingArguments refuses on a machine without a GPU unless `use_cpu` is
+set, so they are parsed here with `--use_cpu true` appended (a command-line override, as a user would give it).
+"""
+
+import dataclasses
+import re
+import warnings
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cegppo_trl import CEGPPOConfig
+from cegppo_trl.scripts.train import CEGPPOScriptArguments, build_reward_funcs, make_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = sorted((ROOT / "recipes").rglob("*.yaml"))
+ACCELERATE_CONFIGS = sorted((ROOT / "accelerate_configs").glob("*.yaml"))
+
+DATASET = "Kwai-Klear/KlearReasoner-MathSub-30K"
+# recipe -> (model, beta1, beta2, epsilon_high, number of processes the recipe's batch arithmetic assumes)
+PAPER_RECIPES = {
+    "DeepSeek-R1-Distill-Qwen-1.5B/cegppo/config_paper.yaml": ("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", 0.5, 1.0, 0.2, 8),
+    "DeepSeek-R1-Distill-Qwen-1.5B/grpo/config_paper.yaml": ("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", 0.0, 0.0, 0.2, 8),
+    "DeepSeek-R1-Distill-Qwen-1.5B/dapo/config_paper.yaml": ("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", 0.0, 0.0, 0.28, 8),
+    "DeepSeek-R1-Distill-Qwen-7B/cegppo/config_paper.yaml": ("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", 0.75, 1.0, 0.2, 8),
+    "DeepSeek-R1-Distill-Qwen-7B/grpo/config_paper.yaml": ("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", 0.0, 0.0, 0.2, 8),
+    "DeepSeek-R1-Distill-Qwen-7B/dapo/config_paper.yaml": ("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", 0.0, 0.0, 0.28, 8),
+}
+LORA_RECIPE = "DeepSeek-R1-Distill-Qwen-1.5B/cegppo/config_lora.yaml"
+TINY_RECIPE = "tiny/cegppo/config_cpu.yaml"
+
+
+def _rel(path: Path) -> str:
+    return path.relative_to(ROOT / "recipes").as_posix()
+
+
+def _deprecated_fields() -> set[str]:
+    from trl import ModelConfig
+
+    names = set()
+    for cls in (CEGPPOScriptArguments, CEGPPOConfig, ModelConfig):
+        for f in dataclasses.fields(cls):
+            if "deprecated" in str(f.metadata.get("help", "")).lower():
+                names.add(f.name)
+    return names
+
+
+def parse(recipe: str | Path, *extra: str):
+    path = ROOT / "recipes" / recipe if not Path(recipe).is_absolute() else Path(recipe)
+    args = ["--config", str(path)]
+    if yaml.safe_load(path.read_text()).get("bf16"):
+        args += ["--use_cpu", "true"]
+    with warnings.catch_warnings():
+        # A deprecated option (ours, TRL's or transformers') warns with a FutureWarning or DeprecationWarning.
+        warnings.simplefilter("error", FutureWarning)
+        warnings.simplefilter("error", DeprecationWarning)
+        return make_parser().parse_args_and_config(args=[*args, *extra])
+
+
+def test_all_recipes_are_listed():
+    found = {_rel(p) for p in RECIPES}
+    assert found == set(PAPER_RECIPES) | {LORA_RECIPE, TINY_RECIPE}, "add new recipes to the tables of this test"
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=_rel)
+def test_recipe_parses_without_unknown_or_deprecated_keys(recipe):
+    keys = set(yaml.safe_load(recipe.read_text()))
+    deprecated = keys & _deprecated_fields()
+    assert not deprecated, f"{_rel(recipe)} uses deprecated options {sorted(deprecated)}"
+    # TrlParser raises on keys that belong to none of the three dataclasses.
+    script_args, config, model_args = parse(recipe)
+    assert isinstance(config, CEGPPOConfig)
+    assert model_args.model_name_or_path and script_args.dataset_name
+    assert len(build_reward_funcs(script_args)) == len(script_args.reward_funcs)
+    # CE-GPPO only acts off-policy: every recipe must take several optimizer steps per generation batch.
+    assert config.steps_per_generation * config.num_iterations > config.gradient_accumulation_steps
+    # Commands in the header name files that exist.
+    for ref in re.findall(r"(?:accelerate_configs|examples|recipes)/[\w./-]+\.(?:yaml|py)", recipe.read_text()):
+        assert (ROOT / ref).exists(), f"{_rel(recipe)} refers to missing {ref}"
+
+
+def test_unknown_recipe_key_is_rejected(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((ROOT / "recipes" / TINY_RECIPE).read_text() + "\ncegppo_beta3: 1.0\n")
+    with pytest.raises(ValueError, match="cegppo_beta3"):
+        parse(bad)
+
+
+@pytest.mark.parametrize("recipe", sorted(PAPER_RECIPES))
+def test_paper_recipe_matches_the_paper(recipe):
+    model, beta1, beta2, epsilon_high, processes = PAPER_RECIPES[recipe]
+    script_args, c, model_args = parse(recipe)
+
+    assert model_args.model_name_or_path == model
+    assert model_args.dtype == "bfloat16" and c.bf16
+    assert not model_args.use_peft
+    # Data and reward: KlearReasoner-MathSub-30K, +1 / -1 by math-verify.
+    assert script_args.dataset_name == DATASET and script_args.dataset_train_split == "train"
+    assert script_args.problem_column == "prompt" and script_args.answer_column == "reward_model.ground_truth"
+    assert script_args.reward_funcs == ["math"]
+    (reward,) = build_reward_funcs(script_args)
+    assert (reward.correct, reward.wrong, reward.unparseable) == (1.0, -1.0, -1.0)
+    assert c.reward_weights is None
+    # CE-GPPO coefficients (1.5B: 0.5 / 1, 7B: 0.75 / 1; GRPO and DAPO: 0 / 0) and clip ranges.
+    assert (c.cegppo_beta1, c.cegppo_beta2) == (beta1, beta2)
+    assert c.epsilon == 0.2 and c.epsilon_high == epsilon_high
+    assert c.cegppo_entropy_target is None and c.cegppo_sft_coef == 0.0 and c.delta is None
+    # Objective: token-level mean, no KL, no entropy bonus, 8 rollouts at temperature 1, 16k completions.
+    assert c.loss_type == "dapo" and c.beta == 0.0 and c.entropy_coef == 0.0 and not c.use_adaptive_entropy
+    assert c.num_generations == 8 and c.temperature == 1.0 and c.top_p == 1.0
+    assert c.max_completion_length == 16 * 1024
+    # Optimizer: lr 1e-6 constant after 10 warm-up steps, weight decay 0.1, grad clip 1.0, ~1000 steps.
+    assert c.learning_rate == 1e-6 and c.lr_scheduler_type.value == "constant_with_warmup" and c.warmup_steps == 10
+    assert c.weight_decay == 0.1 and c.max_grad_norm == 1.0 and c.max_steps == 1000
+    # Batch: 16 prompts x 8 rollouts per optimizer step, 8 optimizer steps per generation batch, one pass.
+    assert c.per_device_train_batch_size * processes * c.gradient_accumulation_steps == 16 * 8
+    assert c.steps_per_generation == 8 * c.gradient_accumulation_steps and c.num_iterations == 1
+    # vLLM generation.
+    assert c.use_vllm and c.vllm_mode in ("colocate", "server")
+    assert c.vllm_max_model_length is None or c.vllm_max_model_length >= c.max_completion_length
+
+
+@pytest.mark.parametrize("size", ["1.5B", "7B"])
+def test_baselines_differ_from_cegppo_only_where_intended(size):
+    """GRPO and DAPO are the same run with beta1 = beta2 = 0 (and DAPO's epsilon_high = 0.28)."""
+    base = f"DeepSeek-R1-Distill-Qwen-{size}"
+    parsed = {algo: parse(f"{base}/{algo}/config_paper.yaml") for algo in ("cegppo", "grpo", "dapo")}
+    allowed = {"cegppo_beta1", "cegppo_beta2", "epsilon_high", "output_dir", "run_name", "logging_dir"}
+    for algo in ("grpo", "dapo"):
+        for ours, theirs in zip(parsed["cegppo"], parsed[algo]):
+            a, b = dataclasses.asdict(ours), dataclasses.asdict(theirs)
+            diff = {k for k in a if a[k] != b[k]} - allowed
+            assert not diff, f"{algo} differs from cegppo in {sorted(diff)}"
+        assert parsed[algo][1].output_dir != parsed["cegppo"][1].output_dir
+
+
+def test_lora_recipe_fits_one_gpu():
+    from trl import get_peft_config
+
+    script_args, c, model_args = parse(LORA_RECIPE)
+    assert model_args.model_name_or_path == "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"
+    peft_config = get_peft_config(model_args)
+    assert peft_config is not None and peft_config.r == model_args.lora_r
+    assert (c.cegppo_beta1, c.cegppo_beta2) == (0.5, 1.0)
+    assert 5e-6 <= c.learning_rate <= 2e-5
+    # One process: 16 prompts x 8 rollouts per optimizer step, 8 optimizer steps per generation batch.
+    assert c.per_device_train_batch_size * c.gradient_accumulation_steps == 128
+    assert c.steps_per_generation == 8 * c.gradient_accumulation_steps
+    assert c.use_vllm and c.vllm_mode == "colocate" and c.vllm_gpu_memory_utilization <= 0.5
+    assert c.num_generations == 8 and c.beta == 0.0 and script_args.reward_funcs == ["math"]
+
+
+def test_tiny_recipe_is_local_and_cpu():
+    script_args, c, model_args = parse(TINY_RECIPE)
+    assert model_args.model_name_or_path == "builtin:tiny"
+    assert script_args.dataset_name.startswith("builtin:")
+    assert c.use_cpu and not c.bf16 and not c.use_vllm
+    assert c.max_steps <= 8 and c.report_to in ([], "none", ["none"])
+    # The prompt is exactly the one the tiny model is trained on.
+    from cegppo_trl.data import build_prompt
+    from cegppo_trl.tiny import format_user_message
+
+    assert build_prompt("What is 2+3?", instruction=script_args.instruction)[-1]["content"] == format_user_message(
+        "What is 2+3?"
+    )
+
+
+def test_command_line_overrides_recipe():
+    _, c, model_args = parse(TINY_RECIPE, "--cegppo_beta1", "0.75", "--model_name_or_path", "/some/path")
+    assert c.cegppo_beta1 == 0.75 and model_args.model_name_or_path == "/some/path"
+
+
+@pytest.mark.parametrize("path", ACCELERATE_CONFIGS, ids=lambda p: p.name)
+def test_accelerate_configs_load(path):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    config = load_config_from_file(str(path))
+    assert config.num_machines == 1 and config.mixed_precision == "bf16"
+    if path.name.startswith("zero"):
+        assert config.distributed_type.value == "DEEPSPEED"
+        assert config.deepspeed_config["zero_stage"] == int(path.stem[-1])
+    if path.name == "zero3.yaml":
+        assert config.deepspeed_config["zero3_save_16bit_model"] is True
+    if path.name == "fsdp2.yaml":
+        assert config.distributed_type.value == "FSDP" and config.fsdp_config["fsdp_version"] == 2
+        assert config.fsdp_config["fsdp_state_dict_type"] == "FULL_STATE_DICT"  # save_model writes the full model
+
+
+def test_accelerate_config_set():
+    assert {p.name for p in ACCELERATE_CONFIGS} >= {"single_gpu.yaml", "multi_gpu.yaml", "zero2.yaml", "zero3.yaml", "fsdp2.yaml"}
