@@ -3,9 +3,9 @@
 What it does, with nothing downloaded:
 
 1. builds the ~1M-parameter Qwen2-style model and its tokenizer locally (`cegppo_trl.tiny`) and warm-starts it with a
-   short SFT on the "What is a+b?" problems of the built-in data (``builtin:arithmetic``; ``--problems all`` adds the
-   differences and word problems), so that it solves some but not all of the held-out problems
-   (``builtin:arithmetic_eval``) when sampling at temperature 1;
+   short SFT on the built-in arithmetic problems (``builtin:arithmetic``: sums, differences, one-line word problems),
+   so that it solves some but not all of the held-out problems (``builtin:arithmetic_eval``) when sampling at
+   temperature 1;
 2. saves the warm-started weights, then trains two copies of them with the same seed, data order and budget:
    CE-GPPO (paper: beta1 = 0.5, beta2 = 1) and GRPO (the same trainer with beta1 = beta2 = 0, which has PPO-clip's
    gradient), with the paper's +1 / -1 math-verify reward (`cegppo_trl.math_reward`) and off-policy updates (each
@@ -95,7 +95,7 @@ RL_DEFAULTS: dict[str, Any] = dict(
     # 8 optimizer steps per generation batch and the ratio moves away from 1 on 7 of them.
     steps_per_generation=4,
     num_iterations=2,
-    max_completion_length=20,  # the warm-started answer "\boxed{64}" + eos is 7 tokens; room for longer ones
+    max_completion_length=20,  # the warm-started answer "49-27=22. \boxed{22}" + eos is 16 tokens
     temperature=1.0,
     learning_rate=1e-4,
     lr_scheduler_type="constant",
@@ -116,13 +116,14 @@ RL_DEFAULTS: dict[str, Any] = dict(
 # --------------------------------------------------------------------------------------------------------------
 
 
-#: Which built-in problems the demo uses: "sums" ("What is a+b?", the problems `cegppo_trl.tiny`'s warm-start
-#: defaults are tuned for) or "all" (also differences and one-line word problems).
+#: Which built-in problems the demo uses: "all" (sums, differences and one-line word problems: the data
+#: `cegppo_trl.tiny`'s warm-start defaults are tuned on, giving a model that solves some but not all of them) or
+#: "sums" ("What is a+b?" only, which the default warm start already solves almost perfectly).
 PROBLEM_SETS = {
     "sums": re.compile(r"What is \d+\+\d+\?"),
     "all": re.compile(r".*", re.DOTALL),
 }
-DEFAULT_PROBLEMS = "sums"
+DEFAULT_PROBLEMS = "all"
 
 
 def _selected(rows: Sequence[dict], problems: str) -> list[int]:
@@ -252,8 +253,8 @@ def warm_start(
     temperature 1), ``greedy_accuracy`` and ``entropy`` (see `evaluate_policy`; left out with ``evaluate=False``),
     ``seconds``, ``num_parameters`` and ``cached``.
 
-    `train_rows` / `eval_rows` default to the "What is a+b?" rows of ``builtin:arithmetic`` / ``builtin:arithmetic_eval``
-    (`load_rows`); `sft_steps` to `cegppo_trl.tiny.sft_warmstart`'s default. With `cache_dir`, the
+    `train_rows` / `eval_rows` default to the rows of ``builtin:arithmetic`` / ``builtin:arithmetic_eval`` (`load_rows`);
+    `sft_steps` to `cegppo_trl.tiny.sft_warmstart`'s default. With `cache_dir`, the
     model, tokenizer and info are saved there, and a later call with the same arguments loads them instead of
     training again; `load_tiny(cache_dir)` gives the same weights to start every RL run from.
     """
@@ -378,8 +379,8 @@ def run_rl(
     """Train `model` (in place) with `CEGPPOTrainer` at (beta1, beta2) for `max_steps` optimizer steps.
 
     `model` is a model object (trained in place; pass a fresh copy per run, e.g. from `load_tiny`) or a path.
-    `train_dataset` defaults to `demo_train_dataset()` (the "What is a+b?" problems of ``builtin:arithmetic`` in the
-    tiny model's prompt format), `eval_rows` to the same problems of ``builtin:arithmetic_eval`` (`eval_samples`
+    `train_dataset` defaults to `demo_train_dataset()` (``builtin:arithmetic`` in the tiny model's prompt format),
+    `eval_rows` to ``builtin:arithmetic_eval`` (`eval_samples`
     sampled completions each), `reward_funcs` to ``[math_reward]`` (+1 correct / -1 otherwise). Every other
     keyword is a `CEGPPOConfig` field and replaces the value in `RL_DEFAULTS` (e.g. ``learning_rate=3e-4``,
     ``steps_per_generation=8, num_iterations=1``). beta1 = beta2 = 0 is GRPO (PPO-clip's gradient).

@@ -16,7 +16,6 @@ from cegppo_trl.toy import (
     first_order_check,
     run_toy,
     single_step_entropy_change,
-    softmax_entropy,
 )
 
 # ----------------------------------------------------------------------------------------------------------------

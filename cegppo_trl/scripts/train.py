@@ -187,17 +187,12 @@ def load_datasets(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfi
 
 
 def materialize_tiny_model(path: str, seed: int = 0, sft_steps: int = 0, progress: bool = False) -> str:
-    """Build the tiny model + tokenizer of `cegppo_trl.tiny` in `path` (SFT-warm-started when `sft_steps > 0`).
-
-    Deterministic in `seed`, and reused when `path` already holds the same build."""
+    """Build the tiny model + tokenizer of `cegppo_trl.tiny` in `path`, SFT-warm-started for `sft_steps` steps on
+    ``builtin:arithmetic`` (0: random weights). Deterministic in `seed`; a `path` that already holds the same build
+    is reused (`cegppo_trl.demo.warm_start`'s cache)."""
     from ..demo import warm_start
-    from ..tiny import build_tiny_model, build_tiny_tokenizer, save_tiny
 
-    if sft_steps > 0:
-        warm_start(seed=seed, sft_steps=sft_steps, progress=progress, cache_dir=path, evaluate=False)
-    elif not os.path.isfile(os.path.join(path, "config.json")):
-        tokenizer = build_tiny_tokenizer()
-        save_tiny(build_tiny_model(tokenizer, seed=seed), tokenizer, path)
+    warm_start(seed=seed, sft_steps=sft_steps, progress=progress, cache_dir=path, evaluate=False)
     return path
 
 
