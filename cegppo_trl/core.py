@@ -43,6 +43,46 @@ class CEGPPOTokenLoss:
     grad_coef: torch.Tensor
 
 
+@dataclass
+class ClippedSets:
+    """Which tokens Eq. 8 clips, and the gradient weight each token gets (all detached).
+
+    Attributes:
+        beta1_mask: bool, tokens in the beta1 set (`r < 1 - eps_low` and `A < 0`).
+        beta2_mask: bool, tokens in the beta2 set (`r > 1 + eps_high` and `A > 0`).
+        grad_coef: `d l_t / d log pi_theta`, as in [`CEGPPOTokenLoss`].
+    """
+
+    beta1_mask: torch.Tensor
+    beta2_mask: torch.Tensor
+    grad_coef: torch.Tensor
+
+
+@torch.no_grad()
+def clipped_sets(
+    log_ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    epsilon_low: float,
+    epsilon_high: float,
+    beta1: float,
+    beta2: float,
+    delta: float | None = None,
+) -> ClippedSets:
+    """The two clipped sets of Eq. 8 and each token's gradient weight; arguments as in [`cegppo_per_token_loss`]."""
+    ratio = torch.exp(log_ratio)
+    beta1_mask = (ratio < 1 - epsilon_low) & (advantages < 0)  # strict, as in Eq. 8
+    beta2_mask = (ratio > 1 + epsilon_high) & (advantages > 0)
+    unclipped_coef = ratio * advantages
+    if delta is not None:
+        unclipped_coef = torch.where(ratio > delta, torch.zeros_like(unclipped_coef), unclipped_coef)
+    grad_coef = torch.where(
+        beta1_mask,
+        beta1 * (1 - epsilon_low) * advantages,
+        torch.where(beta2_mask, beta2 * (1 + epsilon_high) * advantages, unclipped_coef),
+    )
+    return ClippedSets(beta1_mask=beta1_mask, beta2_mask=beta2_mask, grad_coef=grad_coef)
+
+
 def cegppo_per_token_loss(
     log_ratio: torch.Tensor,
     advantages: torch.Tensor,
@@ -76,8 +116,8 @@ def cegppo_per_token_loss(
     # possibly huge or tiny ratios.
     ratio_over_sg_ratio = torch.exp(log_ratio - log_ratio.detach())
 
-    beta1_mask = (ratio < 1 - epsilon_low) & (advantages < 0)  # strict, as in Eq. 8
-    beta2_mask = (ratio > 1 + epsilon_high) & (advantages > 0)
+    sets = clipped_sets(log_ratio, advantages, epsilon_low, epsilon_high, beta1, beta2, delta)
+    beta1_mask, beta2_mask = sets.beta1_mask, sets.beta2_mask  # strict inequalities, as in Eq. 8
 
     unclipped_ratio = ratio if delta is None else torch.clamp(ratio, max=delta)
     objective = torch.where(
@@ -90,18 +130,8 @@ def cegppo_per_token_loss(
         ),
     )
 
-    with torch.no_grad():
-        unclipped_coef = ratio * advantages
-        if delta is not None:
-            unclipped_coef = torch.where(ratio > delta, torch.zeros_like(unclipped_coef), unclipped_coef)
-        grad_coef = torch.where(
-            beta1_mask,
-            beta1 * (1 - epsilon_low) * advantages,
-            torch.where(beta2_mask, beta2 * (1 + epsilon_high) * advantages, unclipped_coef),
-        )
-
     return CEGPPOTokenLoss(
-        per_token_loss=-objective, beta1_mask=beta1_mask, beta2_mask=beta2_mask, grad_coef=grad_coef
+        per_token_loss=-objective, beta1_mask=beta1_mask, beta2_mask=beta2_mask, grad_coef=sets.grad_coef
     )
 
 
@@ -133,7 +163,7 @@ def gradient_preserving_correction(
     beta1: float,
     beta2: float,
     delta: float | None = None,
-) -> tuple[torch.Tensor, CEGPPOTokenLoss]:
+) -> tuple[torch.Tensor, ClippedSets]:
     """`cegppo_per_token_loss - ppo_clip_per_token_loss`, per token: what turns TRL's PPO-clip loss into CE-GPPO's.
 
     It is zero (value and gradient) outside the two clipped sets, where Eq. 8 and PPO-clip coincide. On the clipped
@@ -141,11 +171,21 @@ def gradient_preserving_correction(
     `-beta (1 -+ eps) A r / sg(r) + (1 -+ eps) A`. Because every TRL aggregation (grpo, bnpo, dr_grpo, dapo) is linear
     in the per-token loss, `aggregate(ppo) + aggregate(correction) == aggregate(cegppo)` exactly.
     """
-    cegppo = cegppo_per_token_loss(log_ratio, advantages, epsilon_low, epsilon_high, beta1, beta2, delta)
-    ppo = ppo_clip_per_token_loss(log_ratio, advantages, epsilon_low, epsilon_high, delta)
-    clipped = cegppo.beta1_mask | cegppo.beta2_mask
-    correction = torch.where(clipped, cegppo.per_token_loss - ppo, torch.zeros_like(cegppo.per_token_loss))
-    return correction, cegppo
+    # Computed directly rather than as the difference of the two losses: the trainer calls this on every
+    # micro-batch, and only three differentiable ops are needed. `tests/test_core.py` checks it against
+    # `cegppo_per_token_loss - ppo_clip_per_token_loss` (values and gradients).
+    sets = clipped_sets(log_ratio, advantages, epsilon_low, epsilon_high, beta1, beta2, delta)
+    with torch.no_grad():
+        # PPO's (constant) objective on each clipped set, (1 -+ eps) A, and the beta that scales its gradient.
+        clipped_objective = torch.where(
+            sets.beta1_mask,
+            (1 - epsilon_low) * advantages,
+            torch.where(sets.beta2_mask, (1 + epsilon_high) * advantages, torch.zeros_like(advantages)),
+        )
+        beta = torch.where(sets.beta1_mask, beta1, beta2).to(log_ratio.dtype)
+    # -beta (1 -+ eps) A r / sg(r) - (-(1 -+ eps) A), and 0 (value and gradient) outside the clipped sets.
+    correction = clipped_objective * (1 - beta * torch.exp(log_ratio - log_ratio.detach()))
+    return correction, sets
 
 
 def entropy_change_first_order(probs: torch.Tensor, action: int, advantage: float, weight: float, lr: float) -> float:

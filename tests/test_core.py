@@ -120,18 +120,29 @@ def test_reductions_gppo_and_ppo(delta):
     assert torch.allclose(zero_grad, ppo_grad, atol=1e-12)
 
 
-def test_correction_is_cegppo_minus_ppo_and_zero_outside_clipped_sets():
+@pytest.mark.parametrize(
+    "beta1, beta2, eps_low, eps_high, delta",
+    [(0.5, 1.0, 0.2, 0.2, None), (0.0, 0.0, 0.2, 0.28, None), (1.0, 1.0, 0.1, 0.3, 3.0), (0.75, 0.25, 0.2, 0.2, 1.5)],
+)
+def test_correction_is_cegppo_minus_ppo_and_zero_outside_clipped_sets(beta1, beta2, eps_low, eps_high, delta):
     gen = torch.Generator().manual_seed(3)
-    log_ratio = (torch.randn(3, 10, generator=gen, dtype=torch.float64) * 0.5).requires_grad_(True)
-    adv = torch.randn(3, 1, generator=gen, dtype=torch.float64)
-    correction, cegppo = gradient_preserving_correction(log_ratio, adv, 0.2, 0.2, 0.5, 1.0)
-    ppo = ppo_clip_per_token_loss(log_ratio, adv, 0.2, 0.2)
-    assert torch.allclose(ppo + correction, cegppo.per_token_loss, atol=1e-12)
+    log_ratio = (torch.randn(6, 10, generator=gen, dtype=torch.float64) * 0.5).requires_grad_(True)
+    adv = torch.randn(6, 1, generator=gen, dtype=torch.float64)
+    adv[0] = 0.0
+    correction, sets = gradient_preserving_correction(log_ratio, adv, eps_low, eps_high, beta1, beta2, delta)
+    cegppo = cegppo_per_token_loss(log_ratio, adv, eps_low, eps_high, beta1, beta2, delta)
+    ppo = ppo_clip_per_token_loss(log_ratio, adv, eps_low, eps_high, delta)
+    assert torch.equal(sets.beta1_mask, cegppo.beta1_mask) and torch.equal(sets.beta2_mask, cegppo.beta2_mask)
+    assert torch.equal(sets.grad_coef, cegppo.grad_coef)
     clipped = cegppo.beta1_mask | cegppo.beta2_mask
+    assert clipped.any() and (~clipped).any()
+    assert torch.allclose(ppo + correction, cegppo.per_token_loss, atol=1e-12)
     assert (correction[~clipped] == 0).all()
     g_sum = torch.autograd.grad((ppo + correction).sum(), log_ratio, retain_graph=True)[0]
-    g_ref = torch.autograd.grad(cegppo.per_token_loss.sum(), log_ratio)[0]
+    g_ref = torch.autograd.grad(cegppo.per_token_loss.sum(), log_ratio, retain_graph=True)[0]
     assert torch.allclose(g_sum, g_ref, atol=1e-12)
+    (g_correction,) = torch.autograd.grad(correction.sum(), log_ratio)
+    assert (g_correction[~clipped] == 0).all()
 
 
 def test_token_mean_with_masks_and_ragged_lengths():
@@ -175,3 +186,5 @@ def test_float32_and_bfloat16_inputs_keep_dtype():
         out = cegppo_per_token_loss(log_ratio, adv, 0.2, 0.2, 0.5, 1.0)
         assert out.per_token_loss.dtype == dtype
         assert torch.isfinite(out.per_token_loss).all()
+        correction, _ = gradient_preserving_correction(log_ratio, adv, 0.2, 0.2, 0.5, 1.0)
+        assert correction.dtype == dtype
