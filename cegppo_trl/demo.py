@@ -3,9 +3,9 @@
 What it does, with nothing downloaded:
 
 1. builds the ~1M-parameter Qwen2-style model and its tokenizer locally (`cegppo_trl.tiny`) and warm-starts it with a
-   short SFT on the built-in arithmetic problems (``builtin:arithmetic``: sums, differences, one-line word problems),
-   so that it solves some but not all of the held-out problems (``builtin:arithmetic_eval``) when sampling at
-   temperature 1;
+   short SFT on the built-in arithmetic problems (``builtin:arithmetic``; by default its "What is a+b?" problems,
+   ``--problems all`` adds differences and one-line word problems), so that it solves some but not all of the
+   held-out problems (``builtin:arithmetic_eval``) when sampling at temperature 1;
 2. saves the warm-started weights, then trains two copies of them with the same seed, data order and budget:
    CE-GPPO (paper: beta1 = 0.5, beta2 = 1) and GRPO (the same trainer with beta1 = beta2 = 0, which has PPO-clip's
    gradient), with the paper's +1 / -1 math-verify reward (`cegppo_trl.math_reward`) and off-policy updates (each
@@ -20,16 +20,15 @@ What it does, with nothing downloaded:
 
     from cegppo_trl.demo import warm_start, run_rl, load_tiny
     model, tokenizer, info = warm_start(seed=0, cache_dir="out/warm")
-    cegppo = run_rl(model, tokenizer, beta1=0.5, beta2=1.0, seed=0, max_steps=400, output_dir="out/cegppo")
+    cegppo = run_rl(model, tokenizer, beta1=0.5, beta2=1.0, seed=0, max_steps=160, output_dir="out/cegppo")
     model, tokenizer = load_tiny("out/warm")            # the same starting weights again
-    grpo = run_rl(model, tokenizer, beta1=0.0, beta2=0.0, seed=0, max_steps=400, output_dir="out/grpo")
+    grpo = run_rl(model, tokenizer, beta1=0.0, beta2=0.0, seed=0, max_steps=160, output_dir="out/grpo")
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import inspect
 import json
 import math
 import os
@@ -72,8 +71,10 @@ __all__ = [
 #: on (`tiny.format_user_message`): "What is 3+4? Put the final answer in \boxed{}."
 DEMO_INSTRUCTION = "{problem} " + PROMPT_INSTRUCTION
 
-DEFAULT_SFT_STEPS = inspect.signature(sft_warmstart).parameters["steps"].default  # tuned in `cegppo_trl.tiny`
-DEFAULT_RL_STEPS = 400
+# Sized for <= 10 minutes on 2 CPU cores (measured: ~75 s of SFT, ~180 s per RL run). On the "sums" problems, 300 SFT
+# steps give held-out accuracy ~0.43 sampled / ~0.55 greedy (250 steps: 0.40 / 0.58; 350: 0.84 / 0.91).
+DEFAULT_SFT_STEPS = 300
+DEFAULT_RL_STEPS = 160
 DEFAULT_EVAL_SAMPLES = 2  # sampled completions per held-out problem
 PLOT_METRICS = (
     "reward",
@@ -91,10 +92,12 @@ RL_DEFAULTS: dict[str, Any] = dict(
     per_device_train_batch_size=128,  # completions per optimizer step: 16 prompts x 8 completions
     num_generations=8,
     gradient_accumulation_steps=1,
-    # Off-policy, as in the paper: one generation batch (64 prompts x 8) feeds 4 mini-batches, each used twice, so
-    # 8 optimizer steps per generation batch and the ratio moves away from 1 on 7 of them.
-    steps_per_generation=4,
-    num_iterations=2,
+    # Off-policy, as in the paper: one generation batch (128 prompts x 8) feeds 8 mini-batches, each used once, so
+    # 8 optimizer steps per generation batch and the ratio moves away from 1 on 7 of them. (Re-using each mini-batch
+    # twice, steps_per_generation=4 x num_iterations=2, costs less generation but made CE-GPPO (0.5, 1) unstable on
+    # this model: held-out accuracy 0.43 -> 0.36 in 230 steps where GRPO reached 0.64.)
+    steps_per_generation=8,
+    num_iterations=1,
     max_completion_length=20,  # the warm-started answer "49-27=22. \boxed{22}" + eos is 16 tokens
     temperature=1.0,
     learning_rate=1e-4,
@@ -116,14 +119,15 @@ RL_DEFAULTS: dict[str, Any] = dict(
 # --------------------------------------------------------------------------------------------------------------
 
 
-#: Which built-in problems the demo uses: "all" (sums, differences and one-line word problems: the data
-#: `cegppo_trl.tiny`'s warm-start defaults are tuned on, giving a model that solves some but not all of them) or
-#: "sums" ("What is a+b?" only, which the default warm start already solves almost perfectly).
+#: Which built-in problems the demo uses: "sums" ("What is a+b?", a, b < 50: short sequences, so the demo fits in ten
+#: minutes on 2 cores; `DEFAULT_SFT_STEPS` leaves the model solving about half of them) or "all" (sums, differences
+#: and one-line word problems, ~40% longer sequences; `cegppo_trl.tiny.sft_warmstart`'s 800-step default is tuned on
+#: them, ~6 minutes of SFT on 2 cores).
 PROBLEM_SETS = {
     "sums": re.compile(r"What is \d+\+\d+\?"),
     "all": re.compile(r".*", re.DOTALL),
 }
-DEFAULT_PROBLEMS = "all"
+DEFAULT_PROBLEMS = "sums"
 
 
 def _selected(rows: Sequence[dict], problems: str) -> list[int]:
@@ -254,7 +258,7 @@ def warm_start(
     ``seconds``, ``num_parameters`` and ``cached``.
 
     `train_rows` / `eval_rows` default to the rows of ``builtin:arithmetic`` / ``builtin:arithmetic_eval`` (`load_rows`);
-    `sft_steps` to `cegppo_trl.tiny.sft_warmstart`'s default. With `cache_dir`, the
+    `sft_steps` to `DEFAULT_SFT_STEPS`. With `cache_dir`, the
     model, tokenizer and info are saved there, and a later call with the same arguments loads them instead of
     training again; `load_tiny(cache_dir)` gives the same weights to start every RL run from.
     """
@@ -548,9 +552,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--threads",
         type=int,
-        default=1,
-        help="torch intra-op threads (default 1: for this tiny model one thread is as fast as two on an idle machine "
-        "and several times faster on a busy one; 0 = torch's default)",
+        default=0,
+        help="torch intra-op threads (default 0: torch's default, one per core; on an idle 2-core machine two threads "
+        "ran SFT 1.5x faster than one. On a machine busy with other jobs, 1 can be several times faster)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parser
