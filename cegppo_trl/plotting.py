@@ -88,6 +88,14 @@ def _series(history: Sequence[dict], metric: str) -> tuple[list[float], list[flo
     return steps, values
 
 
+def style_panel(ax, title: str) -> None:
+    """The look of every panel of a runs-over-steps figure (also used by `experiments/`)."""
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel("step", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.grid(alpha=0.3)
+
+
 def plot_log_histories(
     histories: dict[str, list[dict]],
     path: str | os.PathLike,
@@ -126,10 +134,7 @@ def plot_log_histories(
                 (line,) = ax.plot(steps, values, label=label, color=colors[label], linewidth=1.2,
                                   marker="." if len(steps) < 30 else None)
                 legend.setdefault(label, line)
-        ax.set_title(metric, fontsize=9)
-        ax.set_xlabel("step", fontsize=8)
-        ax.tick_params(labelsize=7)
-        ax.grid(alpha=0.3)
+        style_panel(ax, metric)
     for ax in list(axes.flat)[len(present):]:
         ax.set_visible(False)
     fig.tight_layout()

@@ -203,15 +203,14 @@ def _figure(panels, path, suptitle):
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
+    from cegppo_trl.plotting import style_panel
+
     ncols = min(3, len(panels))
     nrows = math.ceil(len(panels) / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.3 * ncols, 3.1 * nrows), squeeze=False)
     for ax, (title, draw) in zip(axes.flat, panels):
         draw(ax)
-        ax.set_title(title, fontsize=9)
-        ax.set_xlabel("step", fontsize=8)
-        ax.tick_params(labelsize=7)
-        ax.grid(alpha=0.3)
+        style_panel(ax, title)
     for ax in list(axes.flat)[len(panels):]:
         ax.set_visible(False)
     handles, labels = axes.flat[0].get_legend_handles_labels()
