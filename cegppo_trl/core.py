@@ -25,37 +25,32 @@ import torch
 
 
 @dataclass
-class CEGPPOTokenLoss:
-    """Output of [`cegppo_per_token_loss`]. All tensors broadcast to `torch.broadcast_shapes(log_ratio, advantages)`.
+class ClippedSets:
+    """Which tokens Eq. 8 clips, and the gradient weight each token gets (all detached). All tensors broadcast to
+    `torch.broadcast_shapes(log_ratio, advantages)`.
 
     Attributes:
-        per_token_loss: `-l_t` of Eq. 8 (with the optional dual-clip `delta`), differentiable w.r.t. `log_ratio`.
         beta1_mask: bool, tokens in the beta1 set (`r < 1 - eps_low` and `A < 0`).
         beta2_mask: bool, tokens in the beta2 set (`r > 1 + eps_high` and `A > 0`).
-        grad_coef: detached `d(-per_token_loss) / d(log pi_theta)`, the weight multiplying `grad log pi` of each token:
+        grad_coef: `d l_t / d(log pi_theta)`, the weight multiplying `grad log pi` of each token:
             `beta1 (1 - eps_low) A` / `beta2 (1 + eps_high) A` on the two sets, `r A` elsewhere (0 where dual-clip
             caps the ratio). Used for gradient-share diagnostics.
     """
 
-    per_token_loss: torch.Tensor
     beta1_mask: torch.Tensor
     beta2_mask: torch.Tensor
     grad_coef: torch.Tensor
 
 
 @dataclass
-class ClippedSets:
-    """Which tokens Eq. 8 clips, and the gradient weight each token gets (all detached).
+class CEGPPOTokenLoss(ClippedSets):
+    """Output of [`cegppo_per_token_loss`]: the [`ClippedSets`] fields plus
 
     Attributes:
-        beta1_mask: bool, tokens in the beta1 set (`r < 1 - eps_low` and `A < 0`).
-        beta2_mask: bool, tokens in the beta2 set (`r > 1 + eps_high` and `A > 0`).
-        grad_coef: `d l_t / d log pi_theta`, as in [`CEGPPOTokenLoss`].
+        per_token_loss: `-l_t` of Eq. 8 (with the optional dual-clip `delta`), differentiable w.r.t. `log_ratio`.
     """
 
-    beta1_mask: torch.Tensor
-    beta2_mask: torch.Tensor
-    grad_coef: torch.Tensor
+    per_token_loss: torch.Tensor
 
 
 @torch.no_grad()

@@ -43,6 +43,11 @@ TESTED_TRL_MINOR_VERSIONS = ("1.16",)
 QUADRANTS = ("pos_high", "pos_low", "neg_high", "neg_low")
 
 
+def _share(num: float, den: float) -> float:
+    """`num / den` of summed metrics, 0 when nothing was counted."""
+    return num / den if den > 0 else 0.0
+
+
 def _as_cegppo_config(args: GRPOConfig) -> CEGPPOConfig:
     """Upgrade a plain `GRPOConfig` (drop-in use) to a `CEGPPOConfig` with the paper's CE-GPPO defaults."""
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init}
@@ -299,7 +304,7 @@ class CEGPPOTrainer(GRPOTrainer):
         stacked = torch.stack([torch.stack([n.float(), d.float()]) for n, d in ratios.values()]).detach()
         totals = self.accelerator.reduce(stacked, reduction="sum")
         for name, (num, den) in zip(ratios, totals.tolist()):
-            self._metrics[mode][name].append(num / den if den > 0 else 0.0)
+            self._metrics[mode][name].append(_share(num, den))
 
     def _log_token_metrics(self, mode, terms: _PolicyTermInputs, sets: ClippedSets, per_token_logps) -> None:
         mask = terms.mask.float()
@@ -319,20 +324,17 @@ class CEGPPOTrainer(GRPOTrainer):
         sums = token_sets.flatten(1).float() @ torch.stack([mask.flatten(), weight.flatten()], dim=1)
         totals = self.accelerator.reduce(sums.detach(), reduction="sum").tolist()
 
-        def share(num: float, den: float) -> float:
-            return num / den if den > 0 else 0.0
-
         (num_tokens, total_weight), beta1_totals, beta2_totals = totals[:3]
         metrics = self._metrics[mode]
-        metrics["cegppo/beta1_token_frac"].append(share(beta1_totals[0], num_tokens))
-        metrics["cegppo/beta2_token_frac"].append(share(beta2_totals[0], num_tokens))
-        metrics["cegppo/beta1_grad_share"].append(share(beta1_totals[1], total_weight))
-        metrics["cegppo/beta2_grad_share"].append(share(beta2_totals[1], total_weight))
+        metrics["cegppo/beta1_token_frac"].append(_share(beta1_totals[0], num_tokens))
+        metrics["cegppo/beta2_token_frac"].append(_share(beta2_totals[0], num_tokens))
+        metrics["cegppo/beta1_grad_share"].append(_share(beta1_totals[1], total_weight))
+        metrics["cegppo/beta2_grad_share"].append(_share(beta2_totals[1], total_weight))
         for name, (q_tokens, q_weight), (clipped_tokens, clipped_weight) in zip(QUADRANTS, totals[3:7], totals[7:11]):
-            metrics[f"cegppo/quadrant/{name}/token_frac"].append(share(q_tokens, num_tokens))
-            metrics[f"cegppo/quadrant/{name}/grad_share"].append(share(q_weight, total_weight))
-            metrics[f"cegppo/quadrant/{name}/clip_frac"].append(share(clipped_tokens, q_tokens))
-            metrics[f"cegppo/quadrant/{name}/restored_grad_share"].append(share(clipped_weight, total_weight))
+            metrics[f"cegppo/quadrant/{name}/token_frac"].append(_share(q_tokens, num_tokens))
+            metrics[f"cegppo/quadrant/{name}/grad_share"].append(_share(q_weight, total_weight))
+            metrics[f"cegppo/quadrant/{name}/clip_frac"].append(_share(clipped_tokens, q_tokens))
+            metrics[f"cegppo/quadrant/{name}/restored_grad_share"].append(_share(clipped_weight, total_weight))
         if mode == "train" and self.accelerator.sync_gradients:
             self._metrics[mode]["cegppo/beta1"].append(self.cegppo_beta1)
             self._metrics[mode]["cegppo/beta2"].append(self.cegppo_beta2)

@@ -157,6 +157,7 @@ def run_lm_part(seeds: int, steps: int, work_dir: str, threads: int, eval_rows_n
     print(f"warm start ({how}): sampled accuracy "
           f"{info['accuracy']:.3f}, greedy {info['greedy_accuracy']:.3f}, entropy {info['entropy']:.3f}", flush=True)
     eval_rows = load_rows("builtin:arithmetic_eval", problems=PROBLEMS)[:eval_rows_n]
+    train_dataset = demo_train_dataset(PROBLEMS)
     os.makedirs(os.path.join(RESULTS_DIR, "lm_runs"), exist_ok=True)
     for seed in range(seeds):
         for betas in GRID:
@@ -167,7 +168,7 @@ def run_lm_part(seeds: int, steps: int, work_dir: str, threads: int, eval_rows_n
             model, tokenizer = load_tiny(warm_dir)
             result = run_rl(model, tokenizer, beta1=betas[0], beta2=betas[1], seed=seed, max_steps=steps,
                             output_dir=os.path.join(work_dir, "lm", name), eval_rows=eval_rows, progress=False,
-                            logging_steps=1, train_dataset=demo_train_dataset(PROBLEMS), **LM_RL_SETTINGS)
+                            logging_steps=1, train_dataset=train_dataset, **LM_RL_SETTINGS)
             history = result.pop("log_history")
             result["series"] = {
                 metric: [[h["step"], h[metric]] for h in history if isinstance(h.get(metric), (int, float))]
