@@ -24,6 +24,7 @@ import sys
 import time
 from math import gcd
 
+
 GROUP = 16  # completions per prompt
 
 
@@ -89,7 +90,9 @@ def _ordinary(rng: random.Random, n: int) -> list[tuple[str, str]]:
             else:
                 answer = rng.choice(wrong)
             ending = (
-                f" The answer is ${answer}$." if r >= 0.90 else f" Therefore the final answer is $\\boxed{{{answer}}}$."
+                f" The answer is ${answer}$."
+                if r >= 0.90
+                else f" Therefore the final answer is $\\boxed{{{answer}}}$."
             )
             items.append((f"<think>{_reasoning(rng)}</think>{_reasoning(rng)[:300]}{ending}", gold))
     return items[:n]

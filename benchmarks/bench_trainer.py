@@ -22,6 +22,7 @@ from trl import GRPOConfig, GRPOTrainer
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
 from cegppo_trl.tiny import build_tiny_model, build_tiny_tokenizer
 
+
 warnings.filterwarnings("ignore")
 
 
@@ -44,10 +45,21 @@ def device():
 
 def make_config(cls, output_dir, args, **overrides):
     values = dict(
-        output_dir=output_dir, use_cpu=not torch.cuda.is_available(), bf16=False, per_device_train_batch_size=16,
-        num_generations=4, max_completion_length=args.completion_len, gradient_accumulation_steps=1,
-        steps_per_generation=4, max_steps=args.train_steps, learning_rate=1e-4, logging_steps=1, report_to="none",
-        save_strategy="no", seed=0, loss_type="dapo",
+        output_dir=output_dir,
+        use_cpu=not torch.cuda.is_available(),
+        bf16=False,
+        per_device_train_batch_size=16,
+        num_generations=4,
+        max_completion_length=args.completion_len,
+        gradient_accumulation_steps=1,
+        steps_per_generation=4,
+        max_steps=args.train_steps,
+        learning_rate=1e-4,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        seed=0,
+        loss_type="dapo",
     )
     values.update(overrides)
     return cls(**values)
@@ -122,8 +134,11 @@ def main():
     base = build_tiny_model(tokenizer, hidden_size=args.hidden, num_layers=args.layers).to(device())
     n_params = sum(p.numel() for p in base.parameters())
     dataset = Dataset.from_list(
-        [{"prompt": [{"role": "user", "content": f"What is {a}+{b}?"}], "solution": str(a + b)}
-         for a in range(16) for b in range(16)]
+        [
+            {"prompt": [{"role": "user", "content": f"What is {a}+{b}?"}], "solution": str(a + b)}
+            for a in range(16)
+            for b in range(16)
+        ]
     )
 
     def reward(completions, **kwargs):
@@ -131,10 +146,16 @@ def main():
 
     tmp = tempfile.mkdtemp()
     trainers = {
-        "grpo": GRPOTrainer(copy.deepcopy(base), reward, make_config(GRPOConfig, tmp + "/g", args), dataset,
-                            processing_class=tokenizer),
-        "cegppo": CEGPPOTrainer(copy.deepcopy(base), reward, make_config(CEGPPOConfig, tmp + "/c", args), dataset,
-                                processing_class=tokenizer),
+        "grpo": GRPOTrainer(
+            copy.deepcopy(base), reward, make_config(GRPOConfig, tmp + "/g", args), dataset, processing_class=tokenizer
+        ),
+        "cegppo": CEGPPOTrainer(
+            copy.deepcopy(base),
+            reward,
+            make_config(CEGPPOConfig, tmp + "/c", args),
+            dataset,
+            processing_class=tokenizer,
+        ),
     }
     for t in trainers.values():
         t.model.train()
@@ -154,25 +175,40 @@ def main():
 
     step_times = {name: [] for name in trainers}
     for rep in range(args.train_repeats):
-        for name, (trainer_cls, config_cls) in {"grpo": (GRPOTrainer, GRPOConfig),
-                                                "cegppo": (CEGPPOTrainer, CEGPPOConfig)}.items():
-            trainer = trainer_cls(copy.deepcopy(base), reward, make_config(config_cls, f"{tmp}/{name}{rep}", args),
-                                  dataset, processing_class=tokenizer)
+        for name, (trainer_cls, config_cls) in {
+            "grpo": (GRPOTrainer, GRPOConfig),
+            "cegppo": (CEGPPOTrainer, CEGPPOConfig),
+        }.items():
+            trainer = trainer_cls(
+                copy.deepcopy(base),
+                reward,
+                make_config(config_cls, f"{tmp}/{name}{rep}", args),
+                dataset,
+                processing_class=tokenizer,
+            )
             trainer.train()
             per_step = [h["step_time"] for h in trainer.state.log_history if "step_time" in h]
             step_times[name].extend(per_step[1:])  # drop the first step (warm-up)
 
     med = {k: statistics.median(v) for k, v in times.items()}
     step = {k: statistics.median(v) for k, v in step_times.items()}
-    print(f"device={device().type} params={n_params / 1e6:.2f}M batch={args.batch}x{args.completion_len} tokens "
-          f"clipped_token_frac={clipped:.3f} threads={torch.get_num_threads()}")
+    print(
+        f"device={device().type} params={n_params / 1e6:.2f}M batch={args.batch}x{args.completion_len} tokens "
+        f"clipped_token_frac={clipped:.3f} threads={torch.get_num_threads()}"
+    )
     print(f"{'measure':<28}{'GRPO (dapo)':>14}{'CE-GPPO':>14}{'ratio':>10}")
-    print(f"{'loss+backward median (ms)':<28}{med['grpo'] * 1e3:>14.2f}{med['cegppo'] * 1e3:>14.2f}"
-          f"{med['cegppo'] / med['grpo']:>10.3f}")
-    print(f"{'loss+backward peak (MiB)':<28}{memory['grpo'] / 2**20:>14.2f}{memory['cegppo'] / 2**20:>14.2f}"
-          f"{memory['cegppo'] / memory['grpo']:>10.3f}")
-    print(f"{'full train step median (s)':<28}{step['grpo']:>14.3f}{step['cegppo']:>14.3f}"
-          f"{step['cegppo'] / step['grpo']:>10.3f}")
+    print(
+        f"{'loss+backward median (ms)':<28}{med['grpo'] * 1e3:>14.2f}{med['cegppo'] * 1e3:>14.2f}"
+        f"{med['cegppo'] / med['grpo']:>10.3f}"
+    )
+    print(
+        f"{'loss+backward peak (MiB)':<28}{memory['grpo'] / 2**20:>14.2f}{memory['cegppo'] / 2**20:>14.2f}"
+        f"{memory['cegppo'] / memory['grpo']:>10.3f}"
+    )
+    print(
+        f"{'full train step median (s)':<28}{step['grpo']:>14.3f}{step['cegppo']:>14.3f}"
+        f"{step['cegppo'] / step['grpo']:>10.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from .controller import EntropyController
 from .core import cegppo_per_token_loss, gradient_preserving_correction, ppo_clip_per_token_loss
 from .trainer import CEGPPOTrainer
 
+
 __version__ = "0.1.0"
 
 __all__ = [

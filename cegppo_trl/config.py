@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+
 # Loss types whose per-token term is TRL's PPO-clip `-min(r A, clip(r) A)`: CE-GPPO replaces exactly that term, so it
 # composes with each of their aggregations. The others (cispo, sapo, vespo, luspo) have a different per-token form.
 SUPPORTED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
@@ -105,11 +106,15 @@ class CEGPPOConfig(GRPOConfig):
     )
     cegppo_beta2: float = field(
         default=1.0,
-        metadata={"help": "Gradient coefficient for positive-advantage tokens with ratio > 1 + epsilon_high (paper: 1)."},
+        metadata={
+            "help": "Gradient coefficient for positive-advantage tokens with ratio > 1 + epsilon_high (paper: 1)."
+        },
     )
     cegppo_sft_coef: float = field(
         default=0.0,
-        metadata={"help": "NLL term on completions with reward >= cegppo_sft_reward_threshold (authors' scripts: 0.1)."},
+        metadata={
+            "help": "NLL term on completions with reward >= cegppo_sft_reward_threshold (authors' scripts: 0.1)."
+        },
     )
     cegppo_sft_reward_threshold: float = field(
         default=1.0, metadata={"help": "Completions with total reward >= this value get the NLL term."}

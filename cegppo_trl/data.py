@@ -24,6 +24,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+
 __all__ = [
     "BUILTIN_DATASETS",
     "DEFAULT_INSTRUCTION",

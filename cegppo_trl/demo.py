@@ -53,6 +53,7 @@ from .tiny import (
     sft_warmstart,
 )
 
+
 __all__ = [
     "DEMO_INSTRUCTION",
     "RL_DEFAULTS",
@@ -185,7 +186,9 @@ def _mean_completion_entropy(model, tokenizer, samples: Sequence[dict], batch_si
                 encoded.append((list(prompt), completion + [tokenizer.eos_token_id]))
             width = max(len(p) + len(c) for p, c in encoded)
             input_ids = torch.full((len(chunk), width), tokenizer.pad_token_id, dtype=torch.long)
-            targets = torch.zeros((len(chunk), width), dtype=torch.bool)  # positions whose next token is a completion token
+            targets = torch.zeros(
+                (len(chunk), width), dtype=torch.bool
+            )  # positions whose next token is a completion token
             for i, (p, c) in enumerate(encoded):
                 input_ids[i, : len(p) + len(c)] = torch.tensor(p + c)
                 targets[i, len(p) - 1 : len(p) + len(c) - 1] = True
@@ -218,7 +221,13 @@ def evaluate_policy(
     """
     sampled_rows = [row for row in rows for _ in range(samples_per_row)]
     accuracy, samples = greedy_accuracy(
-        model, tokenizer, sampled_rows, n=None, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
+        model,
+        tokenizer,
+        sampled_rows,
+        n=None,
+        temperature=temperature,
+        max_new_tokens=max_new_tokens,
+        seed=seed,
         return_samples=True,
     )
     greedy = greedy_accuracy(model, tokenizer, rows, n=None, max_new_tokens=max_new_tokens)
@@ -513,8 +522,14 @@ def _stay_offline() -> None:
 # Command line
 # --------------------------------------------------------------------------------------------------------------
 
-QUICK = {"sft_steps": 150, "steps": 16, "prompts_per_step": 8, "num_generations": 4, "eval_size": 64,
-         "eval_samples": 1}
+QUICK = {
+    "sft_steps": 150,
+    "steps": 16,
+    "prompts_per_step": 8,
+    "num_generations": 4,
+    "eval_size": 64,
+    "eval_samples": 1,
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -523,8 +538,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="CE-GPPO vs GRPO on a tiny arithmetic model: CPU only, nothing downloaded, < 10 minutes.",
     )
     parser.add_argument("--output-dir", default="cegppo-demo-output", help="where results, plot and runs go")
-    parser.add_argument("--steps", type=int, default=None, help=f"RL optimizer steps per run (default {DEFAULT_RL_STEPS})")
-    parser.add_argument("--sft-steps", type=int, default=None, help=f"SFT warm-start steps (default {DEFAULT_SFT_STEPS})")
+    parser.add_argument(
+        "--steps", type=int, default=None, help=f"RL optimizer steps per run (default {DEFAULT_RL_STEPS})"
+    )
+    parser.add_argument(
+        "--sft-steps", type=int, default=None, help=f"SFT warm-start steps (default {DEFAULT_SFT_STEPS})"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the model, SFT and both RL runs")
     parser.add_argument("--beta1", type=float, default=0.5, help="CE-GPPO beta1 (paper, 1.5B: 0.5)")
     parser.add_argument("--beta2", type=float, default=1.0, help="CE-GPPO beta2 (paper: 1)")
@@ -564,8 +583,14 @@ def run_demo(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Run the demo with command-line arguments `argv`; return the summary (also written to ``results.json``)."""
     args = build_parser().parse_args(argv)
     _stay_offline()
-    base = {"sft_steps": DEFAULT_SFT_STEPS, "steps": DEFAULT_RL_STEPS, "prompts_per_step": 16, "num_generations": 8,
-            "eval_size": None, "eval_samples": DEFAULT_EVAL_SAMPLES}
+    base = {
+        "sft_steps": DEFAULT_SFT_STEPS,
+        "steps": DEFAULT_RL_STEPS,
+        "prompts_per_step": 16,
+        "num_generations": 8,
+        "eval_size": None,
+        "eval_samples": DEFAULT_EVAL_SAMPLES,
+    }
     if args.quick:
         base.update(QUICK)
     sizes = {k: (getattr(args, k) if getattr(args, k) is not None else v) for k, v in base.items()}

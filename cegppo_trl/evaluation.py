@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
+
 __all__ = [
     "AvgAtKCallback",
     "evaluate_completions",
@@ -184,8 +185,12 @@ def generate_completions(
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(jobs), desc=progress if isinstance(progress, str) else "generating", unit="sample",
-                   dynamic_ncols=True)
+        bar = tqdm(
+            total=len(jobs),
+            desc=progress if isinstance(progress, str) else "generating",
+            unit="sample",
+            dynamic_ncols=True,
+        )
     was_training = model.training
     model.eval()
     fork_devices = [device.index if device.index is not None else 0] if device.type == "cuda" else []
@@ -230,8 +235,9 @@ def _generate_vllm(model_path: str, tokenizer, prompts, k, *, temperature, top_p
             "--backend vllm needs vLLM (`pip install cegppo-trl[vllm]`); it is not installed. Use --backend hf."
         ) from error
     llm = LLM(model=model_path, seed=seed, dtype=dtype or "auto")
-    params = SamplingParams(n=k, temperature=temperature, top_p=top_p if temperature > 0 else 1.0,
-                            max_tokens=max_new_tokens, seed=seed)
+    params = SamplingParams(
+        n=k, temperature=temperature, top_p=top_p if temperature > 0 else 1.0, max_tokens=max_new_tokens, seed=seed
+    )
     texts = [_prompt_text(tokenizer, p) for p in prompts]
     outputs = llm.generate(texts, params)
     return [[choice.text for choice in output.outputs] for output in outputs]
@@ -245,7 +251,9 @@ def _generate_vllm(model_path: str, tokenizer, prompts, k, *, temperature, top_p
 def _load_model(model_name_or_path: str, dtype: str, device: str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    torch_dtype = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    torch_dtype = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[
+        dtype
+    ]
     tokenizer = AutoTokenizer.from_pretrained(model_name_or_path)
     model = AutoModelForCausalLM.from_pretrained(model_name_or_path, dtype=torch_dtype)
     if device == "auto":
@@ -311,37 +319,69 @@ def evaluate_model(
     report: dict[str, Any] = {
         "model": model_name_or_path,
         "settings": {
-            "k": k, "pass_ks": sorted({1, k} if pass_ks is None else set(pass_ks)), "temperature": temperature,
-            "top_p": top_p, "max_new_tokens": max_new_tokens, "batch_size": batch_size, "backend": backend,
-            "seed": seed, "max_problems": max_problems, "split": split, "instruction": instruction_text,
-            "system_prompt": system_prompt, "dtype": dtype,
+            "k": k,
+            "pass_ks": sorted({1, k} if pass_ks is None else set(pass_ks)),
+            "temperature": temperature,
+            "top_p": top_p,
+            "max_new_tokens": max_new_tokens,
+            "batch_size": batch_size,
+            "backend": backend,
+            "seed": seed,
+            "max_problems": max_problems,
+            "split": split,
+            "instruction": instruction_text,
+            "system_prompt": system_prompt,
+            "dtype": dtype,
         },
         "datasets": {},
     }
     for name in datasets:
         start = time.perf_counter()
         data = load_math_dataset(
-            name, split=split, problem_column=problem_column, answer_column=answer_column,
-            system_prompt=system_prompt, instruction=instruction_text,
+            name,
+            split=split,
+            problem_column=problem_column,
+            answer_column=answer_column,
+            system_prompt=system_prompt,
+            instruction=instruction_text,
         )
         if max_problems is not None:
             data = data.select(range(min(max_problems, len(data))))
         prompts, solutions = list(data["prompt"]), list(data["solution"])
         if backend == "hf":
             completions = generate_completions(
-                model, tokenizer, prompts, k, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
-                batch_size=batch_size, seed=seed, progress=name if progress else False,
+                model,
+                tokenizer,
+                prompts,
+                k,
+                temperature=temperature,
+                top_p=top_p,
+                max_new_tokens=max_new_tokens,
+                batch_size=batch_size,
+                seed=seed,
+                progress=name if progress else False,
             )
         else:
             completions = _generate_vllm(
-                model_name_or_path, tokenizer, prompts, k, temperature=temperature, top_p=top_p,
-                max_new_tokens=max_new_tokens, seed=seed, dtype=None if dtype == "auto" else dtype,
+                model_name_or_path,
+                tokenizer,
+                prompts,
+                k,
+                temperature=temperature,
+                top_p=top_p,
+                max_new_tokens=max_new_tokens,
+                seed=seed,
+                dtype=None if dtype == "auto" else dtype,
             )
         result = evaluate_completions(completions, solutions, pass_ks, timeout_s=timeout_s)
         problems = []
         for i, (prompt, solution) in enumerate(zip(prompts, solutions)):
-            entry = {"index": i, "problem": _problem_text(prompt), "solution": solution,
-                     "num_correct": result["num_correct"][i]}
+            entry = {
+                "index": i,
+                "problem": _problem_text(prompt),
+                "solution": solution,
+                "num_correct": result["num_correct"][i],
+            }
             if save_completions:
                 entry["completions"] = completions[i]
                 entry["statuses"] = result["statuses"][i]
@@ -372,11 +412,16 @@ def build_parser() -> argparse.ArgumentParser:
         "top_p 0.95.",
     )
     parser.add_argument("model", help="local model / checkpoint directory or Hugging Face Hub id")
-    parser.add_argument("--datasets", nargs="+", required=True,
-                        help="data sets for load_math_dataset: local files, Hub ids or builtin:arithmetic_eval")
+    parser.add_argument(
+        "--datasets",
+        nargs="+",
+        required=True,
+        help="data sets for load_math_dataset: local files, Hub ids or builtin:arithmetic_eval",
+    )
     parser.add_argument("--k", type=int, default=4, help="samples per problem (paper: 32; MATH500: 4)")
-    parser.add_argument("--pass-k", type=int, nargs="+", default=None,
-                        help="pass@j values to report, each <= k (default: 1 and k)")
+    parser.add_argument(
+        "--pass-k", type=int, nargs="+", default=None, help="pass@j values to report, each <= k (default: 1 and k)"
+    )
     parser.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE, help="sampling temperature (0.6)")
     parser.add_argument("--top-p", type=float, default=DEFAULT_TOP_P, help="nucleus sampling top_p (0.95)")
     parser.add_argument("--max-new-tokens", type=int, default=1024, help="maximum completion length")
@@ -387,9 +432,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--split", default="test", help="split of Hub data sets (default test)")
     parser.add_argument("--problem-column", default=None)
     parser.add_argument("--answer-column", default=None)
-    parser.add_argument("--instruction", default="default",
-                        help="text appended to each problem ('default': load_math_dataset's boxed-answer "
-                        "instruction; 'none': nothing; a text with {problem} is a template)")
+    parser.add_argument(
+        "--instruction",
+        default="default",
+        help="text appended to each problem ('default': load_math_dataset's boxed-answer "
+        "instruction; 'none': nothing; a text with {problem} is a template)",
+    )
     parser.add_argument("--system-prompt", default=None)
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto")
     parser.add_argument("--device", default="auto", help="hf backend device (auto: cuda if available)")
@@ -410,12 +458,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     instruction = None if args.instruction.lower() == "none" else args.instruction
     try:
         report = evaluate_model(
-            args.model, args.datasets, k=args.k, pass_ks=args.pass_k, temperature=args.temperature,
-            top_p=args.top_p, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, backend=args.backend,
-            seed=args.seed, max_problems=args.max_problems, split=args.split, problem_column=args.problem_column,
-            answer_column=args.answer_column, instruction=instruction, system_prompt=args.system_prompt,
-            dtype=args.dtype, device=args.device, timeout_s=args.timeout_s,
-            save_completions=args.save_completions, progress=not args.no_progress,
+            args.model,
+            args.datasets,
+            k=args.k,
+            pass_ks=args.pass_k,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            max_new_tokens=args.max_new_tokens,
+            batch_size=args.batch_size,
+            backend=args.backend,
+            seed=args.seed,
+            max_problems=args.max_problems,
+            split=args.split,
+            problem_column=args.problem_column,
+            answer_column=args.answer_column,
+            instruction=instruction,
+            system_prompt=args.system_prompt,
+            dtype=args.dtype,
+            device=args.device,
+            timeout_s=args.timeout_s,
+            save_completions=args.save_completions,
+            progress=not args.no_progress,
         )
     except (ValueError, RuntimeError, OSError) as error:
         parser.exit(2, f"cegppo-eval: error: {error}\n")
@@ -490,8 +553,9 @@ class AvgAtKCallback(TrainerCallback):
         self.k = k
         self.pass_ks = pass_ks
         self.eval_steps = eval_steps
-        self.generation = dict(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
-                               batch_size=batch_size, seed=seed)
+        self.generation = dict(
+            temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed
+        )
         self.eval_on_start = eval_on_start
         self.eval_on_end = eval_on_end
         self.metric_prefix = metric_prefix

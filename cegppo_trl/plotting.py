@@ -19,6 +19,7 @@ import os
 import re
 from collections.abc import Sequence
 
+
 QUADRANT_METRICS = tuple(
     f"cegppo/quadrant/{quadrant}/{stat}"
     for stat in ("token_frac", "grad_share", "clip_frac", "restored_grad_share")
@@ -131,18 +132,31 @@ def plot_log_histories(
         for label, history in histories.items():
             steps, values = _series(history, metric)
             if steps:
-                (line,) = ax.plot(steps, values, label=label, color=colors[label], linewidth=1.2,
-                                  marker="." if len(steps) < 30 else None)
+                (line,) = ax.plot(
+                    steps,
+                    values,
+                    label=label,
+                    color=colors[label],
+                    linewidth=1.2,
+                    marker="." if len(steps) < 30 else None,
+                )
                 legend.setdefault(label, line)
         style_panel(ax, metric)
-    for ax in list(axes.flat)[len(present):]:
+    for ax in list(axes.flat)[len(present) :]:
         ax.set_visible(False)
     fig.tight_layout()
     if legend:
         labels = [label for label in histories if label in legend]
         handles = [legend[label] for label in labels]
-        fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(labels), 5),
-                   fontsize=8, frameon=False)
+        fig.legend(
+            handles,
+            labels,
+            loc="upper center",
+            bbox_to_anchor=(0.5, 0.0),
+            ncol=min(len(labels), 5),
+            fontsize=8,
+            frameon=False,
+        )
     if title:
         fig.suptitle(title, y=1.02, fontsize=11)
 

@@ -56,6 +56,7 @@ from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import Any, NamedTuple
 
+
 __all__ = [
     "GradeResult",
     "MathReward",
@@ -1085,7 +1086,7 @@ class MathReward:
         rewards = [None if g.status == BAD_GOLD else value.get(g.status, self.unparseable) for g in graded]
 
         if callable(log_metric) and graded:
-            counts = {s: 0 for s in (CORRECT, WRONG, NO_ANSWER, UNPARSEABLE, TIMEOUT, ERROR, BAD_GOLD)}
+            counts = dict.fromkeys((CORRECT, WRONG, NO_ANSWER, UNPARSEABLE, TIMEOUT, ERROR, BAD_GOLD), 0)
             for g in graded:
                 counts[g.status] = counts.get(g.status, 0) + 1
             n = len(graded)
@@ -1132,7 +1133,9 @@ def make_math_reward(
 _DEFAULT_MATH_REWARD = MathReward()
 
 
-def math_reward(completions: Sequence[Any], solution: Sequence[Any] | None = None, **kwargs: Any) -> list[float | None]:
+def math_reward(
+    completions: Sequence[Any], solution: Sequence[Any] | None = None, **kwargs: Any
+) -> list[float | None]:
     """CE-GPPO's rule-based reward: ``+1.0`` if the final answer verifies, ``-1.0`` otherwise, ``None`` for bad gold.
 
     Use as ``GRPOTrainer(reward_funcs=[math_reward], ...)`` with a dataset that has a ``solution`` column (see

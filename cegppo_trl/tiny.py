@@ -42,6 +42,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedModel, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
+
 __all__ = [
     "PROMPT_INSTRUCTION",
     "PAD_TOKEN",
@@ -71,9 +72,7 @@ SPECIAL_TOKENS = [PAD_TOKEN, IM_START, IM_END]
 
 # Qwen2's pre-tokenisation regex (transformers/models/qwen2/tokenization_qwen2.py); it must stay identical,
 # see the module docstring.
-_QWEN2_SPLIT_REGEX = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
+_QWEN2_SPLIT_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 
 #: ChatML, no default system prompt. `add_generation_prompt` appends the assistant header.
 CHAT_TEMPLATE = (
@@ -500,9 +499,7 @@ def greedy_accuracy(
             torch.manual_seed(seed)
             for start in range(0, len(rows), batch_size):
                 chunk = rows[start : start + batch_size]
-                prompt_ids = [
-                    _encode_example(tokenizer, format_user_message(str(r["problem"])), "")[0] for r in chunk
-                ]
+                prompt_ids = [_encode_example(tokenizer, format_user_message(str(r["problem"])), "")[0] for r in chunk]
                 width = max(map(len, prompt_ids))
                 input_ids = torch.full((len(chunk), width), tokenizer.pad_token_id, dtype=torch.long)
                 attention_mask = torch.zeros_like(input_ids)
@@ -517,8 +514,13 @@ def greedy_accuracy(
                     pred = extract_boxed(text)
                     answer = str(r["answer"]).strip()
                     samples.append(
-                        {"problem": r["problem"], "answer": answer, "completion": text, "pred": pred,
-                         "correct": pred == answer}
+                        {
+                            "problem": r["problem"],
+                            "answer": answer,
+                            "completion": text,
+                            "pred": pred,
+                            "correct": pred == answer,
+                        }
                     )
     finally:
         model.train(was_training)
@@ -526,9 +528,7 @@ def greedy_accuracy(
     return (acc, samples) if return_samples else acc
 
 
-def _make_arithmetic_rows(
-    n: int, seed: int = 0, max_operand: int = 50, exclude: Iterable[str] = ()
-) -> list[dict]:
+def _make_arithmetic_rows(n: int, seed: int = 0, max_operand: int = 50, exclude: Iterable[str] = ()) -> list[dict]:
     """Private test/measurement helper: `n` distinct rows ``{"problem": "What is a+b?", "answer": "a+b"}`` with
     ``0 <= a, b < max_operand``, skipping problems in `exclude`. The shipped data set lives in
     `cegppo_trl.data`."""

@@ -32,6 +32,7 @@ import torch
 
 from .core import cegppo_per_token_loss, entropy_change_first_order
 
+
 #: The (beta1, beta2) settings compared in the experiments: GRPO / PPO-clip, beta1-heavy, the paper's
 #: beta2-heavy recommendation, beta2 only, GPPO.
 BETA_GRID = ((0.0, 0.0), (1.0, 0.5), (0.5, 1.0), (0.0, 1.0), (1.0, 1.0))
@@ -238,9 +239,17 @@ def _run_toy(beta1: float, beta2: float, seed: int, config: ToyConfig) -> ToyRun
             order = torch.randperm(P * G, generator=gen)
             for chunk in order.chunk(config.num_minibatches):
                 step = cegppo_update(
-                    logits, seq_states[chunk].reshape(-1), actions[chunk].reshape(-1),
-                    advantages[chunk].repeat_interleave(T), old_logp[chunk].reshape(-1), config.lr,
-                    beta1, beta2, config.epsilon_low, config.epsilon_high, config.delta,
+                    logits,
+                    seq_states[chunk].reshape(-1),
+                    actions[chunk].reshape(-1),
+                    advantages[chunk].repeat_interleave(T),
+                    old_logp[chunk].reshape(-1),
+                    config.lr,
+                    beta1,
+                    beta2,
+                    config.epsilon_low,
+                    config.epsilon_high,
+                    config.delta,
                 )
                 logits = step["logits"]
                 n1 += int(step["beta1_mask"].sum())
@@ -298,9 +307,16 @@ def single_step_entropy_change(
     logits = logits.to(torch.float64)
     old_logp = torch.log_softmax(logits, -1)[action] - math.log(ratio)
     step = cegppo_update(
-        logits.unsqueeze(0), torch.tensor([0]), torch.tensor([action]),
-        torch.tensor([advantage], dtype=torch.float64), old_logp.reshape(1), lr, beta1, beta2,
-        epsilon_low, epsilon_high,
+        logits.unsqueeze(0),
+        torch.tensor([0]),
+        torch.tensor([action]),
+        torch.tensor([advantage], dtype=torch.float64),
+        old_logp.reshape(1),
+        lr,
+        beta1,
+        beta2,
+        epsilon_low,
+        epsilon_high,
     )
     measured = float(softmax_entropy(step["logits"][0]) - softmax_entropy(logits))
     weight = float(step["grad_coef"][0]) / advantage
@@ -323,14 +339,16 @@ def first_order_check(lr: float = 1e-4, seed: int = 0, num_actions: int = 8, tri
         branch, sign, ratio = branches[trial % len(branches)]
         advantage = sign * (0.5 + float(torch.rand(1, generator=gen)))
         measured, predicted, weight = single_step_entropy_change(logits, action, advantage, ratio, lr, 0.5, 1.0)
-        rows.append({
-            "branch": branch,
-            "action_prob": float(torch.softmax(logits, -1)[action]),
-            "weight": weight,
-            "measured": measured,
-            "predicted": predicted,
-            "rel_error": abs(measured - predicted) / max(abs(predicted), 1e-300),
-        })
+        rows.append(
+            {
+                "branch": branch,
+                "action_prob": float(torch.softmax(logits, -1)[action]),
+                "weight": weight,
+                "measured": measured,
+                "predicted": predicted,
+                "rel_error": abs(measured - predicted) / max(abs(predicted), 1e-300),
+            }
+        )
     return {"max_rel_error": max(r["rel_error"] for r in rows), "trials": trials, "lr": lr, "rows": rows}
 
 

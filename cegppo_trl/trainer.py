@@ -37,6 +37,7 @@ from .config import CEGPPOConfig, validate_cegppo_config
 from .controller import EntropyController
 from .core import ClippedSets, gradient_preserving_correction
 
+
 CONTROLLER_STATE_FILE = "cegppo_controller_state.json"
 # The TRL minor versions whose `GRPOTrainer._compute_loss` the mirrored code below was checked against.
 TESTED_TRL_MINOR_VERSIONS = ("1.16",)
@@ -164,9 +165,13 @@ class CEGPPOTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
         args = self.args
-        loss_mask = output["completion_mask"] if "tool_mask" not in output else output["completion_mask"] * output["tool_mask"]
+        loss_mask = (
+            output["completion_mask"] if "tool_mask" not in output else output["completion_mask"] * output["tool_mask"]
+        )
         local_size = output["completion_ids"].size(0)
-        process_slice = slice(self.accelerator.process_index * local_size, (self.accelerator.process_index + 1) * local_size)
+        process_slice = slice(
+            self.accelerator.process_index * local_size, (self.accelerator.process_index + 1) * local_size
+        )
 
         if args.cegppo_exclude_zero_advantage_groups:
             mode = "train" if self.model.training else "eval"
@@ -211,7 +216,9 @@ class CEGPPOTrainer(GRPOTrainer):
 
     def _policy_term_inputs(self, inputs, per_token_logps, entropies) -> _PolicyTermInputs:
         """Rebuild the ratio and the per-token multipliers exactly as TRL 1.16's `_compute_loss` does."""
-        mask = inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs["tool_mask"]
+        mask = (
+            inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs["tool_mask"]
+        )
         advantages = inputs["advantages"]
         if advantages.dim() == 1:
             advantages = advantages.unsqueeze(1)
@@ -281,7 +288,9 @@ class CEGPPOTrainer(GRPOTrainer):
 
         if self.args.cegppo_sft_coef > 0:
             sft_mask = inputs["cegppo_sft_mask"].unsqueeze(1) * terms.mask
-            nll = -(per_token_logps * sft_mask).sum() / self._token_mean_normalizer(inputs["cegppo_num_sft_tokens"], mode)
+            nll = -(per_token_logps * sft_mask).sum() / self._token_mean_normalizer(
+                inputs["cegppo_num_sft_tokens"], mode
+            )
             loss_delta = loss_delta + self.args.cegppo_sft_coef * nll
             self._log_sums(
                 mode,
@@ -320,7 +329,9 @@ class CEGPPOTrainer(GRPOTrainer):
         quadrants = [positive & ~low_prob, positive & low_prob, negative & ~low_prob, negative & low_prob]
         # Rows: token sets (all, beta1, beta2, 4 quadrants, their clipped parts); columns: (tokens, gradient weight).
         # One matmul and one all-reduce instead of ~50 small reductions per micro-batch.
-        token_sets = torch.stack([torch.ones_like(clipped), beta1_set, beta2_set, *quadrants, *(q & clipped for q in quadrants)])
+        token_sets = torch.stack(
+            [torch.ones_like(clipped), beta1_set, beta2_set, *quadrants, *(q & clipped for q in quadrants)]
+        )
         sums = token_sets.flatten(1).float() @ torch.stack([mask.flatten(), weight.flatten()], dim=1)
         totals = self.accelerator.reduce(sums.detach(), reduction="sum").tolist()
 

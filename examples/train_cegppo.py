@@ -45,5 +45,6 @@ import sys
 
 from cegppo_trl.scripts.train import main
 
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -24,6 +24,7 @@ import statistics
 import sys
 import time
 
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(REPO, "docs")
 RESULTS_DIR = os.path.join(DOCS, "entropy_results")
@@ -37,8 +38,13 @@ LABELS = {
     (0.0, 1.0): "(0, 1)",
     (1.0, 1.0): "GPPO (1, 1)",
 }
-COLORS = {(0.0, 0.0): "black", (1.0, 0.5): "tab:red", (0.5, 1.0): "tab:blue", (0.0, 1.0): "tab:green",
-          (1.0, 1.0): "tab:purple"}
+COLORS = {
+    (0.0, 0.0): "black",
+    (1.0, 0.5): "tab:red",
+    (0.5, 1.0): "tab:blue",
+    (0.0, 1.0): "tab:green",
+    (1.0, 1.0): "tab:purple",
+}
 
 
 def key(betas) -> str:
@@ -75,8 +81,13 @@ TOY_SERIES = ("entropy", "filler_entropy", "key_entropy", "correct_mass", "beta1
 def compact_toy_run(run) -> dict:
     """The traces the report needs, rounded (the full traces are recomputed in ~1 s by `cegppo_trl.toy.run_toy`)."""
     out = {name: rounded(getattr(run, name)) for name in TOY_SERIES}
-    out.update(seed=run.seed, dH_beta1=sum(run.dH_beta1), dH_beta2=sum(run.dH_beta2),
-               dH_unclipped=sum(run.dH_unclipped), mean_reward=sum(run.reward) / len(run.reward))
+    out.update(
+        seed=run.seed,
+        dH_beta1=sum(run.dH_beta1),
+        dH_beta2=sum(run.dH_beta2),
+        dH_unclipped=sum(run.dH_unclipped),
+        mean_reward=sum(run.reward) / len(run.reward),
+    )
     return out
 
 
@@ -100,8 +111,11 @@ def run_toy_part(seeds: int) -> None:
         by_branch = {}
         for row in check["rows"]:
             by_branch[row["branch"]] = max(by_branch.get(row["branch"], 0.0), row["rel_error"])
-        checks[f"{lr:g}"] = {"max_rel_error": check["max_rel_error"], "by_branch": by_branch,
-                             "example": check["rows"][:4]}
+        checks[f"{lr:g}"] = {
+            "max_rel_error": check["max_rel_error"],
+            "by_branch": by_branch,
+            "example": check["rows"][:4],
+        }
         print(f"first-order check lr={lr:g}: max relative error {check['max_rel_error']:.2e}", flush=True)
 
     presets = {}
@@ -112,8 +126,11 @@ def run_toy_part(seeds: int) -> None:
             h = [r["entropy"][-1] for r in runs[key(betas)]]
             print(f"toy {preset} {key(betas)}: final entropy {fmt(h)}", flush=True)
         presets[preset] = {"config": dataclasses.asdict(config), "runs": runs}
-    save_json("toy.json", {"seeds": seeds, "first_order": checks, "presets": presets,
-                           "seconds": time.perf_counter() - start}, indent=None)
+    save_json(
+        "toy.json",
+        {"seeds": seeds, "first_order": checks, "presets": presets, "seconds": time.perf_counter() - start},
+        indent=None,
+    )
     print(f"toy part: {time.perf_counter() - start:.0f} s", flush=True)
 
 
@@ -121,10 +138,19 @@ def run_toy_part(seeds: int) -> None:
 # Tiny language model
 # ----------------------------------------------------------------------------------------------------------------
 
-LM_SERIES = ("reward", "entropy", "clip_ratio/region_mean", "cegppo/beta1_token_frac", "cegppo/beta2_token_frac",
-             "cegppo/beta1_grad_share", "cegppo/beta2_grad_share", "cegppo/quadrant/pos_low/token_frac",
-             "cegppo/quadrant/neg_low/token_frac", "cegppo/quadrant/pos_low/restored_grad_share",
-             "cegppo/quadrant/neg_low/restored_grad_share")
+LM_SERIES = (
+    "reward",
+    "entropy",
+    "clip_ratio/region_mean",
+    "cegppo/beta1_token_frac",
+    "cegppo/beta2_token_frac",
+    "cegppo/beta1_grad_share",
+    "cegppo/beta2_grad_share",
+    "cegppo/quadrant/pos_low/token_frac",
+    "cegppo/quadrant/neg_low/token_frac",
+    "cegppo/quadrant/pos_low/restored_grad_share",
+    "cegppo/quadrant/neg_low/restored_grad_share",
+)
 
 
 # The settings docs/entropy_results.md was made with, pinned here so that the demo's defaults can move: all built-in
@@ -150,12 +176,20 @@ def run_lm_part(seeds: int, steps: int, work_dir: str, threads: int, eval_rows_n
         with open(info_path) as f:
             info = {**json.load(f)["info"], "cached": True}
     else:
-        _, _, info = warm_start(seed=0, sft_steps=sft_steps, progress=False, cache_dir=warm_dir,
-                                train_rows=load_rows("builtin:arithmetic", problems=PROBLEMS),
-                                eval_rows=load_rows("builtin:arithmetic_eval", problems=PROBLEMS))
+        _, _, info = warm_start(
+            seed=0,
+            sft_steps=sft_steps,
+            progress=False,
+            cache_dir=warm_dir,
+            train_rows=load_rows("builtin:arithmetic", problems=PROBLEMS),
+            eval_rows=load_rows("builtin:arithmetic_eval", problems=PROBLEMS),
+        )
     how = "cached" if info.get("cached") else f"{info['seconds']:.0f} s"
-    print(f"warm start ({how}): sampled accuracy "
-          f"{info['accuracy']:.3f}, greedy {info['greedy_accuracy']:.3f}, entropy {info['entropy']:.3f}", flush=True)
+    print(
+        f"warm start ({how}): sampled accuracy "
+        f"{info['accuracy']:.3f}, greedy {info['greedy_accuracy']:.3f}, entropy {info['entropy']:.3f}",
+        flush=True,
+    )
     eval_rows = load_rows("builtin:arithmetic_eval", problems=PROBLEMS)[:eval_rows_n]
     train_dataset = demo_train_dataset(PROBLEMS)
     os.makedirs(os.path.join(RESULTS_DIR, "lm_runs"), exist_ok=True)
@@ -166,9 +200,20 @@ def run_lm_part(seeds: int, steps: int, work_dir: str, threads: int, eval_rows_n
             if os.path.exists(result_path):
                 continue
             model, tokenizer = load_tiny(warm_dir)
-            result = run_rl(model, tokenizer, beta1=betas[0], beta2=betas[1], seed=seed, max_steps=steps,
-                            output_dir=os.path.join(work_dir, "lm", name), eval_rows=eval_rows, progress=False,
-                            logging_steps=1, train_dataset=train_dataset, **LM_RL_SETTINGS)
+            result = run_rl(
+                model,
+                tokenizer,
+                beta1=betas[0],
+                beta2=betas[1],
+                seed=seed,
+                max_steps=steps,
+                output_dir=os.path.join(work_dir, "lm", name),
+                eval_rows=eval_rows,
+                progress=False,
+                logging_steps=1,
+                train_dataset=train_dataset,
+                **LM_RL_SETTINGS,
+            )
             history = result.pop("log_history")
             result["series"] = {
                 metric: [[h["step"], h[metric]] for h in history if isinstance(h.get(metric), (int, float))]
@@ -176,12 +221,24 @@ def run_lm_part(seeds: int, steps: int, work_dir: str, threads: int, eval_rows_n
             }
             with open(result_path, "w") as f:
                 json.dump(result, f)
-            print(f"lm {name}: {result['seconds']:.0f} s, entropy {result['start_entropy']:.3f} -> "
-                  f"{result['end_entropy']:.3f}, accuracy {result['start_accuracy']:.3f} -> "
-                  f"{result['end_accuracy']:.3f}", flush=True)
-    save_json("lm_meta.json", {"seeds": seeds, "steps": steps, "eval_rows": eval_rows_n, "threads": threads,
-                               "sft_steps": sft_steps, "warm_start": info,
-                               "seconds_this_invocation": time.perf_counter() - start})
+            print(
+                f"lm {name}: {result['seconds']:.0f} s, entropy {result['start_entropy']:.3f} -> "
+                f"{result['end_entropy']:.3f}, accuracy {result['start_accuracy']:.3f} -> "
+                f"{result['end_accuracy']:.3f}",
+                flush=True,
+            )
+    save_json(
+        "lm_meta.json",
+        {
+            "seeds": seeds,
+            "steps": steps,
+            "eval_rows": eval_rows_n,
+            "threads": threads,
+            "sft_steps": sft_steps,
+            "warm_start": info,
+            "seconds_this_invocation": time.perf_counter() - start,
+        },
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -212,12 +269,13 @@ def _figure(panels, path, suptitle):
     for ax, (title, draw) in zip(axes.flat, panels):
         draw(ax)
         style_panel(ax, title)
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     handles, labels = axes.flat[0].get_legend_handles_labels()
     fig.tight_layout()
-    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=len(labels), fontsize=8,
-               frameon=False)
+    fig.legend(
+        handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=len(labels), fontsize=8, frameon=False
+    )
     fig.suptitle(suptitle, y=1.02, fontsize=10)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fig.savefig(path, dpi=100, bbox_inches="tight")
@@ -227,17 +285,24 @@ def _figure(panels, path, suptitle):
 
 def toy_tables_and_figures(tail: int = 10) -> str:
     toy = load_json("toy.json")
-    lines = ["#### First-order check (one SGD step on one token through `cegppo_per_token_loss`)", "",
-             "| lr | max relative error (64 random tokens, all branches) |", "|---|---|"]
+    lines = [
+        "#### First-order check (one SGD step on one token through `cegppo_per_token_loss`)",
+        "",
+        "| lr | max relative error (64 random tokens, all branches) |",
+        "|---|---|",
+    ]
     for lr, check in toy["first_order"].items():
         lines.append(f"| {lr} | {check['max_rel_error']:.2e} |")
     lines.append("")
     for preset, data in toy["presets"].items():
-        lines += [f"#### Toy `{preset}` ({toy['seeds']} seeds, mean ± std over seeds)", "",
-                  "| (beta1, beta2) | H start | H mean over run | H final | filler H final | key H final | "
-                  "correct mass final | beta1 / beta2 token % | dH from beta1 set | dH from beta2 set | "
-                  "dH from unclipped |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"#### Toy `{preset}` ({toy['seeds']} seeds, mean ± std over seeds)",
+            "",
+            "| (beta1, beta2) | H start | H mean over run | H final | filler H final | key H final | "
+            "correct mass final | beta1 / beta2 token % | dH from beta1 set | dH from beta2 set | "
+            "dH from unclipped |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for betas in GRID:
             runs = data["runs"][key(betas)]
             final = [statistics.fmean(r["entropy"][-tail:]) for r in runs]
@@ -254,6 +319,7 @@ def toy_tables_and_figures(tail: int = 10) -> str:
                 f"{fmt([r['dH_beta2'] for r in runs])} | {fmt([r['dH_unclipped'] for r in runs])} |"
             )
         lines.append("")
+
         # Per-seed ordering checks
         def seedwise(metric_fn):
             return {key(b): [metric_fn(r) for r in data["runs"][key(b)]] for b in GRID}
@@ -282,13 +348,20 @@ def toy_tables_and_figures(tail: int = 10) -> str:
 
         panels = [("mean entropy (nats)", series_panel("entropy", xs))]
         if data["runs"][key(GRID[0])][0]["filler_entropy"]:
-            panels += [("entropy of filler positions", series_panel("filler_entropy", xs)),
-                       ("entropy of the rewarded position", series_panel("key_entropy", xs))]
-        panels += [("probability of a correct answer", series_panel("correct_mass", xs)),
-                   ("beta1-set token fraction", series_panel("beta1_token_frac", xs_step)),
-                   ("beta2-set token fraction", series_panel("beta2_token_frac", xs_step))]
-        _figure(panels, os.path.join(FIGURES_DIR, f"entropy_toy_{preset}.png"),
-                f"Softmax toy '{preset}': CE-GPPO (beta1, beta2), mean ± std over {n} seeds")
+            panels += [
+                ("entropy of filler positions", series_panel("filler_entropy", xs)),
+                ("entropy of the rewarded position", series_panel("key_entropy", xs)),
+            ]
+        panels += [
+            ("probability of a correct answer", series_panel("correct_mass", xs)),
+            ("beta1-set token fraction", series_panel("beta1_token_frac", xs_step)),
+            ("beta2-set token fraction", series_panel("beta2_token_frac", xs_step)),
+        ]
+        _figure(
+            panels,
+            os.path.join(FIGURES_DIR, f"entropy_toy_{preset}.png"),
+            f"Softmax toy '{preset}': CE-GPPO (beta1, beta2), mean ± std over {n} seeds",
+        )
     return "\n".join(lines)
 
 
@@ -317,10 +390,12 @@ def lm_tables_and_figures() -> str:
     if not any(runs.values()):
         return "(no language-model runs found)"
     meta = load_json("lm_meta.json") if os.path.exists(os.path.join(RESULTS_DIR, "lm_meta.json")) else {}
-    lines = ["| (beta1, beta2) | seeds | train entropy, first 20% of steps | train entropy, last 20% | "
-             "train reward, first 20% | train reward, last 20% | held-out entropy end | held-out sampled acc. end | "
-             "held-out greedy acc. end | beta1 / beta2 token % | seconds / run |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| (beta1, beta2) | seeds | train entropy, first 20% of steps | train entropy, last 20% | "
+        "train reward, first 20% | train reward, last 20% | held-out entropy end | held-out sampled acc. end | "
+        "held-out greedy acc. end | beta1 / beta2 token % | seconds / run |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for betas in GRID:
         rs = runs[betas]
         if not rs:
@@ -337,11 +412,15 @@ def lm_tables_and_figures() -> str:
             f"{statistics.fmean(r['seconds'] for r in rs):.0f} |"
         )
     every = [r for rs in runs.values() for r in rs]
-    lines += ["", f"Start (one warm start shared by every run; the held-out sample differs by seed): held-out entropy "
-              f"{fmt([r['start_entropy'] for r in every])}, sampled accuracy "
-              f"{fmt([r['start_accuracy'] for r in every])}, greedy accuracy "
-              f"{fmt([r['start_greedy_accuracy'] for r in every])} (first {meta.get('eval_rows', '?')} problems of "
-              "builtin:arithmetic_eval, temperature 1).", ""]
+    lines += [
+        "",
+        f"Start (one warm start shared by every run; the held-out sample differs by seed): held-out entropy "
+        f"{fmt([r['start_entropy'] for r in every])}, sampled accuracy "
+        f"{fmt([r['start_accuracy'] for r in every])}, greedy accuracy "
+        f"{fmt([r['start_greedy_accuracy'] for r in every])} (first {meta.get('eval_rows', '?')} problems of "
+        "builtin:arithmetic_eval, temperature 1).",
+        "",
+    ]
 
     # Per-seed ordering of the late training entropy.
     late = {b: [_window(r["series"]["entropy"], False) for r in runs[b]] for b in GRID}
@@ -354,8 +433,10 @@ def lm_tables_and_figures() -> str:
             ("(0.5, 1) > (0, 0): paper setting above GRPO", (0.5, 1.0), (0.0, 0.0)),
             ("every CE-GPPO setting > (0, 0): GRPO lowest", None, (0.0, 0.0)),
         ]
-        lines += ["| comparison of the training entropy over the last 20% of steps | seeds where it holds |",
-                  "|---|---|"]
+        lines += [
+            "| comparison of the training entropy over the last 20% of steps | seeds where it holds |",
+            "|---|---|",
+        ]
         for text, hi, lo in comparisons:
             if hi is None:
                 wins = sum(all(late[b][s] > late[lo][s] for b in GRID if b != lo) for s in range(n))
@@ -375,17 +456,24 @@ def lm_tables_and_figures() -> str:
                 curves = []
                 for r in rs:
                     values = [v for _, v in r["series"][metric][:length]]
-                    curves.append([statistics.fmean(values[max(0, i - smooth + 1): i + 1]) for i in range(length)])
+                    curves.append([statistics.fmean(values[max(0, i - smooth + 1) : i + 1]) for i in range(length)])
                 _band(ax, xs, curves, b)
+
         return draw
 
     panels = [(f"{m} (moving mean of 5 steps)", panel(m)) for m in LM_SERIES[:7]]
     seeds = min(len(rs) for rs in runs.values())
-    _figure(panels, os.path.join(FIGURES_DIR, "entropy_tiny_lm.png"),
-            f"Tiny arithmetic LM: CE-GPPO (beta1, beta2), mean ± std over {seeds} seeds")
+    _figure(
+        panels,
+        os.path.join(FIGURES_DIR, "entropy_tiny_lm.png"),
+        f"Tiny arithmetic LM: CE-GPPO (beta1, beta2), mean ± std over {seeds} seeds",
+    )
     quadrant_panels = [(f"{m} (moving mean of 5)", panel(m)) for m in LM_SERIES[7:]]
-    _figure(quadrant_panels, os.path.join(FIGURES_DIR, "entropy_tiny_lm_quadrants.png"),
-            "Tiny LM: low-probability token quadrants (pi < 0.5)")
+    _figure(
+        quadrant_panels,
+        os.path.join(FIGURES_DIR, "entropy_tiny_lm_quadrants.png"),
+        "Tiny LM: low-probability token quadrants (pi < 0.5)",
+    )
     return "\n".join(lines)
 
 
@@ -411,7 +499,9 @@ def main(argv=None) -> int:
     parser.add_argument("--lm-steps", type=int, default=100)
     parser.add_argument("--lm-eval-rows", type=int, default=150, help="held-out problems evaluated per run")
     parser.add_argument("--sft-steps", type=int, default=800)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads for the LM part (1 is fastest on a busy 2-core machine)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads for the LM part (1 is fastest on a busy 2-core machine)"
+    )
     parser.add_argument("--work-dir", default=os.path.join(REPO, "outputs", "entropy_exp"))
     args = parser.parse_args(argv)
     if args.part in ("toy", "all"):

@@ -8,6 +8,7 @@ import pytest
 import torch
 from datasets import Dataset
 
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 warnings.filterwarnings("ignore", message=".*gradient_checkpointing.*deprecated.*")
@@ -37,8 +38,10 @@ def tiny_model(_tiny_base_model):
 @pytest.fixture(scope="session")
 def arithmetic_dataset():
     rows = [
-        {"prompt": [{"role": "user", "content": f"What is {a}+{b}? Put the final answer in \\boxed{{}}."}],
-         "solution": str(a + b)}
+        {
+            "prompt": [{"role": "user", "content": f"What is {a}+{b}? Put the final answer in \\boxed{{}}."}],
+            "solution": str(a + b),
+        }
         for a in range(10)
         for b in range(10)
     ]

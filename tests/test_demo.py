@@ -10,7 +10,6 @@ from cegppo_trl.data import load_math_dataset
 from cegppo_trl.tiny import format_user_message
 
 
-
 @pytest.fixture(autouse=True)
 def _one_thread():
     """The demo's default (`--threads 1`) for the in-process helpers too: a tiny model on a shared 2-core machine."""

@@ -18,6 +18,7 @@ from cegppo_trl.toy import (
     single_step_entropy_change,
 )
 
+
 # ----------------------------------------------------------------------------------------------------------------
 # Toy: first-order formula
 # ----------------------------------------------------------------------------------------------------------------
@@ -136,8 +137,17 @@ def test_toy_is_deterministic():
 
 
 def make_controller(**overrides):
-    values = dict(target=1.0, kp=1.0, ki=0.05, beta1_init=0.5, beta2_init=1.0, beta1_min=0.0, beta1_max=1.0,
-                  beta2_min=0.5, beta2_max=1.5)
+    values = dict(
+        target=1.0,
+        kp=1.0,
+        ki=0.05,
+        beta1_init=0.5,
+        beta2_init=1.0,
+        beta1_min=0.0,
+        beta1_max=1.0,
+        beta2_min=0.5,
+        beta2_max=1.5,
+    )
     values.update(overrides)
     return EntropyController(**values)
 
@@ -209,8 +219,15 @@ def test_controller_state_dict_roundtrip():
 
 
 def test_controller_from_config(tmp_path):
-    config = CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none",
-                          cegppo_entropy_target=0.7, cegppo_entropy_kp=2.0, cegppo_beta1=0.25)
+    config = CEGPPOConfig(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        cegppo_entropy_target=0.7,
+        cegppo_entropy_kp=2.0,
+        cegppo_beta1=0.25,
+    )
     controller = EntropyController.from_config(config)
     assert (controller.target, controller.kp, controller.beta1, controller.beta2) == (0.7, 2.0, 0.25, 1.0)
 
@@ -224,8 +241,9 @@ def _values(history, key):
     return [(h["step"], h[key]) for h in history if key in h]
 
 
-def test_trainer_controller_moves_betas_and_resumes_from_checkpoint(tiny_model, tiny_tokenizer, arithmetic_dataset,
-                                                                   reward_fn, make_config, tmp_path):
+def test_trainer_controller_moves_betas_and_resumes_from_checkpoint(
+    tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config, tmp_path
+):
     import copy
 
     from cegppo_trl.trainer import CONTROLLER_STATE_FILE
@@ -234,10 +252,16 @@ def test_trainer_controller_moves_betas_and_resumes_from_checkpoint(tiny_model, 
     # A random tiny model has ~log(vocab) nats of entropy; a target above that means "entropy too low". kp=0: pure
     # integral action, so the betas move monotonically while the error stays positive.
     controller_args = dict(cegppo_entropy_target=7.0, cegppo_entropy_kp=0.0, cegppo_entropy_ki=0.05)
-    config = make_config(CEGPPOConfig, tmp_path / "run", max_steps=4, save_strategy="steps", save_steps=2,
-                         **controller_args)
-    trainer = CEGPPOTrainer(model=tiny_model, reward_funcs=reward_fn, args=config, train_dataset=arithmetic_dataset,
-                            processing_class=tiny_tokenizer)
+    config = make_config(
+        CEGPPOConfig, tmp_path / "run", max_steps=4, save_strategy="steps", save_steps=2, **controller_args
+    )
+    trainer = CEGPPOTrainer(
+        model=tiny_model,
+        reward_funcs=reward_fn,
+        args=config,
+        train_dataset=arithmetic_dataset,
+        processing_class=tiny_tokenizer,
+    )
     trainer.train()
     history = trainer.state.log_history
     beta1 = [v for _, v in _values(history, "cegppo/beta1")]
@@ -258,8 +282,13 @@ def test_trainer_controller_moves_betas_and_resumes_from_checkpoint(tiny_model, 
 
     # Resume from step 2 with a fresh trainer: the controller state comes back from the checkpoint file.
     config = make_config(CEGPPOConfig, tmp_path / "run", max_steps=4, save_strategy="no", **controller_args)
-    resumed = CEGPPOTrainer(model=start_weights, reward_funcs=reward_fn, args=config,
-                            train_dataset=arithmetic_dataset, processing_class=tiny_tokenizer)
+    resumed = CEGPPOTrainer(
+        model=start_weights,
+        reward_funcs=reward_fn,
+        args=config,
+        train_dataset=arithmetic_dataset,
+        processing_class=tiny_tokenizer,
+    )
     assert resumed._controller.num_updates == 0
     resumed.train(resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-2"))
     assert resumed._controller.num_updates == 4  # 2 restored + 2 new
@@ -268,15 +297,19 @@ def test_trainer_controller_moves_betas_and_resumes_from_checkpoint(tiny_model, 
     assert resumed_beta1[4] < resumed_beta1[3]
 
 
-def test_trainer_without_target_keeps_betas_and_writes_no_controller_file(tiny_model, tiny_tokenizer,
-                                                                         arithmetic_dataset, reward_fn,
-                                                                         make_config, tmp_path):
+def test_trainer_without_target_keeps_betas_and_writes_no_controller_file(
+    tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config, tmp_path
+):
     from cegppo_trl.trainer import CONTROLLER_STATE_FILE
 
-    config = make_config(CEGPPOConfig, tmp_path, max_steps=2, save_strategy="steps", save_steps=2,
-                         cegppo_beta1=0.75)
-    trainer = CEGPPOTrainer(model=tiny_model, reward_funcs=reward_fn, args=config, train_dataset=arithmetic_dataset,
-                            processing_class=tiny_tokenizer)
+    config = make_config(CEGPPOConfig, tmp_path, max_steps=2, save_strategy="steps", save_steps=2, cegppo_beta1=0.75)
+    trainer = CEGPPOTrainer(
+        model=tiny_model,
+        reward_funcs=reward_fn,
+        args=config,
+        train_dataset=arithmetic_dataset,
+        processing_class=tiny_tokenizer,
+    )
     trainer.train()
     assert [v for _, v in _values(trainer.state.log_history, "cegppo/beta1")] == [0.75, 0.75]
     assert not (tmp_path / "checkpoint-2" / CONTROLLER_STATE_FILE).exists()
@@ -299,20 +332,34 @@ class _RecordingTrainer(CEGPPOTrainer):
         return super()._compute_loss(model, inputs)
 
 
-def test_quadrant_metrics_off_policy(tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config,
-                                     tmp_path):
-    config = make_config(CEGPPOConfig, tmp_path, max_steps=8, steps_per_generation=4, learning_rate=1e-2,
-                         cegppo_beta1=1.0, cegppo_beta2=1.0)
-    trainer = _RecordingTrainer(model=tiny_model, reward_funcs=reward_fn, args=config,
-                                train_dataset=arithmetic_dataset, processing_class=tiny_tokenizer)
+def test_quadrant_metrics_off_policy(tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config, tmp_path):
+    config = make_config(
+        CEGPPOConfig,
+        tmp_path,
+        max_steps=8,
+        steps_per_generation=4,
+        learning_rate=1e-2,
+        cegppo_beta1=1.0,
+        cegppo_beta2=1.0,
+    )
+    trainer = _RecordingTrainer(
+        model=tiny_model,
+        reward_funcs=reward_fn,
+        args=config,
+        train_dataset=arithmetic_dataset,
+        processing_class=tiny_tokenizer,
+    )
     trainer.recorded = []
     trainer.train()
     logs = [h for h in trainer.state.log_history if "cegppo/beta1_token_frac" in h]
     assert len(logs) == 8 == len(trainer.recorded)
     any_clipped = False
     for log, (advantages, mask) in zip(logs, trainer.recorded):
-        q = {(name, stat): log[f"cegppo/quadrant/{name}/{stat}"] for name in QUADRANTS
-             for stat in ("token_frac", "grad_share", "clip_frac", "restored_grad_share")}
+        q = {
+            (name, stat): log[f"cegppo/quadrant/{name}/{stat}"]
+            for name in QUADRANTS
+            for stat in ("token_frac", "grad_share", "clip_frac", "restored_grad_share")
+        }
         assert all(0.0 <= v <= 1.0 + 1e-6 for v in q.values()), q
         # The four quadrants partition exactly the tokens with a non-zero advantage.
         nonzero = ((advantages != 0).float().unsqueeze(1) * mask).sum() / mask.sum()

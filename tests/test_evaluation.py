@@ -12,6 +12,7 @@ import torch
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
 from cegppo_trl.evaluation import AvgAtKCallback, evaluate_completions, format_summary, main, pass_at_k
 
+
 # The tiny model is SFT-trained on this user message format (cegppo_trl.demo.DEMO_INSTRUCTION).
 TINY_INSTRUCTION = "{problem} Put the final answer in \\boxed{}."
 
@@ -71,9 +72,32 @@ def test_cegppo_eval_writes_json_report(tiny_model, tiny_tokenizer, tmp_path, ca
     data = tmp_path / "probs.jsonl"
     data.write_text("".join(json.dumps({"problem": f"What is {a}+1?", "answer": str(a + 1)}) + "\n" for a in range(3)))
     out = tmp_path / "reports" / "eval.json"
-    argv = [model_dir, "--datasets", "builtin:arithmetic_eval", str(data), "--max-problems", "4", "--k", "3",
-            "--pass-k", "1", "2", "3", "--max-new-tokens", "6", "--batch-size", "5", "--instruction", TINY_INSTRUCTION,
-            "--device", "cpu", "--output", str(out), "--save-completions", "--no-progress"]
+    argv = [
+        model_dir,
+        "--datasets",
+        "builtin:arithmetic_eval",
+        str(data),
+        "--max-problems",
+        "4",
+        "--k",
+        "3",
+        "--pass-k",
+        "1",
+        "2",
+        "3",
+        "--max-new-tokens",
+        "6",
+        "--batch-size",
+        "5",
+        "--instruction",
+        TINY_INSTRUCTION,
+        "--device",
+        "cpu",
+        "--output",
+        str(out),
+        "--save-completions",
+        "--no-progress",
+    ]
     assert main(argv) == 0
     report = json.loads(out.read_text())
     assert report["model"] == model_dir and report["settings"]["k"] == 3
@@ -98,8 +122,9 @@ def test_cegppo_eval_writes_json_report(tiny_model, tiny_tokenizer, tmp_path, ca
     assert main(argv[:-4] + ["--output", str(out2), "--save-completions", "--no-progress"]) == 0
     again = json.loads(out2.read_text())
     for name in report["datasets"]:
-        assert [p["completions"] for p in again["datasets"][name]["problems"]] == \
-            [p["completions"] for p in report["datasets"][name]["problems"]]
+        assert [p["completions"] for p in again["datasets"][name]["problems"]] == [
+            p["completions"] for p in report["datasets"][name]["problems"]
+        ]
 
 
 def test_cegppo_eval_rejects_bad_arguments(tmp_path):
@@ -110,9 +135,9 @@ def test_cegppo_eval_rejects_bad_arguments(tmp_path):
     assert error.value.code == 2
 
 
-def test_avg_at_k_callback_logs_into_history_without_changing_training(tiny_model, tiny_tokenizer,
-                                                                      arithmetic_dataset, reward_fn, make_config,
-                                                                      tmp_path):
+def test_avg_at_k_callback_logs_into_history_without_changing_training(
+    tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config, tmp_path
+):
     from cegppo_trl.data import load_math_dataset
     from cegppo_trl.plotting import load_log_history, plot_log_histories
 
@@ -121,8 +146,14 @@ def test_avg_at_k_callback_logs_into_history_without_changing_training(tiny_mode
 
     def train(model, callbacks, output_dir):
         config = make_config(CEGPPOConfig, output_dir, max_steps=2)
-        trainer = CEGPPOTrainer(model=model, reward_funcs=reward_fn, args=config, train_dataset=arithmetic_dataset,
-                                processing_class=tiny_tokenizer, callbacks=callbacks)
+        trainer = CEGPPOTrainer(
+            model=model,
+            reward_funcs=reward_fn,
+            args=config,
+            train_dataset=arithmetic_dataset,
+            processing_class=tiny_tokenizer,
+            callbacks=callbacks,
+        )
         trainer.train()
         return trainer
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "train_cegppo.py"
 RECIPE = ROOT / "recipes" / "tiny" / "cegppo" / "config_cpu.yaml"

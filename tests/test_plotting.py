@@ -8,6 +8,7 @@ import pytest
 
 from cegppo_trl.plotting import DEFAULT_METRICS, load_log_history, main, plot_log_histories
 
+
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -33,8 +34,9 @@ def fake_history(steps=20, scale=1.0, quadrants=True):
 
 def write_state(directory, history):
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "trainer_state.json").write_text(json.dumps({"global_step": history[-1]["step"],
-                                                              "log_history": history}))
+    (directory / "trainer_state.json").write_text(
+        json.dumps({"global_step": history[-1]["step"], "log_history": history})
+    )
     return directory
 
 
@@ -67,8 +69,9 @@ def test_load_log_history_accepts_run_checkpoint_and_file(tmp_path):
 
 def test_plot_one_and_two_runs(tmp_path):
     one = plot_log_histories({"a": fake_history()}, tmp_path / "one.png", title="one run")
-    two = plot_log_histories({"a": fake_history(), "b": fake_history(15, 0.5, quadrants=False)},
-                             tmp_path / "sub" / "two.png")
+    two = plot_log_histories(
+        {"a": fake_history(), "b": fake_history(15, 0.5, quadrants=False)}, tmp_path / "sub" / "two.png"
+    )
     assert one == str(tmp_path / "one.png") and two == str(tmp_path / "sub" / "two.png")
     for path in (one, two):
         height, width = png_shape(path)[:2]
@@ -99,8 +102,25 @@ def test_cli_one_and_two_runs(tmp_path, capsys):
     assert main([str(run_a), "--out", str(out)]) == 0
     assert out.stat().st_size > 0 and png_shape(out)[0] > 0
     out2 = tmp_path / "plot2.png"
-    assert main([str(run_a), str(tmp_path / "b"), "--out", str(out2), "--labels", "grpo", "cegppo",
-                 "--metrics", "reward", "entropy", "--title", "t"]) == 0
+    assert (
+        main(
+            [
+                str(run_a),
+                str(tmp_path / "b"),
+                "--out",
+                str(out2),
+                "--labels",
+                "grpo",
+                "cegppo",
+                "--metrics",
+                "reward",
+                "entropy",
+                "--title",
+                "t",
+            ]
+        )
+        == 0
+    )
     assert out2.stat().st_size > 0
     assert "wrote" in capsys.readouterr().out
     assert run_b.exists()

@@ -15,6 +15,7 @@ import yaml
 from cegppo_trl import CEGPPOConfig
 from cegppo_trl.scripts.train import CEGPPOScriptArguments, build_reward_funcs, make_parser
 
+
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "recipes").rglob("*.yaml"))
 ACCELERATE_CONFIGS = sorted((ROOT / "accelerate_configs").glob("*.yaml"))
@@ -22,12 +23,48 @@ ACCELERATE_CONFIGS = sorted((ROOT / "accelerate_configs").glob("*.yaml"))
 DATASET = "Kwai-Klear/KlearReasoner-MathSub-30K"
 # recipe -> (model, beta1, beta2, epsilon_high, number of processes the recipe's batch arithmetic assumes)
 PAPER_RECIPES = {
-    "DeepSeek-R1-Distill-Qwen-1.5B/cegppo/config_paper.yaml": ("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", 0.5, 1.0, 0.2, 8),
-    "DeepSeek-R1-Distill-Qwen-1.5B/grpo/config_paper.yaml": ("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", 0.0, 0.0, 0.2, 8),
-    "DeepSeek-R1-Distill-Qwen-1.5B/dapo/config_paper.yaml": ("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", 0.0, 0.0, 0.28, 8),
-    "DeepSeek-R1-Distill-Qwen-7B/cegppo/config_paper.yaml": ("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", 0.75, 1.0, 0.2, 8),
-    "DeepSeek-R1-Distill-Qwen-7B/grpo/config_paper.yaml": ("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", 0.0, 0.0, 0.2, 8),
-    "DeepSeek-R1-Distill-Qwen-7B/dapo/config_paper.yaml": ("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", 0.0, 0.0, 0.28, 8),
+    "DeepSeek-R1-Distill-Qwen-1.5B/cegppo/config_paper.yaml": (
+        "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B",
+        0.5,
+        1.0,
+        0.2,
+        8,
+    ),
+    "DeepSeek-R1-Distill-Qwen-1.5B/grpo/config_paper.yaml": (
+        "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B",
+        0.0,
+        0.0,
+        0.2,
+        8,
+    ),
+    "DeepSeek-R1-Distill-Qwen-1.5B/dapo/config_paper.yaml": (
+        "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B",
+        0.0,
+        0.0,
+        0.28,
+        8,
+    ),
+    "DeepSeek-R1-Distill-Qwen-7B/cegppo/config_paper.yaml": (
+        "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B",
+        0.75,
+        1.0,
+        0.2,
+        8,
+    ),
+    "DeepSeek-R1-Distill-Qwen-7B/grpo/config_paper.yaml": (
+        "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B",
+        0.0,
+        0.0,
+        0.2,
+        8,
+    ),
+    "DeepSeek-R1-Distill-Qwen-7B/dapo/config_paper.yaml": (
+        "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B",
+        0.0,
+        0.0,
+        0.28,
+        8,
+    ),
 }
 LORA_RECIPE = "DeepSeek-R1-Distill-Qwen-1.5B/cegppo/config_lora.yaml"
 TINY_RECIPE = "tiny/cegppo/config_cpu.yaml"
@@ -190,4 +227,10 @@ def test_accelerate_configs_load(path):
 
 
 def test_accelerate_config_set():
-    assert {p.name for p in ACCELERATE_CONFIGS} >= {"single_gpu.yaml", "multi_gpu.yaml", "zero2.yaml", "zero3.yaml", "fsdp2.yaml"}
+    assert {p.name for p in ACCELERATE_CONFIGS} >= {
+        "single_gpu.yaml",
+        "multi_gpu.yaml",
+        "zero2.yaml",
+        "zero3.yaml",
+        "fsdp2.yaml",
+    }

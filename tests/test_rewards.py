@@ -24,6 +24,7 @@ from cegppo_trl.rewards import (
     shutdown_grading_workers,
 )
 
+
 REWARDS_FILE = Path(rewards.__file__).resolve()
 
 # (completion, gold, expected reward of the default math_reward: +1 correct, -1 otherwise, None = gold unusable)

@@ -22,6 +22,7 @@ from cegppo_trl.tiny import (
     sft_warmstart,
 )
 
+
 PROBLEM = "What is 23+41?"
 TEXTS = [
     format_user_message(PROBLEM),
@@ -72,9 +73,7 @@ def test_tokenizer_basics(tokenizer):
 def test_chat_template(tokenizer):
     msgs = [{"role": "user", "content": format_user_message(PROBLEM)}]
     text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-    assert text == (
-        f"<|im_start|>user\n{PROBLEM} {PROMPT_INSTRUCTION}<|im_end|>\n<|im_start|>assistant\n"
-    )
+    assert text == (f"<|im_start|>user\n{PROBLEM} {PROMPT_INSTRUCTION}<|im_end|>\n<|im_start|>assistant\n")
     no_gen = tokenizer.apply_chat_template(msgs, add_generation_prompt=False, tokenize=False)
     assert no_gen == f"<|im_start|>user\n{PROBLEM} {PROMPT_INSTRUCTION}<|im_end|>\n"
     # TRL's GRPOTrainer call: batched, tokenize=True, return_dict=True
@@ -193,7 +192,10 @@ def test_arithmetic_sft_examples():
     assert ex[2][1] == "2*3=6. \\boxed{6}"
     assert ex[3][1] == "\\boxed{3.5}"  # no integer equation fits: boxed only
     assert [c for _, c in arithmetic_sft_examples(rows, style="boxed")] == [
-        "\\boxed{64}", "\\boxed{22}", "\\boxed{6}", "\\boxed{3.5}"
+        "\\boxed{64}",
+        "\\boxed{22}",
+        "\\boxed{6}",
+        "\\boxed{3.5}",
     ]
     assert extract_boxed(ex[0][1]) == "64" and extract_boxed("no box") is None
     with pytest.raises(ValueError):

@@ -1,8 +1,6 @@
 """CEGPPOTrainer through real training steps on a tiny local model: learning, checkpoints, LoRA, options, errors."""
 
-import json
 import math
-import os
 import warnings
 
 import pytest
@@ -13,16 +11,23 @@ from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
 
 
 def make_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, config, **kwargs):
-    return CEGPPOTrainer(model=tiny_model, reward_funcs=reward_fn, args=config, train_dataset=arithmetic_dataset,
-                         processing_class=tiny_tokenizer, **kwargs)
+    return CEGPPOTrainer(
+        model=tiny_model,
+        reward_funcs=reward_fn,
+        args=config,
+        train_dataset=arithmetic_dataset,
+        processing_class=tiny_tokenizer,
+        **kwargs,
+    )
 
 
 def history_values(trainer, key):
     return [h[key] for h in trainer.state.log_history if key in h]
 
 
-def test_off_policy_training_changes_weights_and_logs_clipping(tiny_model, tiny_tokenizer, arithmetic_dataset,
-                                                               reward_fn, make_config, tmp_path):
+def test_off_policy_training_changes_weights_and_logs_clipping(
+    tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config, tmp_path
+):
     config = make_config(CEGPPOConfig, tmp_path, max_steps=8, steps_per_generation=4)
     trainer = make_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, config)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
@@ -59,8 +64,9 @@ def test_checkpoint_save_and_resume(tiny_model, tiny_tokenizer, arithmetic_datas
     assert (tmp_path / "run" / "checkpoint-6").exists()
 
 
-def test_lora_adapter_saves_and_loads(tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config,
-                                      tmp_path):
+def test_lora_adapter_saves_and_loads(
+    tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config, tmp_path
+):
     from peft import AutoPeftModelForCausalLM, LoraConfig
 
     config = make_config(CEGPPOConfig, tmp_path / "lora", max_steps=3, learning_rate=5e-2)
@@ -69,12 +75,15 @@ def test_lora_adapter_saves_and_loads(tiny_model, tiny_tokenizer, arithmetic_dat
     from cegppo_trl.tiny import save_tiny
 
     save_tiny(tiny_model, tiny_tokenizer, base_dir)
-    trainer = make_trainer(str(base_dir), tiny_tokenizer, arithmetic_dataset, reward_fn, config,
-                           peft_config=peft_config)
+    trainer = make_trainer(
+        str(base_dir), tiny_tokenizer, arithmetic_dataset, reward_fn, config, peft_config=peft_config
+    )
     trainable = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     assert trainable and all("lora" in n for n in trainable)
     trainer.train()
-    assert any(not torch.equal(trainable[n], p.detach()) for n, p in trainer.model.named_parameters() if n in trainable)
+    assert any(
+        not torch.equal(trainable[n], p.detach()) for n, p in trainer.model.named_parameters() if n in trainable
+    )
     assert history_values(trainer, "cegppo/beta1_token_frac")
     trainer.save_model(str(tmp_path / "adapter"))
     assert (tmp_path / "adapter" / "adapter_config.json").exists()
@@ -85,27 +94,42 @@ def test_lora_adapter_saves_and_loads(tiny_model, tiny_tokenizer, arithmetic_dat
         assert torch.allclose(loaded(ids).logits, trainer.model(ids).logits, atol=1e-5)
 
 
-def test_eval_runs_with_cegppo_metrics(tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config,
-                                       tmp_path):
-    config = make_config(CEGPPOConfig, tmp_path, max_steps=2, eval_strategy="steps", eval_steps=2,
-                         per_device_eval_batch_size=8)
-    trainer = make_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, config,
-                           eval_dataset=arithmetic_dataset.select(range(8)))
+def test_eval_runs_with_cegppo_metrics(
+    tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config, tmp_path
+):
+    config = make_config(
+        CEGPPOConfig, tmp_path, max_steps=2, eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=8
+    )
+    trainer = make_trainer(
+        tiny_model,
+        tiny_tokenizer,
+        arithmetic_dataset,
+        reward_fn,
+        config,
+        eval_dataset=arithmetic_dataset.select(range(8)),
+    )
     trainer.train()
     assert history_values(trainer, "eval_cegppo/beta1_token_frac")
     assert history_values(trainer, "eval_loss")
 
 
-def test_sft_term_and_zero_advantage_denominator(tiny_model, tiny_tokenizer, arithmetic_dataset, make_config,
-                                                 tmp_path):
+def test_sft_term_and_zero_advantage_denominator(
+    tiny_model, tiny_tokenizer, arithmetic_dataset, make_config, tmp_path
+):
     def first_completion_wins(completions, **kwargs):
         # Group of 4: one completion +1, the rest -1, except every other group is all -1 (zero advantage).
         return [1.0 if i % 8 == 0 else -1.0 for i in range(len(completions))]
 
-    config = make_config(CEGPPOConfig, tmp_path, max_steps=2, cegppo_sft_coef=0.1,
-                         cegppo_exclude_zero_advantage_groups=True)
-    trainer = CEGPPOTrainer(model=tiny_model, reward_funcs=first_completion_wins, args=config,
-                            train_dataset=arithmetic_dataset, processing_class=tiny_tokenizer)
+    config = make_config(
+        CEGPPOConfig, tmp_path, max_steps=2, cegppo_sft_coef=0.1, cegppo_exclude_zero_advantage_groups=True
+    )
+    trainer = CEGPPOTrainer(
+        model=tiny_model,
+        reward_funcs=first_completion_wins,
+        args=config,
+        train_dataset=arithmetic_dataset,
+        processing_class=tiny_tokenizer,
+    )
     trainer.model.train()
     batch = trainer._generate_and_score_completions([arithmetic_dataset[i] for i in range(8)])
     sft_mask = batch["cegppo_sft_mask"]
@@ -119,8 +143,9 @@ def test_sft_term_and_zero_advantage_denominator(tiny_model, tiny_tokenizer, ari
     assert history_values(trainer, "cegppo/informative_group_frac")[0] == pytest.approx(0.5)
 
 
-def test_sft_term_adds_token_mean_nll(tiny_model, tiny_tokenizer, arithmetic_dataset, make_config, reward_fn,
-                                      tmp_path):
+def test_sft_term_adds_token_mean_nll(
+    tiny_model, tiny_tokenizer, arithmetic_dataset, make_config, reward_fn, tmp_path
+):
     """The SFT term's value is coef * mean(-log pi) over the SFT tokens (one process, one accumulation step)."""
     from conftest import make_loss_batch
 
@@ -139,8 +164,9 @@ def test_sft_term_adds_token_mean_nll(tiny_model, tiny_tokenizer, arithmetic_dat
     without = trainer._compute_loss(trainer.model, inputs).item()
     input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
     attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-    logps, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, input_ids, attention_mask,
-                                                             inputs["completion_ids"].size(1))
+    logps, _, _ = trainer._get_per_token_logps_and_entropies(
+        trainer.model, input_ids, attention_mask, inputs["completion_ids"].size(1)
+    )
     mask = inputs["completion_mask"] * sft_mask.unsqueeze(1)
     expected = 0.25 * (-(logps * mask).sum() / mask.sum()).item()
     assert with_sft - without == pytest.approx(expected, rel=1e-4)
@@ -156,8 +182,9 @@ def test_inert_configuration_warns(tiny_model, tiny_tokenizer, arithmetic_datase
         make_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, config)
 
 
-def test_plain_grpo_config_is_upgraded(tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config,
-                                       tmp_path):
+def test_plain_grpo_config_is_upgraded(
+    tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config, tmp_path
+):
     config = make_config(GRPOConfig, tmp_path, max_steps=1, epsilon=0.25)
     with pytest.warns(UserWarning, match="plain GRPOConfig"):
         trainer = make_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, config)
@@ -194,8 +221,9 @@ def test_bad_config_fails_with_field_name(overrides, field, make_config, tmp_pat
         make_config(CEGPPOConfig, tmp_path, **overrides)
 
 
-def test_bad_values_set_after_construction_fail_at_trainer_init(tiny_model, tiny_tokenizer, arithmetic_dataset,
-                                                                reward_fn, make_config, tmp_path):
+def test_bad_values_set_after_construction_fail_at_trainer_init(
+    tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config, tmp_path
+):
     config = make_config(CEGPPOConfig, tmp_path)
     config.cegppo_beta1 = float("nan")
     with pytest.raises(ValueError, match="cegppo_beta1"):

@@ -10,11 +10,12 @@ import copy
 
 import pytest
 import torch
+from conftest import contains_answer_reward, cpu_config, make_loss_batch
 from trl import GRPOConfig, GRPOTrainer
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
 from cegppo_trl.core import cegppo_token_mean_loss, ppo_clip_per_token_loss
-from conftest import contains_answer_reward, cpu_config, make_loss_batch
+
 
 LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo"]
 VARIANTS = {
@@ -30,8 +31,9 @@ VARIANTS = {
 
 def build(cls, config_cls, model, tokenizer, dataset, tmp_path, **overrides):
     args = cpu_config(config_cls, tmp_path, **overrides)
-    return cls(model=model, reward_funcs=contains_answer_reward, args=args, train_dataset=dataset,
-               processing_class=tokenizer)
+    return cls(
+        model=model, reward_funcs=contains_answer_reward, args=args, train_dataset=dataset, processing_class=tokenizer
+    )
 
 
 def add_off_policy(trainer, inputs, seed=0, scale=0.4):
@@ -65,18 +67,32 @@ def loss_and_grad(trainer, inputs, compute=None):
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
-def test_mirror_of_trl_policy_loss_matches_grpo_trainer(loss_type, variant, tiny_model, tiny_tokenizer,
-                                                        arithmetic_dataset, tmp_path):
-    trainer = build(CEGPPOTrainer, CEGPPOConfig, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path,
-                    loss_type=loss_type, gradient_accumulation_steps=2, steps_per_generation=4,
-                    **VARIANTS[variant])
+def test_mirror_of_trl_policy_loss_matches_grpo_trainer(
+    loss_type, variant, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path
+):
+    trainer = build(
+        CEGPPOTrainer,
+        CEGPPOConfig,
+        tiny_model,
+        tiny_tokenizer,
+        arithmetic_dataset,
+        tmp_path,
+        loss_type=loss_type,
+        gradient_accumulation_steps=2,
+        steps_per_generation=4,
+        **VARIANTS[variant],
+    )
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 2
     inputs = add_off_policy(trainer, make_loss_batch(tiny_tokenizer, seed=1))
     inputs["num_items_in_batch"] = inputs["completion_mask"].sum() * 3  # as if the generation batch were larger
     if variant == "tool_mask":  # multi-turn tool output tokens are excluded from the loss
-        inputs["tool_mask"] = (torch.arange(inputs["completion_ids"].size(1)) % 3 != 1).long().expand_as(
-            inputs["completion_mask"]).clone()
+        inputs["tool_mask"] = (
+            (torch.arange(inputs["completion_ids"].size(1)) % 3 != 1)
+            .long()
+            .expand_as(inputs["completion_mask"])
+            .clone()
+        )
     if variant == "vllm_is":
         trainer.use_vllm, trainer.vllm_importance_sampling_correction = True, True
         gen = torch.Generator().manual_seed(5)
@@ -87,8 +103,9 @@ def test_mirror_of_trl_policy_loss_matches_grpo_trainer(loss_type, variant, tiny
     def mirrored(model, x):
         logps, entropies = current_logps(trainer, x)
         terms = trainer._policy_term_inputs(x, logps, entropies)
-        per_token = ppo_clip_per_token_loss(terms.log_ratio, terms.advantages, trainer.epsilon_low,
-                                            trainer.epsilon_high, trainer.args.delta)
+        per_token = ppo_clip_per_token_loss(
+            terms.log_ratio, terms.advantages, trainer.epsilon_low, trainer.epsilon_high, trainer.args.delta
+        )
         if terms.token_weight is not None:
             per_token = per_token * terms.token_weight
         return trainer._aggregate_like_trl(per_token, terms.mask, x)
@@ -103,8 +120,17 @@ def test_mirror_of_trl_policy_loss_matches_grpo_trainer(loss_type, variant, tiny
 
 def test_dapo_loss_is_the_papers_token_mean_objective(tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path):
     """One process, one accumulation step: the trainer's loss and gradient equal -J of Eq. 8 computed directly."""
-    trainer = build(CEGPPOTrainer, CEGPPOConfig, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path,
-                    steps_per_generation=1, cegppo_beta1=0.5, cegppo_beta2=1.0)
+    trainer = build(
+        CEGPPOTrainer,
+        CEGPPOConfig,
+        tiny_model,
+        tiny_tokenizer,
+        arithmetic_dataset,
+        tmp_path,
+        steps_per_generation=1,
+        cegppo_beta1=0.5,
+        cegppo_beta2=1.0,
+    )
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1
     inputs = add_off_policy(trainer, make_loss_batch(tiny_tokenizer, seed=2))
@@ -112,8 +138,9 @@ def test_dapo_loss_is_the_papers_token_mean_objective(tiny_model, tiny_tokenizer
 
     def paper(model, x):
         logps, _ = current_logps(trainer, x)
-        return cegppo_token_mean_loss(logps - x["old_per_token_logps"], x["advantages"].unsqueeze(1),
-                                      x["completion_mask"], 0.2, 0.2, 0.5, 1.0)
+        return cegppo_token_mean_loss(
+            logps - x["old_per_token_logps"], x["advantages"].unsqueeze(1), x["completion_mask"], 0.2, 0.2, 0.5, 1.0
+        )
 
     ref_loss, ref_grad = loss_and_grad(trainer, inputs, paper)
     assert torch.allclose(loss, ref_loss, rtol=1e-5, atol=1e-7)
@@ -125,8 +152,17 @@ def test_dapo_loss_is_the_papers_token_mean_objective(tiny_model, tiny_tokenizer
 def _pair(loss_type, tiny_model, tiny_tokenizer, dataset, tmp_path, beta1, beta2, **overrides):
     common = dict(loss_type=loss_type, gradient_accumulation_steps=2, steps_per_generation=4, **overrides)
     grpo = build(GRPOTrainer, GRPOConfig, copy.deepcopy(tiny_model), tiny_tokenizer, dataset, tmp_path / "g", **common)
-    ceg = build(CEGPPOTrainer, CEGPPOConfig, copy.deepcopy(tiny_model), tiny_tokenizer, dataset, tmp_path / "c",
-                cegppo_beta1=beta1, cegppo_beta2=beta2, **common)
+    ceg = build(
+        CEGPPOTrainer,
+        CEGPPOConfig,
+        copy.deepcopy(tiny_model),
+        tiny_tokenizer,
+        dataset,
+        tmp_path / "c",
+        cegppo_beta1=beta1,
+        cegppo_beta2=beta2,
+        **common,
+    )
     for t in (grpo, ceg):
         t.model.train()
         t.current_gradient_accumulation_steps = 2
@@ -134,8 +170,9 @@ def _pair(loss_type, tiny_model, tiny_tokenizer, dataset, tmp_path, beta1, beta2
 
 
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
-def test_beta_zero_has_grpo_gradient_and_beta_one_is_gppo(loss_type, tiny_model, tiny_tokenizer,
-                                                         arithmetic_dataset, tmp_path):
+def test_beta_zero_has_grpo_gradient_and_beta_one_is_gppo(
+    loss_type, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path
+):
     grpo, ceg0 = _pair(loss_type, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path, 0.0, 0.0)
     inputs = add_off_policy(grpo, make_loss_batch(tiny_tokenizer, seed=3))
     grpo_loss, grpo_grad = loss_and_grad(grpo, inputs)
@@ -169,17 +206,21 @@ def test_kl_term_is_kept(tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_pat
     inputs = add_off_policy(grpo, make_loss_batch(tiny_tokenizer, seed=6))
     gen = torch.Generator().manual_seed(7)
     inputs["ref_per_token_logps"] = inputs["old_per_token_logps"] + 0.3 * torch.randn(
-        inputs["old_per_token_logps"].shape, generator=gen)
+        inputs["old_per_token_logps"].shape, generator=gen
+    )
     grpo_loss, _ = loss_and_grad(grpo, inputs)
     ceg_loss, _ = loss_and_grad(ceg, inputs)
     assert torch.allclose(ceg_loss, grpo_loss, rtol=1e-5, atol=1e-7)
     assert grpo._metrics["train"]["kl"][-1] > 0 and ceg._metrics["train"]["kl"][-1] == grpo._metrics["train"]["kl"][-1]
 
 
-@pytest.mark.parametrize("extra", [
-    {"entropy_coef": 0.05},
-    {"entropy_coef": 0.05, "use_adaptive_entropy": True, "entropy_target": 10.0},
-])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"entropy_coef": 0.05},
+        {"entropy_coef": 0.05, "use_adaptive_entropy": True, "entropy_target": 10.0},
+    ],
+)
 def test_entropy_bonus_is_kept(extra, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path):
     """TRL's entropy bonus (static or adaptive) is added unchanged: GPPO's loss still equals GRPO's."""
     grpo, ceg = _pair("dapo", tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path, 1.0, 1.0, **extra)
@@ -194,10 +235,20 @@ def test_moe_aux_loss_is_kept(tiny_tokenizer, arithmetic_dataset, tmp_path):
     from transformers import MixtralConfig, MixtralForCausalLM
 
     torch.manual_seed(0)
-    config = MixtralConfig(vocab_size=len(tiny_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                           num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
-                           output_router_logits=True, router_aux_loss_coef=0.05,
-                           pad_token_id=tiny_tokenizer.pad_token_id, eos_token_id=tiny_tokenizer.eos_token_id)
+    config = MixtralConfig(
+        vocab_size=len(tiny_tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        output_router_logits=True,
+        router_aux_loss_coef=0.05,
+        pad_token_id=tiny_tokenizer.pad_token_id,
+        eos_token_id=tiny_tokenizer.eos_token_id,
+    )
     moe = MixtralForCausalLM(config)
     grpo, ceg = _pair("dapo", moe, tiny_tokenizer, arithmetic_dataset, tmp_path, 1.0, 1.0)
     assert grpo.aux_loss_enabled and ceg.aux_loss_enabled

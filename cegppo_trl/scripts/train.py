@@ -34,6 +34,7 @@ from trl import ModelConfig, ScriptArguments, TrlParser
 from ..config import CEGPPOConfig
 from ..data import DEFAULT_INSTRUCTION
 
+
 TINY_MODEL = "builtin:tiny"
 REWARD_NAMES = ("math", "format")
 
