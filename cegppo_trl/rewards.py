@@ -4,7 +4,7 @@ Public API
 ----------
 - :func:`math_reward` -- the paper's reward: ``+1`` if the final answer verifies against the gold, ``-1`` otherwise.
 - :func:`make_math_reward` -- the same reward with configurable values, timeout and worker count.
-- :func:`format_reward` -- ``1.0`` if the completion ends with a ``\\boxed{...}`` answer after any think block.
+- :func:`format_reward` -- ``1.0`` if the text after any think block has a closed, non-empty ``\\boxed{...}``.
 - :func:`extract_answer` -- the answer string the reward grades (or ``None``).
 - :func:`grade_completions` -- the grading core, returning a status and latency per completion.
 - :func:`shutdown_grading_workers` -- stop the worker processes now (they are also stopped at exit).
@@ -21,24 +21,32 @@ How a completion is graded
 
 Why worker processes, always (no in-process grading with signal timeouts)
 -------------------------------------------------------------------------
-math-verify's own timeout uses ``signal.alarm``, which raises outside the main thread (TRL can call rewards from
-worker threads). Even in the main thread it is not a hard bound: the alarm raises an ordinary exception, and
-math-verify catches exceptions and moves on to its next comparison strategy. Measured here with an ordinary-exception
-alarm of 5 s, ``\\boxed{9^{9^{9^{9}}}}`` was still running after two minutes. Signals also cannot stop C extensions
-that never check for them (gmpy2 big-integer arithmetic, which sympy uses when installed), and a runaway integer in
-the trainer's own process would take its memory. So every completion that is not a plain number is graded in a small
-pool of worker processes (started with ``subprocess``: no ``multiprocessing`` start-method or ``__main__`` re-import
-issues under torchrun/accelerate). Inside a worker, a timer raising a ``BaseException`` (which math-verify cannot
-swallow) ends a slow grade cleanly at about 0.8 x ``timeout_s``; if that fails, the parent SIGKILLs the worker at
-``timeout_s``, reaps it and starts a replacement. Workers have a 3 GiB address-space limit, are started lazily, shared
-by all reward functions of a process (one pool per worker count), dropped in children after ``fork``, and killed at
-interpreter exit. Plain-number pairs (most answers in practice) never leave the calling process, so small batches
-and the demo pay no inter-process cost for them.
+math-verify's own timeout uses ``signal.alarm`` (whole seconds), which raises ``ValueError`` outside the main thread
+(TRL can call rewards from worker threads). In the main thread its ``TimeoutException`` is a ``BaseException``:
+math-verify's inner ``except Exception`` handlers let it through, and ``parse`` / ``verify`` catch it at the top and
+return ``[]`` / ``False``, so a timeout cannot be told from an unparseable or wrong answer. A signal handler runs only
+between Python bytecodes, so C-level work (one huge big-integer operation, gmpy2) runs on until it returns, and a
+runaway integer in the trainer's own process would take its memory. So every completion that is not a plain number is
+graded in a small pool of worker processes (started with ``subprocess``: no ``multiprocessing`` start-method or
+``__main__`` re-import issues under torchrun/accelerate). Inside a worker, a timer raising a ``BaseException`` of its
+own (``_SoftTimeout``, which math-verify does not catch) ends a slow grade cleanly at about 0.8 x ``timeout_s``; if
+that fails, the parent SIGKILLs the worker at ``timeout_s``, reaps it and starts a replacement. Workers have a 3 GiB
+address-space limit, are started lazily, shared by all reward functions of a process (one pool per worker count),
+dropped in children after ``fork``, and killed at interpreter exit. Plain-number pairs (most answers in practice)
+never leave the calling process, so small batches and the demo pay no inter-process cost for them.
+
+Slow golds are not bad golds
+----------------------------
+A gold whose parse hits the soft timeout is cached nowhere (neither in the worker's LRU of parsed golds nor in the
+parent): its completions get ``None`` on that call (status ``gold_timeout``, metric ``<name>/gold_timeouts``) and the
+gold is parsed again on the next call. After :data:`MAX_GOLD_TIMEOUTS` (3) calls on which it timed out, it is treated
+as unparseable (``bad_gold``, metric ``<name>/unparseable_gold``) for the rest of the process.
 """
 
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import logging
 import math
@@ -51,7 +59,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import Any, NamedTuple
@@ -77,13 +85,21 @@ MAX_ANSWER_CHARS = 1000
 """Extracted answers (and golds) longer than this are not sent to sympy; the longest MATH-500 answer is ~160."""
 
 MAX_NESTING = 10
-"""Deeper ``{}`` / ``()`` / ``[]`` nesting is rejected: nested fractions take 0.3 s at depth 10, 200 s at depth 20."""
+"""Deeper ``{}`` / ``()`` / ``[]`` nesting is rejected: sympy's time on nested fractions grows steeply with depth."""
 
 MAX_SMALL_INT = 10_000
 """Exponents, factorial arguments and binomial arguments above this are rejected before sympy sees them."""
 
+MAX_GOLD_TIMEOUTS = 3
+"""Grading calls on which parsing one gold may hit the soft timeout before the gold is treated as unparseable.
+
+A timed-out gold is not cached (a loaded machine or a long gold is slow, not wrong): its completions get ``None`` on
+that call (status ``gold_timeout``) and the gold is parsed again on the next call that needs it. After this many
+calls that timed out, it counts as unparseable (``bad_gold``) for the rest of the process, like a gold that fails.
+"""
+
 # Statuses of one graded completion.
-CORRECT, WRONG, NO_ANSWER, UNPARSEABLE, TIMEOUT, ERROR, BAD_GOLD = (
+CORRECT, WRONG, NO_ANSWER, UNPARSEABLE, TIMEOUT, ERROR, BAD_GOLD, GOLD_TIMEOUT = (
     "correct",
     "wrong",
     "no_answer",
@@ -91,6 +107,7 @@ CORRECT, WRONG, NO_ANSWER, UNPARSEABLE, TIMEOUT, ERROR, BAD_GOLD = (
     "timeout",
     "error",
     "bad_gold",
+    "gold_timeout",
 )
 _GOLD_OK = "gold_ok"  # worker reply to a gold-only check
 
@@ -99,8 +116,9 @@ class GradeResult(NamedTuple):
     """Outcome of grading one completion.
 
     ``status`` is one of ``correct``, ``wrong``, ``no_answer``, ``unparseable``, ``timeout``, ``error`` (the grading
-    worker died), ``bad_gold`` (the gold answer could not be parsed). ``answer`` is the extracted answer (``None``
-    when there is none) and ``seconds`` the time spent grading this completion.
+    worker died), ``bad_gold`` (the gold answer could not be parsed), ``gold_timeout`` (parsing the gold hit the
+    timeout on this call; retried on later calls, see :data:`MAX_GOLD_TIMEOUTS`). ``answer`` is the extracted answer
+    (``None`` when there is none) and ``seconds`` the time spent grading this completion.
     """
 
     status: str
@@ -515,7 +533,12 @@ def _on_alarm(signum, frame):  # pragma: no cover - runs in the worker
         raise _SoftTimeout
 
 
-def _with_soft_timeout(fn: Callable[[], str], seconds: float) -> str:  # pragma: no cover - runs in the worker
+class _GoldTimeout(Exception):
+    """Parsing a gold hit the soft timeout (never cached: a slow parse says nothing about the gold)."""
+
+
+def _with_soft_timeout(fn: Callable[[], Any], seconds: float) -> Any:  # pragma: no cover - runs in the worker
+    """``fn()``, or the string ``TIMEOUT`` if it is still running after ``seconds``."""
     try:
         try:
             _ARMED[0] = True
@@ -570,23 +593,23 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker (exercised 
             parsing_timeout=None,
         )
 
-    gold_cache: dict[str, list | None] = {}
+    budget = [0.0]  # soft timeout of the gold parse in progress (lru_cache keys on the gold alone)
+
+    @functools.lru_cache(maxsize=50_000)
+    def parsed_gold(gold: str) -> list:
+        """The parsed gold (``[]`` if it does not parse); a soft timeout raises ``_GoldTimeout`` and is not cached."""
+        parsed = _with_soft_timeout(lambda: parse_latex(gold), budget[0])
+        if isinstance(parsed, str):  # TIMEOUT: a slow parse is no verdict; the next task with this gold retries it
+            raise _GoldTimeout
+        return parsed
 
     def grade(answer: str | None, gold: str, soft: float) -> str:
         start = time.perf_counter()
-        if gold not in gold_cache:
-            parsed: list | None = None
-
-            def parse_gold() -> str:
-                nonlocal parsed
-                parsed = parse_latex(gold)
-                return _GOLD_OK
-
-            _with_soft_timeout(parse_gold, soft)
-            if len(gold_cache) > 50_000:
-                gold_cache.clear()
-            gold_cache[gold] = parsed or None
-        gold_parsed = gold_cache[gold]
+        budget[0] = soft
+        try:
+            gold_parsed = parsed_gold(gold)
+        except _GoldTimeout:
+            return GOLD_TIMEOUT
         if not gold_parsed:
             return BAD_GOLD
         if answer is None:
@@ -600,11 +623,11 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker (exercised 
 
         return _with_soft_timeout(grade_answer, soft - (time.perf_counter() - start))
 
-    # sympy loads and caches a lot on first use (the first polynomial comparison takes ~0.8 s, later ones ~40 ms):
-    # pay that before announcing readiness, not inside the first step's timeouts.
+    # sympy loads and caches a lot on first use (the first polynomial comparison is many times slower than later
+    # ones): pay that before announcing readiness, not inside the first step's timeouts.
     for answer, gold in _WARM_UP:
         grade(answer, gold, 60.0)
-    gold_cache.clear()
+    parsed_gold.cache_clear()
     out.write(json.dumps(["ready", os.getpid()]) + "\n")
     stdin = sys.stdin.buffer
     while True:
@@ -898,6 +921,7 @@ def _forget_pools_in_child() -> None:
     global _POOLS_LOCK
     _POOLS_LOCK = threading.Lock()
     _GOLD_STATUS.clear()
+    _GOLD_TIMEOUTS.clear()
 
 
 if __name__ != "__cegppo_grader__":
@@ -910,8 +934,48 @@ if __name__ != "__cegppo_grader__":
 # Grading entry point and the reward functions
 # ----------------------------------------------------------------------------------------------------------------
 
-_GOLD_STATUS: dict[str, bool] = {}  # gold string -> parses (learned from workers; saves gold-only checks)
-_VERDICTS: dict[tuple[str, str], str] = {}  # (answer, gold) -> verdict of a worker; eval sets repeat every epoch
+
+class _LRU:
+    """A small thread-safe mapping that forgets its least recently used entry beyond ``maxsize``."""
+
+    def __init__(self, maxsize: int) -> None:
+        self.maxsize = maxsize
+        self._data: OrderedDict[Any, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        with self._lock:
+            if key not in self._data:
+                return default
+            self._data.move_to_end(key)
+            return self._data[key]
+
+    def __contains__(self, key: Any) -> bool:
+        with self._lock:
+            return key in self._data
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        with self._lock:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            if len(self._data) > self.maxsize:
+                self._data.popitem(last=False)
+
+    def pop(self, key: Any, default: Any = None) -> Any:
+        with self._lock:
+            return self._data.pop(key, default)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+
+
+_GOLD_STATUS = _LRU(200_000)  # gold string -> parses (learned from workers; saves gold-only checks)
+_VERDICTS = _LRU(100_000)  # (answer, gold) -> verdict of a worker; eval sets repeat every epoch
+_GOLD_TIMEOUTS = _LRU(10_000)  # gold string -> grading calls on which its parse hit the soft timeout
 _WARNED_GOLDS: set[str] = set()
 
 
@@ -991,11 +1055,15 @@ def grade_completions(
     local_seconds = (time.perf_counter() - start) / max(1, len(completions))
 
     seconds = [local_seconds] * len(completions)
+    slow_golds: set[str] = set()  # golds whose parse timed out in some task of this call
+    timed_out: set[str] = set()  # ... and that no task of this call (nor an earlier call) settled
     if tasks:
         outcomes = _get_pool(workers).grade(tasks, float(timeout_s))
         for (answer, gold), rows, (status, spent) in zip(tasks, task_rows, outcomes, strict=True):
             if status == BAD_GOLD:
                 _GOLD_STATUS[gold] = False
+            elif status == GOLD_TIMEOUT:
+                slow_golds.add(gold)
             elif status in (CORRECT, WRONG, UNPARSEABLE, _GOLD_OK):
                 _GOLD_STATUS[gold] = True
                 if answer is not None and len(answer) + len(gold) <= 256:  # bounded memory per entry
@@ -1003,24 +1071,46 @@ def grade_completions(
             for row in rows:
                 statuses[row] = status
                 seconds[row] = spent
-        if len(_GOLD_STATUS) > 200_000:
-            _GOLD_STATUS.clear()
-        if len(_VERDICTS) > 100_000:
-            _VERDICTS.clear()
+        timed_out = {gold for gold in slow_golds if gold not in _GOLD_STATUS}
+        for gold in timed_out:  # one count per call, however many tasks carried the gold
+            count = _GOLD_TIMEOUTS.get(gold, 0) + 1
+            _GOLD_TIMEOUTS[gold] = count
+            if count >= MAX_GOLD_TIMEOUTS:
+                _GOLD_STATUS[gold] = False  # settled: later calls skip it without a worker round trip
+                _GOLD_TIMEOUTS.pop(gold)
+            _warn_gold_once(
+                gold,
+                "math_reward: parsing gold answer %.200r hit the timeout (%d of %d); its completions get reward None "
+                "on this call%s.",
+                gold,
+                count,
+                MAX_GOLD_TIMEOUTS,
+                " and, from now on, it is treated as unparseable" if count >= MAX_GOLD_TIMEOUTS else "",
+            )
 
     results = []
     for row, status in enumerate(statuses):
         gold = golds[row]
-        if status != BAD_GOLD and gold is not None and _GOLD_STATUS.get(gold) is False:
-            status = BAD_GOLD
-        if status == BAD_GOLD and len(_WARNED_GOLDS) < 20 and repr(solutions[row]) not in _WARNED_GOLDS:
-            _WARNED_GOLDS.add(repr(solutions[row]))
-            logger.warning(
+        if gold is not None and status not in (BAD_GOLD, GOLD_TIMEOUT):
+            if gold in timed_out:
+                status = GOLD_TIMEOUT  # decided locally, but the gold could not be checked in time
+            elif _GOLD_STATUS.get(gold) is False:
+                status = BAD_GOLD
+        if status == BAD_GOLD:
+            _warn_gold_once(
+                repr(solutions[row]),
                 "math_reward: gold answer %.200r cannot be parsed; its completions get reward None (skipped by TRL).",
                 solutions[row],
             )
         results.append(GradeResult(status, answers[row], seconds[row]))  # type: ignore[arg-type]
     return results
+
+
+def _warn_gold_once(key: str, message: str, *args: Any) -> None:
+    """Log ``message`` once per ``key``, for at most 20 keys per process (a bad data set must not flood the log)."""
+    if len(_WARNED_GOLDS) < 20 and key not in _WARNED_GOLDS:
+        _WARNED_GOLDS.add(key)
+        logger.warning(message, *args)
 
 
 class MathReward:
@@ -1083,16 +1173,18 @@ class MathReward:
             )
         graded = grade_completions(completions, solution, timeout_s=self.timeout_s, num_workers=self.num_workers)
         value = {CORRECT: self.correct, WRONG: self.wrong}
-        rewards = [None if g.status == BAD_GOLD else value.get(g.status, self.unparseable) for g in graded]
+        skipped = (BAD_GOLD, GOLD_TIMEOUT)  # no usable gold on this call: no score at all
+        rewards = [None if g.status in skipped else value.get(g.status, self.unparseable) for g in graded]
 
         if callable(log_metric) and graded:
-            counts = dict.fromkeys((CORRECT, WRONG, NO_ANSWER, UNPARSEABLE, TIMEOUT, ERROR, BAD_GOLD), 0)
+            counts = dict.fromkeys((CORRECT, WRONG, NO_ANSWER, UNPARSEABLE, TIMEOUT, ERROR, BAD_GOLD, GOLD_TIMEOUT), 0)
             for g in graded:
                 counts[g.status] = counts.get(g.status, 0) + 1
             n = len(graded)
-            gradable = n - counts[BAD_GOLD]
+            gradable = n - counts[BAD_GOLD] - counts[GOLD_TIMEOUT]
             prefix = self.__name__
             log_metric(f"{prefix}/unparseable_gold", float(counts[BAD_GOLD]))
+            log_metric(f"{prefix}/gold_timeouts", float(counts[GOLD_TIMEOUT]))
             log_metric(f"{prefix}/timeouts", float(counts[TIMEOUT] + counts[ERROR]))
             if gradable:
                 log_metric(f"{prefix}/accuracy", counts[CORRECT] / gradable)
@@ -1122,10 +1214,12 @@ def make_math_reward(
         timeout_s: hard bound on the grading time of one completion (the worker is killed after it).
         num_workers: grading processes of this rank; ``None`` = CPUs / local ranks, at most 8.
         name: the function's ``__name__``; TRL logs ``rewards/<name>/mean`` and this reward logs ``<name>/...``
-            metrics (``accuracy``, ``no_answer_frac``, ``unparseable_frac``, ``timeouts``, ``unparseable_gold``).
+            metrics (``accuracy``, ``no_answer_frac``, ``unparseable_frac``, ``timeouts``, ``unparseable_gold``,
+            ``gold_timeouts``).
 
     Completions whose gold answer cannot be parsed get ``None`` (TRL ignores them) and are counted in
-    ``<name>/unparseable_gold``.
+    ``<name>/unparseable_gold``. Completions whose gold's parse hit the timeout also get ``None`` on that call and
+    are counted in ``<name>/gold_timeouts``; the gold is retried on later calls (see :data:`MAX_GOLD_TIMEOUTS`).
     """
     return MathReward(correct, wrong, unparseable, timeout_s, num_workers, name)
 

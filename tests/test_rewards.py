@@ -145,6 +145,7 @@ def test_trl_calling_convention_and_metrics():
     assert got == [1.0, -1.0, -1.0, None]
     assert metrics["math_reward/unparseable_gold"] == [1.0]
     assert metrics["math_reward/timeouts"] == [0.0]
+    assert metrics["math_reward/gold_timeouts"] == [0.0]
     assert metrics["math_reward/accuracy"] == [pytest.approx(1 / 3)]
     assert metrics["math_reward/no_answer_frac"] == [pytest.approx(1 / 3)]
     assert extra["math_reward/status"] == ["correct", "wrong", "no_answer", "bad_gold"]
