@@ -1,18 +1,74 @@
-"""CE-GPPO (gradient-preserving clipping policy optimization) for TRL."""
+"""CE-GPPO (gradient-preserving clipping policy optimization, paper Eq. 8) for TRL.
 
-from .config import CEGPPOConfig
-from .controller import EntropyController
-from .core import cegppo_per_token_loss, gradient_preserving_correction, ppo_clip_per_token_loss
-from .trainer import CEGPPOTrainer
+Every public name is importable from here. Submodules load on first use (PEP 562), so
+`from cegppo_trl import math_reward` does not import torch or TRL: a reward worker or a data script pays only for
+what it uses. `_PUBLIC_NAMES` is the one table of which name lives where; `__all__` is its keys.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "CEGPPOConfig",
-    "CEGPPOTrainer",
-    "EntropyController",
-    "cegppo_per_token_loss",
-    "gradient_preserving_correction",
-    "ppo_clip_per_token_loss",
-]
+# public name -> submodule that defines it
+_PUBLIC_NAMES = {
+    # the method
+    "CEGPPOConfig": "config",
+    "CEGPPOTrainer": "trainer",
+    "EntropyController": "controller",
+    "cegppo_per_token_loss": "core",
+    "gradient_preserving_correction": "core",
+    "ppo_clip_per_token_loss": "core",
+    # rewards
+    "math_reward": "rewards",
+    "make_math_reward": "rewards",
+    "format_reward": "rewards",
+    "extract_answer": "rewards",
+    "grade_completions": "rewards",
+    "shutdown_grading_workers": "rewards",
+    # data
+    "load_math_dataset": "data",
+    "build_prompt": "data",
+    "DatasetFormatError": "data",
+    # evaluation
+    "AvgAtKCallback": "evaluation",
+    "evaluate_model": "evaluation",
+    "evaluate_completions": "evaluation",
+    "generate_completions": "evaluation",
+    "pass_at_k": "evaluation",
+}
+
+__all__ = sorted(_PUBLIC_NAMES)
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC_NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:  # static analysers and IDEs see the names eagerly
+    from .config import CEGPPOConfig
+    from .controller import EntropyController
+    from .core import cegppo_per_token_loss, gradient_preserving_correction, ppo_clip_per_token_loss
+    from .data import DatasetFormatError, build_prompt, load_math_dataset
+    from .evaluation import AvgAtKCallback, evaluate_completions, evaluate_model, generate_completions, pass_at_k
+    from .rewards import (
+        extract_answer,
+        format_reward,
+        grade_completions,
+        make_math_reward,
+        math_reward,
+        shutdown_grading_workers,
+    )
+    from .trainer import CEGPPOTrainer

@@ -33,6 +33,7 @@ from trl import ModelConfig, ScriptArguments, TrlParser
 
 from ..config import CEGPPOConfig
 from ..data import DEFAULT_INSTRUCTION
+from ..resources import resolve_shipped_path
 
 
 TINY_MODEL = "builtin:tiny"
@@ -272,9 +273,18 @@ def train(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model
     return trainer
 
 
+def _with_shipped_config(argv: list[str]) -> list[str]:
+    """Point `--config recipes/...` at the shipped copy when the path does not exist here (a pip-installed user)."""
+    if "--config" in argv[:-1]:  # TrlParser reads exactly `--config PATH`
+        i = argv.index("--config") + 1
+        argv[i] = resolve_shipped_path(argv[i])
+    return argv
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point `cegppo-train` (also run by `examples/train_cegppo.py`)."""
     parser = make_parser()
+    argv = _with_shipped_config(list(sys.argv[1:] if argv is None else argv))
     script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
     train(script_args, training_args, model_args)
     return 0

@@ -1,0 +1,434 @@
+"""The docs are tests: every code block of README.md and docs/*.md runs, or is checked, as a user would use it.
+
+* ```python blocks run as written, one namespace per document (a later block may use an earlier block's names).
+  What cannot run offline is swapped by this harness, never by editing the docs: Hub model and data-set ids become
+  local stand-ins (`STAND_INS`: the tiny model, the built-in data), and `CEGPPOConfig` gets the small CPU settings of
+  `FAST_CONFIG` on top of what the block passes (steps, batch and lengths shrink; every CE-GPPO field is kept).
+* ```bash blocks are split into commands (continuations joined, `&&` chains split, comments and `VAR=value`
+  prefixes dropped) and each command is handled by kind (`classify`): console commands run (`cegppo-demo` as
+  `--quick`, `cegppo-eval` on a tiny checkpoint, `cegppo-train` on the tiny recipe, `cegppo-plot`, `cegppo-recipes`),
+  scripts run with `--help`, GPU and multi-node launches are parsed (the accelerate config loads, the recipe
+  validates through the script's own parser), install commands name only extras that exist, and the README's test
+  command is `.ci/run`'s. A command of a kind the harness does not know fails the test.
+* A block meant only to be read carries `<!-- doc-test: skip (reason) -->` on the line above its fence.
+"""
+
+import ast
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+BIN = Path(sys.executable).parent
+SKIP_RE = re.compile(r"<!--\s*doc-test:\s*skip\s*\((?P<reason>[^)]+)\)\s*-->")
+FENCE_RE = re.compile(r"^```(?P<lang>[\w-]*)\n(?P<body>.*?)^```", re.S | re.M)
+
+# Hub ids in the docs -> what the harness uses instead (filled with local paths by the `stand_ins` fixture).
+HUB_MODELS = ("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B")
+HUB_TRAIN_SETS = ("Kwai-Klear/KlearReasoner-MathSub-30K",)
+HUB_EVAL_SETS = ("HuggingFaceH4/MATH-500", "math-ai/aime24", "math-ai/aime25", "math-ai/amc23")
+# Placeholders the docs use in commands.
+PLACEHOLDER_MODELS = ("MODEL", "CHECKPOINT")
+PLACEHOLDER_RUNS = ("RUN_DIR",)
+
+FAST_CONFIG = dict(
+    use_cpu=True,
+    bf16=False,
+    max_steps=2,
+    per_device_train_batch_size=4,
+    num_generations=4,
+    gradient_accumulation_steps=1,
+    steps_per_generation=2,
+    max_completion_length=8,
+    logging_steps=1,
+    save_strategy="no",
+    report_to="none",
+    seed=0,
+)
+TIMEOUT_S = 900
+
+
+@dataclass
+class Block:
+    doc: Path
+    lang: str
+    body: str
+    line: int
+    skip_reason: str | None
+
+    @property
+    def where(self) -> str:
+        return f"{self.doc.relative_to(ROOT)}:{self.line}"
+
+
+def code_blocks(doc: Path) -> list[Block]:
+    text = doc.read_text()
+    blocks = []
+    for match in FENCE_RE.finditer(text):
+        line = text.count("\n", 0, match.start()) + 1
+        previous = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
+        skip = SKIP_RE.search(previous)
+        blocks.append(Block(doc, match["lang"], match["body"], line, skip["reason"].strip() if skip else None))
+    return blocks
+
+
+ALL_BLOCKS = [b for doc in DOCS for b in code_blocks(doc)]
+PYTHON_DOCS = sorted({b.doc for b in ALL_BLOCKS if b.lang == "python" and b.skip_reason is None})
+SHELL_BLOCKS = [b for b in ALL_BLOCKS if b.lang in ("bash", "sh", "shell") and b.skip_reason is None]
+
+
+def shell_commands(body: str) -> list[list[str]]:
+    """Commands of a shell block: continuations joined, comments dropped, `&&` chains split, env prefixes dropped."""
+    commands = []
+    for line in body.replace("\\\n", " ").splitlines():
+        words = shlex.split(line, comments=True)
+        current: list[str] = []
+        for word in [*words, "&&"]:
+            if word in ("&&", ";"):
+                while current and re.fullmatch(r"[A-Z_]+=\S*", current[0]):
+                    current.pop(0)
+                if current:
+                    commands.append(current)
+                current = []
+            else:
+                current.append(word)
+    return commands
+
+
+def program(argv: list[str]) -> str:
+    """The command's program, without a `.venv/bin/` (or any directory) prefix."""
+    return Path(argv[0]).name
+
+
+def classify(argv: list[str]) -> str:
+    prog = program(argv)
+    if prog in ("pip", "pip3") or argv[1:3] in (["-m", "venv"], ["-m", "pip"]):
+        return "install"
+    if argv[1:3] == ["-m", "pytest"]:
+        return "pytest"
+    if prog in ("cegppo-demo", "cegppo-eval", "cegppo-train", "cegppo-plot", "cegppo-recipes"):
+        return prog
+    if prog.startswith("python") and len(argv) > 1 and argv[1].endswith(".py"):
+        return "train-script" if argv[1] == "examples/train_cegppo.py" else "script"
+    if prog == "accelerate" and argv[1:2] == ["launch"]:
+        return "accelerate"
+    if prog == "trl" and argv[1:2] == ["vllm-serve"]:
+        return "vllm-serve"
+    return "unknown"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Fixtures: the local stand-ins
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    return env
+
+
+def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    proc = subprocess.run(argv, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, (
+        f"`{shlex.join(argv)}` failed ({proc.returncode})\n--- stdout ---\n{proc.stdout[-3000:]}\n"
+        f"--- stderr ---\n{proc.stderr[-6000:]}"
+    )
+    return proc
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    """A locally built tiny model + tokenizer: the stand-in for every Hub model id in the docs."""
+    from cegppo_trl.tiny import build_tiny_model, build_tiny_tokenizer, save_tiny
+
+    tokenizer = build_tiny_tokenizer()
+    model = build_tiny_model(tokenizer, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, seed=0)
+    path = tmp_path_factory.mktemp("doc-model") / "tiny"
+    save_tiny(model, tokenizer, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def stand_ins(tiny_checkpoint) -> dict[str, str]:
+    values = {name: str(tiny_checkpoint) for name in (*HUB_MODELS, *PLACEHOLDER_MODELS)}
+    values.update(dict.fromkeys(HUB_TRAIN_SETS, "builtin:arithmetic"))
+    values.update(dict.fromkeys(HUB_EVAL_SETS, "builtin:arithmetic_eval"))
+    return values
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The blocks themselves
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_every_block_is_known():
+    """Every fenced block is python, a shell block, or marked as text / skipped with a reason."""
+    assert PYTHON_DOCS, "no python block found: the harness is not reading the docs"
+    for block in ALL_BLOCKS:
+        if block.skip_reason is None:
+            assert block.lang in ("python", "bash", "sh", "shell", "text", "yaml", "json"), (
+                f"{block.where}: fence language {block.lang!r}; use python/bash for code or text for output"
+            )
+
+
+def test_no_machine_specific_paths():
+    pattern = re.compile(r"(/work/|/root/|/home/\w+|/tmp/\w|/Users/\w+|C:\\)")
+    for doc in DOCS:
+        for number, line in enumerate(doc.read_text().splitlines(), 1):
+            assert not pattern.search(line), f"{doc.relative_to(ROOT)}:{number} names a machine path: {line.strip()}"
+
+
+def _swap_ids(source: str, stand_ins: dict[str, str]) -> str:
+    for name, value in stand_ins.items():
+        source = source.replace(f'"{name}"', repr(value)).replace(f"'{name}'", repr(value))
+    return source
+
+
+@pytest.mark.parametrize("doc", PYTHON_DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_python_blocks_run(doc, stand_ins, tmp_path, monkeypatch):
+    import cegppo_trl
+
+    real_config = cegppo_trl.CEGPPOConfig
+    built = []
+
+    def fast_config(*args, **kwargs):
+        config = real_config(*args, **{**kwargs, **FAST_CONFIG})
+        built.append((kwargs, config))
+        return config
+
+    monkeypatch.setattr(cegppo_trl, "CEGPPOConfig", fast_config)
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {"__name__": "__doc__"}
+    for block in code_blocks(doc):
+        if block.lang != "python" or block.skip_reason is not None:
+            continue
+        source = _swap_ids(block.body, stand_ins)
+        ast.parse(source)  # a syntax error is reported against the block, not the harness
+        exec(compile(source, block.where, "exec"), namespace)
+    # The CE-GPPO fields a block set reach the trainer unchanged (the harness only shrinks sizes).
+    for kwargs, config in built:
+        for name, value in kwargs.items():
+            if name not in FAST_CONFIG and name != "output_dir":
+                assert getattr(config, name) == value, f"{doc.name}: {name} was {getattr(config, name)!r}"
+    trainers = [v for v in namespace.values() if type(v).__name__ == "CEGPPOTrainer"]
+    for trainer in trainers:
+        assert trainer.state.global_step == FAST_CONFIG["max_steps"], f"{doc.name}: the trainer did not train"
+
+
+def test_readme_quick_start_is_the_first_python_block():
+    first = next(b for b in code_blocks(ROOT / "README.md") if b.lang == "python")
+    assert first.skip_reason is None
+    assert "from cegppo_trl import" in first.body and "trainer.train()" in first.body
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Shell commands
+# ----------------------------------------------------------------------------------------------------------------
+
+SHELL_COMMANDS = [(block, argv) for block in SHELL_BLOCKS for argv in shell_commands(block.body)]
+
+
+def _id(item) -> str:
+    block, argv = item
+    return f"{block.where}:{program(argv)}"
+
+
+def test_every_command_has_a_kind():
+    assert SHELL_COMMANDS
+    unknown = [f"{b.where}: {shlex.join(a)}" for b, a in SHELL_COMMANDS if classify(a) == "unknown"]
+    assert not unknown, "commands the doc harness does not know how to check:\n" + "\n".join(unknown)
+
+
+def _pyproject_extras() -> set[str]:
+    import tomllib
+
+    return set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+
+
+def test_readme_test_command_is_ci():
+    """`.ci/run` runs the README's test command (lint, then the suite) verbatim."""
+    first_block = code_blocks(ROOT / "README.md")[0].body
+    ci_lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    test_line = next(line.strip() for line in first_block.splitlines() if "pytest" in line)
+    assert test_line in ci_lines, f"README test command not in .ci/run: {test_line}"
+    lint = test_line.index("ruff check"), test_line.index("ruff format --check")
+    assert max(lint) < test_line.index("pytest"), "the README's test command lints before the tests"
+    assert "cegppo-demo" in first_block, "the README's first block lacks the main job"
+
+
+@pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "install"], ids=lambda c: _id(c))
+def test_install_commands_name_real_extras(item):
+    _, argv = item
+    extras = _pyproject_extras()
+    for word in argv:
+        for group in re.findall(r"\[([\w,-]+)\]", word):
+            for extra in group.split(","):
+                assert extra in extras, f"`{shlex.join(argv)}` asks for extra {extra!r}; pyproject has {extras}"
+        if word.startswith("torch"):
+            assert word == "torch==2.13.0", "the docs pin the CPU torch build as torch==2.13.0"
+
+
+@pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "pytest"], ids=lambda c: _id(c))
+def test_pytest_commands_name_real_paths(item):
+    _, argv = item
+    for word in argv[3:]:
+        if not word.startswith("-"):
+            assert (ROOT / word.split("::")[0]).exists(), f"`{shlex.join(argv)}`: {word} does not exist"
+
+
+@pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "script"], ids=lambda c: _id(c))
+def test_scripts_answer_help(item):
+    _, argv = item
+    assert (ROOT / argv[1]).is_file(), f"{argv[1]} does not exist"
+    proc = _run([sys.executable, argv[1], "--help"], cwd=ROOT)
+    assert "usage" in proc.stdout.lower()
+    # the flags the doc passes are flags the script knows
+    for word in argv[2:]:
+        if word.startswith("--"):
+            assert word.split("=")[0] in proc.stdout, f"{argv[1]} has no flag {word}"
+
+
+def _replace(argv: list[str], stand_ins: dict[str, str]) -> list[str]:
+    return [stand_ins.get(word, word) for word in argv]
+
+
+def _set_flag(argv: list[str], flag: str, value: str) -> list[str]:
+    argv = list(argv)
+    if flag in argv:
+        argv[argv.index(flag) + 1] = value
+    else:
+        argv += [flag, value]
+    return argv
+
+
+@pytest.fixture(scope="module")
+def train_run(tmp_path_factory) -> Path:
+    """The tiny recipe trained once through `cegppo-train` (what `cegppo-plot` and `cegppo-eval` commands use)."""
+    out = tmp_path_factory.mktemp("doc-train") / "run"
+    _run(
+        [str(BIN / "cegppo-train"), "--config", "recipes/tiny/cegppo/config_cpu.yaml", "--output_dir", str(out)],
+        cwd=ROOT,
+    )
+    return out
+
+
+def _is_cpu_recipe(argv: list[str]) -> bool:
+    return "--config" in argv and "recipes/tiny/" in argv[argv.index("--config") + 1]
+
+
+@pytest.mark.parametrize(
+    "item",
+    [c for c in SHELL_COMMANDS if classify(c[1]) in ("cegppo-train", "train-script")],
+    ids=lambda c: _id(c),
+)
+def test_train_commands(item, tmp_path, train_run):
+    """CPU recipes run (the `train_run` fixture ran the README's command once; others run here); GPU recipes parse."""
+    _, argv = item
+    if _is_cpu_recipe(argv):
+        if program(argv) == "cegppo-train" and argv[1:] == ["--config", "recipes/tiny/cegppo/config_cpu.yaml"]:
+            assert (train_run / "trainer_state.json").is_file()
+            return
+        cmd = [str(BIN / "cegppo-train")] if program(argv) == "cegppo-train" else [sys.executable, argv[1]]
+        rest = argv[1:] if program(argv) == "cegppo-train" else argv[2:]
+        _run([*cmd, *_set_flag(rest, "--output_dir", str(tmp_path / "run"))], cwd=ROOT)
+        assert (tmp_path / "run" / "trainer_state.json").is_file()
+    else:
+        _parse_training_args(argv[1:] if program(argv) == "cegppo-train" else argv[2:])
+
+
+def _parse_training_args(train_args: list[str]):
+    """Parse a GPU training command through the script's own parser (+ `--use_cpu true`: no GPU here)."""
+    import warnings
+
+    from cegppo_trl.scripts.train import _with_shipped_config, make_parser
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        script_args, training_args, model_args = make_parser().parse_args_and_config(
+            args=_with_shipped_config([*train_args, "--use_cpu", "true"])
+        )
+    assert model_args.model_name_or_path and script_args.dataset_name
+    return script_args, training_args, model_args
+
+
+@pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "accelerate"], ids=lambda c: _id(c))
+def test_accelerate_launches(item):
+    """Every `accelerate launch`: its accelerate config loads and its recipe validates. The CPU-runnable ones (tiny
+    recipe, `--mixed_precision no`) are what `tests/test_launch.py` runs, with the same configs."""
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.commands.launch import launch_command_parser
+
+    _, argv = item
+    script_at = next(i for i, word in enumerate(argv) if word.endswith(".py"))
+    launch_args = launch_command_parser().parse_args([*argv[2:script_at], argv[script_at]])
+    assert (ROOT / argv[script_at]).is_file()
+    config = load_config_from_file(str(ROOT / launch_args.config_file))
+    assert config.distributed_type is not None
+    _parse_training_args(argv[script_at + 1 :])
+    if _is_cpu_recipe(argv):
+        import test_launch
+
+        assert launch_args.mixed_precision == "no", "CPU launches need --mixed_precision no"
+        covered = {"multi_gpu.yaml", "zero2.yaml", "zero3.yaml", "fsdp2.yaml"}
+        assert Path(launch_args.config_file).name in covered and test_launch.RECIPE.name in argv[-1]
+
+
+@pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "vllm-serve"], ids=lambda c: _id(c))
+def test_vllm_serve_commands_parse(item):
+    from transformers import HfArgumentParser
+    from trl.scripts.vllm_serve import ScriptArguments
+
+    _, argv = item
+    (args,) = HfArgumentParser(ScriptArguments).parse_args_into_dataclasses(args=argv[2:])
+    assert args.model in HUB_MODELS
+
+
+@pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "cegppo-demo"], ids=lambda c: _id(c))
+def test_demo_commands(item, tmp_path):
+    """`cegppo-demo` runs as `--quick` (the full run is the README's main job, about 10 minutes on 2 cores)."""
+    _, argv = item
+    args = [a for a in argv[1:] if a != "--quick"]
+    out = tmp_path / "demo"
+    proc = _run([str(BIN / "cegppo-demo"), *args, "--quick", "--no-progress", "--output-dir", str(out)], cwd=tmp_path)
+    assert "CE-GPPO" in proc.stdout and (out / "results.json").is_file()
+
+
+@pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "cegppo-eval"], ids=lambda c: _id(c))
+def test_eval_commands(item, stand_ins, tmp_path):
+    _, argv = item
+    cmd = _replace(argv[1:], stand_ins)
+    for flag, value in (("--max-problems", "3"), ("--k", "2"), ("--max-new-tokens", "8")):
+        cmd = _set_flag(cmd, flag, value)
+    cmd = _set_flag(cmd, "--output", str(tmp_path / "eval.json"))
+    proc = _run([str(BIN / "cegppo-eval"), *cmd], cwd=tmp_path)
+    assert "avg@" in proc.stdout
+
+
+@pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "cegppo-plot"], ids=lambda c: _id(c))
+def test_plot_commands(item, train_run, tmp_path):
+    _, argv = item
+    first_flag = next((i for i, a in enumerate(argv) if a.startswith("--")), len(argv))
+    runs = [str(train_run) if a in PLACEHOLDER_RUNS else a for a in argv[1:first_flag] if not a.startswith("[")]
+    out = tmp_path / "runs.png"
+    _run([str(BIN / "cegppo-plot"), *dict.fromkeys(runs), "--out", str(out)], cwd=tmp_path)
+    assert out.stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    "item", [c for c in SHELL_COMMANDS if classify(c[1]) == "cegppo-recipes"], ids=lambda c: _id(c)
+)
+def test_recipes_commands(item, tmp_path):
+    _, argv = item
+    _run([str(BIN / "cegppo-recipes"), *argv[1:]], cwd=tmp_path)
+    if "--list" not in argv:
+        assert (tmp_path / "recipes" / "tiny" / "cegppo" / "config_cpu.yaml").is_file()
+        assert (tmp_path / "accelerate_configs" / "zero3.yaml").is_file()

@@ -1,0 +1,139 @@
+"""The public surface as a user meets it: names importable from `cegppo_trl`, cheap imports, declared dependencies."""
+
+import ast
+import subprocess
+import sys
+from importlib.metadata import packages_distributions
+from pathlib import Path
+
+import pytest
+import tomllib
+
+import cegppo_trl
+
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "cegppo_trl"
+DOC_NAMES = (  # what README.md and docs/*.md import from the top level
+    "CEGPPOConfig",
+    "CEGPPOTrainer",
+    "EntropyController",
+    "math_reward",
+    "make_math_reward",
+    "format_reward",
+    "load_math_dataset",
+    "AvgAtKCallback",
+    "evaluate_model",
+)
+
+
+@pytest.mark.parametrize("name", DOC_NAMES)
+def test_doc_names_import_from_the_top_level(name):
+    assert name in cegppo_trl.__all__
+    namespace = {}
+    exec(f"from cegppo_trl import {name}", namespace)
+    assert namespace[name] is not None
+
+
+def test_all_is_exactly_the_public_names():
+    assert len(set(cegppo_trl.__all__)) == len(cegppo_trl.__all__)
+    for name in cegppo_trl.__all__:
+        value = getattr(cegppo_trl, name)
+        module = sys.modules[value.__module__]
+        assert module.__name__.startswith("cegppo_trl."), name
+        assert not name.startswith("_")
+    # `from cegppo_trl import *` gives exactly __all__
+    namespace = {}
+    exec("from cegppo_trl import *", namespace)
+    assert sorted(k for k in namespace if k != "__builtins__") == sorted(cegppo_trl.__all__)
+    assert set(cegppo_trl.__all__) <= set(dir(cegppo_trl))
+
+
+def test_unknown_name_raises_attribute_error():
+    with pytest.raises(AttributeError, match="no attribute 'CEGPPOTrainerX'"):
+        cegppo_trl.CEGPPOTrainerX  # noqa: B018
+    with pytest.raises(ImportError):
+        exec("from cegppo_trl import not_a_name", {})
+
+
+def _modules_after(statement: str) -> set[str]:
+    code = f"import sys; {statement}; print(' '.join(sorted(m.split('.')[0] for m in sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    return set(out.split())
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "import cegppo_trl",
+        "from cegppo_trl import math_reward, format_reward",
+        "from cegppo_trl import load_math_dataset",
+    ],
+)
+def test_light_imports_do_not_pull_torch_or_trl(statement):
+    """A reward worker or a data script does not pay for torch / TRL (seconds of import time)."""
+    loaded = _modules_after(statement)
+    assert not loaded & {"torch", "trl", "transformers"}, sorted(loaded & {"torch", "trl", "transformers"})
+
+
+def test_trainer_import_is_the_real_class():
+    from trl import GRPOTrainer
+
+    from cegppo_trl import CEGPPOTrainer
+    from cegppo_trl.trainer import CEGPPOTrainer as direct
+
+    assert CEGPPOTrainer is direct and issubclass(CEGPPOTrainer, GRPOTrainer)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Dependencies: module-level imports of the library are base dependencies; optional ones are imported lazily.
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _requirement_names(specs: list[str]) -> set[str]:
+    import re
+
+    return {re.split(r"[<>=!~\[; ]", spec, maxsplit=1)[0].lower().replace("_", "-") for spec in specs}
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    """Top-level package names imported at module level (not inside functions or `if TYPE_CHECKING`)."""
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_module_level_imports_are_base_dependencies():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    base = _requirement_names(project["dependencies"]) | {"torch"}  # torch: installed with trl / accelerate
+    distributions = packages_distributions()
+    stdlib = sys.stdlib_module_names
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for name in _top_level_imports(path) - stdlib - {"cegppo_trl"}:
+            dists = {d.lower().replace("_", "-") for d in distributions.get(name, [name])}
+            if not dists & base:
+                offenders.append(f"{path.relative_to(ROOT)} imports {name} ({sorted(dists)}) at module level")
+    assert not offenders, "\n".join(offenders)
+
+
+def test_declared_dependencies_are_used():
+    """Every base dependency is imported somewhere in the library (no stale entries such as pyyaml)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    source = "\n".join(p.read_text() for p in PACKAGE.rglob("*.py"))
+    import_names = {"math-verify": "math_verify"}
+    for name in _requirement_names(project["dependencies"]):
+        module = import_names.get(name, name.replace("-", "_"))
+        assert f"import {module}" in source or f"from {module}" in source, f"{name} is declared but never imported"
+
+
+def test_extras_are_imported_only_lazily_and_named_in_the_readme():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    readme = (ROOT / "README.md").read_text()
+    for extra in project["optional-dependencies"]:
+        assert f"[{extra}]" in readme or f"`{extra}`" in readme, f"the README does not say what extra {extra} brings"
