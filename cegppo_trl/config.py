@@ -8,9 +8,21 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 
-# Loss types whose per-token term is TRL's PPO-clip `-min(r A, clip(r) A)`: CE-GPPO replaces exactly that term, so it
-# composes with each of their aggregations. The others (cispo, sapo, vespo, luspo) have a different per-token form.
-SUPPORTED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+# Loss types whose per-token term in TRL 1.16's `GRPOTrainer._compute_loss` is PPO-clip `-min(r A, clip(r) A)` (TRL's
+# branch `loss_type in ["grpo", "bnpo", "dr_grpo", "dapo", "luspo"]`): CE-GPPO replaces exactly that term, so it composes
+# with each of their aggregations. `tests/test_trl_parity.py` checks each against TRL's own trainer.
+SUPPORTED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
+
+# Why each other TRL 1.16 loss type is refused: none has a clipped set whose gradient PPO-clip zeroes, so there is no
+# gradient for CE-GPPO to preserve. Used in the error message and in the `CEGPPOConfig` docstring.
+UNSUPPORTED_LOSS_TYPES = {
+    "cispo": "its per-token loss is `-sg(min(r, epsilon_high)) * A * log pi`, a REINFORCE term with a detached, "
+    "truncated ratio: every token already keeps its gradient, so there is no clipped set to give it back to",
+    "sapo": "its per-token loss is a soft sigmoid gate `-sigmoid(tau (r - 1)) * 4 / tau * A` with no hard clip: "
+    "no token has its gradient set to zero, so there is no clipped set to give it back to",
+    "vespo": "its per-token loss is `-phi(w) * A * log pi` with detached gamma weights `phi` of the sequence ratio: "
+    "there is no clip, so there is no clipped set to give gradient back to",
+}
 
 
 @dataclass
@@ -18,8 +30,8 @@ class CEGPPOConfig(GRPOConfig):
     r"""
     Configuration class for [`CEGPPOTrainer`]: every field of TRL's [`~trl.GRPOConfig`] plus the fields below.
 
-    CE-GPPO (Su et al., ACL 2026, Eq. 8) keeps PPO-clip's forward value on clipped tokens but gives them back a bounded
-    gradient: `beta1 * (1 - epsilon) * A * grad log pi` for negative-advantage tokens whose ratio fell below
+    CE-GPPO (Su et al., ACL 2026, Eq. 8) gives PPO-clip's clipped tokens `beta` times PPO-clip's forward value
+    (`beta * (1 -+ epsilon) * A`; with `beta = 1` the value is PPO-clip's) and gives them back a bounded gradient: `beta1 * (1 - epsilon) * A * grad log pi` for negative-advantage tokens whose ratio fell below
     `1 - epsilon`, and `beta2 * (1 + epsilon_high) * A * grad log pi` for positive-advantage tokens whose ratio rose above
     `1 + epsilon_high`. PPO-clip gives both sets zero gradient.
 
@@ -34,6 +46,20 @@ class CEGPPOConfig(GRPOConfig):
 
     The authors' scripts also use a dual-clip with `c = 10` on negative-advantage tokens: that is TRL's existing
     `delta` (set `delta=10.0`; it must exceed `1 + epsilon_high`).
+
+    Loss types (TRL 1.16). Supported: `grpo`, `bnpo`, `dr_grpo`, `dapo` and `luspo` -- their per-token term is the same
+    PPO-clip `-min(r A, clip(r) A)`, only the aggregation differs (`luspo`: per-sequence sum, then mean over
+    sequences; TRL recommends it with `importance_sampling_level="sequence"`). Refused, each for the same reason (no
+    clipped set whose gradient PPO-clip zeroes, so nothing for CE-GPPO to preserve):
+
+    * `cispo`: `-sg(min(r, epsilon_high)) * A * log pi`, REINFORCE with a detached truncated ratio; every token already
+      keeps its gradient.
+    * `sapo`: `-sigmoid(tau (r - 1)) * 4 / tau * A`, a soft gate with no hard clip.
+    * `vespo`: `-phi(w) * A * log pi` with detached gamma weights of the sequence ratio; no clip.
+
+    The log-ratio `log pi_theta - log pi_old` is clamped to `[-20, 20]` before `exp` (as verl does), so a broken old
+    log-prob cannot turn the update into NaN; nothing changes where `|log-ratio| <= 20` (see
+    `cegppo_trl.core.clamp_old_log_probs`, metric `cegppo/log_ratio_clamped_frac`).
 
     Parameters:
         > CE-GPPO coefficients
@@ -56,9 +82,16 @@ class CEGPPOConfig(GRPOConfig):
             Completions whose total (weighted) reward is `>=` this value get the NLL term. With the paper's +1 / -1
             reward, `1.0` selects the correct answers.
         cegppo_exclude_zero_advantage_groups (`bool`, *optional*, defaults to `False`):
-            Leave groups whose advantages are all zero (all completions of a prompt got the same reward) out of the
-            token-mean denominator, as the authors' dynamic sampling does by dropping such groups. Their tokens already
-            contribute zero to the numerator. Requires `loss_type="dapo"`.
+            Drop the groups whose rewards are all equal (all completions of a prompt scored the same) from the update,
+            as the authors' dynamic sampling (`filter_groups`) does. Each micro-batch is trained as if those rows had
+            been physically removed from it: they leave every term (policy, KL, entropy bonus, SFT, MoE aux loss),
+            every normaliser (the token-mean denominator of `dapo` counts only the kept tokens of the generation batch
+            on all processes) and every metric of the loss path. "All equal" is decided on the rewards, not on the
+            advantages (which keep a float residue): with `multi_objective_aggregation="sum_then_normalize"` on the
+            `reward_weights`-weighted total, with `"normalize_then_sum"` on every reward function's column; values
+            within `1e-6 * max(1, |reward|)` count as equal (`cegppo_trl.core.EQUAL_REWARD_RTOL`). A micro-batch
+            whose rows are all dropped contributes a zero loss and zero gradient. Not available for multimodal
+            inputs.
 
         > Diagnostics
 
@@ -96,7 +129,7 @@ class CEGPPOConfig(GRPOConfig):
     epsilon: float = field(default=0.2, metadata={"help": "Lower clip range (paper: 0.2)."})
     loss_type: str = field(
         default="dapo",
-        metadata={"help": "Aggregation of the per-token loss: one of grpo, bnpo, dr_grpo, dapo (paper: dapo)."},
+        metadata={"help": "Aggregation of the per-token loss: one of grpo, bnpo, dr_grpo, dapo, luspo (paper: dapo)."},
     )
     beta: float = field(default=0.0, metadata={"help": "KL coefficient (paper: 0.0, no KL term)."})
 
@@ -121,7 +154,7 @@ class CEGPPOConfig(GRPOConfig):
     )
     cegppo_exclude_zero_advantage_groups: bool = field(
         default=False,
-        metadata={"help": "Leave all-zero-advantage groups out of the token-mean denominator (loss_type='dapo')."},
+        metadata={"help": "Drop groups whose rewards are all equal from the update (the authors' filter_groups)."},
     )
     cegppo_low_prob_threshold: float = field(
         default=0.5, metadata={"help": "pi(y_t) below this is 'low probability' in the quadrant metrics."}
@@ -169,23 +202,22 @@ def validate_cegppo_config(args) -> None:
         isinstance(epsilon_high, (int, float)) and math.isfinite(epsilon_high) and epsilon_high > 0,
         f"`epsilon_high` must be a finite number > 0, got {epsilon_high!r}. The paper uses epsilon_high=0.2.",
     )
+    if args.loss_type in UNSUPPORTED_LOSS_TYPES:
+        raise ValueError(
+            f"`loss_type={args.loss_type!r}` is not supported by CE-GPPO: {UNSUPPORTED_LOSS_TYPES[args.loss_type]}. "
+            f"Use one of {list(SUPPORTED_LOSS_TYPES)} (the paper uses 'dapo'), or use trl.GRPOTrainer for "
+            f"loss_type={args.loss_type!r}."
+        )
     _require(
         args.loss_type in SUPPORTED_LOSS_TYPES,
-        f"`loss_type={args.loss_type!r}` is not supported by CE-GPPO: its per-token loss is not PPO-clip, so there is "
-        f"no clipped set to give gradient back to. Use one of {list(SUPPORTED_LOSS_TYPES)} (the paper uses 'dapo'), "
-        "or use trl.GRPOTrainer for that loss type.",
+        f"`loss_type={args.loss_type!r}` is not a loss type CE-GPPO knows. Use one of {list(SUPPORTED_LOSS_TYPES)} "
+        "(the paper uses 'dapo').",
     )
     if args.delta is not None:
         _require(
             math.isfinite(args.delta) and args.delta > 1 + epsilon_high,
             f"`delta` (dual-clip cap, the authors' c=10) must be > 1 + epsilon_high = {1 + epsilon_high}, got "
             f"{args.delta!r}. Set delta=10.0 as in the authors' scripts, or delta=None to disable dual-clip.",
-        )
-    if args.cegppo_exclude_zero_advantage_groups:
-        _require(
-            args.loss_type == "dapo",
-            "`cegppo_exclude_zero_advantage_groups=True` changes the token-mean denominator, which only "
-            f"`loss_type='dapo'` has; got loss_type={args.loss_type!r}. Set loss_type='dapo' or disable the option.",
         )
     _require(
         math.isfinite(args.cegppo_sft_reward_threshold),

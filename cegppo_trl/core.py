@@ -3,7 +3,8 @@
 Nothing here knows about models, trainers or processes: each function maps tensors to tensors and is tested alone
 (`tests/test_core.py`) against an independent implementation of Eq. 8.
 
-Notation (shared/CEGPPO.md):
+Notation (Su et al., "CE-GPPO", ACL 2026, arXiv 2509.20712, section 3 and Eq. 8; the authors' verl loss
+`gppo_general` agrees):
 
     r      = pi_theta(y_t | ...) / pi_old(y_t | ...)      importance ratio, here `exp(log_ratio)`
     A      = group-normalised advantage
@@ -13,15 +14,77 @@ Notation (shared/CEGPPO.md):
            beta2 * (1 + eps_high) * r / sg(r) * A    if r > 1 + eps_high and A > 0     ("beta2 set")
            r * A                                     otherwise
 
-and the per-token *loss* is `-l_t`. The aggregation over tokens (token-mean, sequence-mean, ...) is not part of
-Eq. 8's per-token form and lives with the trainer.
+and the per-token *loss* is `-l_t`. Comparisons are strict, and "otherwise" is PPO's unclipped branch (including
+`A > 0, r < 1 - eps_low` and `A < 0, r > 1 + eps_high`). Since `r / sg(r) == 1` in the forward pass, a clipped token's
+forward value is `beta` times PPO-clip's `(1 -+ eps) A`, while its gradient is `beta (1 -+ eps) A grad log pi` (PPO-clip
+gives it none). The aggregation over tokens (token-mean, sequence-mean, ...) is not part of Eq. 8's per-token form and
+lives with the trainer.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
+
+
+# Bound on |log pi_theta - log pi_old| before any `exp`, as in verl (`clamp(log_prob - old_log_prob, -20, 20)`).
+# exp(20) ~ 4.85e8 and exp(-20) ~ 2.06e-9 are far outside any clip range and representable in float32 and bf16.
+LOG_RATIO_CLAMP = 20.0
+
+# Two rewards of one group count as equal when they differ by at most this much relative to max(1, |reward|): a few
+# float32 ulps, so rewards computed by different arithmetic (0.1 + 0.6 vs 0.7) still compare equal.
+EQUAL_REWARD_RTOL = 1e-6
+
+
+@torch.no_grad()
+def clamp_old_log_probs(per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor, bound: float = LOG_RATIO_CLAMP):
+    """Move `old_per_token_logps` to within `bound` of the current log-probs, so `log_ratio = logps - old` lies in
+    `[-bound, bound]` and `exp(log_ratio)` stays finite. Returns `(clamped_old, was_clamped)` (both detached).
+
+    What it changes: only tokens with `|log_ratio| > bound` (`bound = 20`: ratio above 4.85e8 or below 2.06e-9); where
+    `|log_ratio| <= bound` the old log-prob is returned unchanged, bit for bit. A clamped token is treated as if
+    `pi_old` were exactly `e^{-+20}` times `pi_theta`: its ratio is `e^{+-20}`, its gradient still flows through
+    `log pi_theta` (the clamp moves the detached old log-prob, not the log-ratio), so every branch keeps its meaning --
+    far outside `[1 - eps_low, 1 + eps_high]` the token is in a clipped set (bounded CE-GPPO gradient) or in PPO's
+    unclipped branch with `r A` capped at `e^20 A` (bound it further with `delta`), and a ratio below `e^{-20}` gives
+    `r A < 3e-9 A`, i.e. nothing, either way.
+
+    Why it is safe: without it, `exp(+100)` overflows float32 to `inf`; PPO-clip's `min(r A, clip(r) A)` then
+    back-propagates `0 * inf = NaN` through the branch it did not select, and one NaN poisons the whole update. Such
+    ratios only arise from a broken old log-prob (a mismatched sampler or a `-inf` / `-1e9` sentinel), never from
+    training, and the clamp replaces a NaN update with a finite one. verl clamps the log-ratio to the same bound.
+    """
+    low = per_token_logps.detach() - bound
+    high = per_token_logps.detach() + bound
+    clamped = torch.clamp(old_per_token_logps, min=low, max=high)
+    return clamped, (old_per_token_logps < low) | (old_per_token_logps > high)
+
+
+@torch.no_grad()
+def equal_reward_groups(rewards: torch.Tensor, group_size: int, rtol: float = EQUAL_REWARD_RTOL) -> torch.Tensor:
+    """Which groups of `group_size` consecutive rows have all rewards equal (the authors' `filter_groups` drops them).
+
+    Args:
+        rewards: `(N,)` total rewards, or `(N, K)` one column per reward function (then a group is equal when every
+            column is). NaN (unscorable) entries are ignored; a group with no scorable entry counts as equal.
+        group_size: completions per prompt.
+        rtol: tolerance relative to `max(1, max |reward|)` of the group.
+
+    Returns:
+        `(N / group_size,)` bool.
+
+    Decided on the rewards rather than on the advantages: TRL's group mean of equal float rewards leaves a residue
+    (eight rewards of 0.7: advantage 5.95e-4 after std normalisation), so `advantage != 0` keeps such groups.
+    """
+    grouped = rewards.reshape(-1, group_size, *rewards.shape[1:]).float()
+    scorable = ~torch.isnan(grouped)
+    high = torch.where(scorable, grouped, torch.full_like(grouped, -math.inf)).amax(dim=1)
+    low = torch.where(scorable, grouped, torch.full_like(grouped, math.inf)).amin(dim=1)
+    scale = torch.where(scorable, grouped.abs(), torch.zeros_like(grouped)).amax(dim=1).clamp(min=1.0)
+    equal = ~(high - low > rtol * scale)  # also True when a column has no scorable entry (-inf - inf is not > x)
+    return equal.reshape(equal.size(0), -1).all(dim=1)
 
 
 @dataclass
@@ -137,7 +200,7 @@ def ppo_clip_per_token_loss(
     epsilon_high: float,
     delta: float | None = None,
 ) -> torch.Tensor:
-    """Per-token PPO-clip loss exactly as TRL computes it for `loss_type in {"grpo", "bnpo", "dr_grpo", "dapo"}`.
+    """Per-token PPO-clip loss exactly as TRL computes it for `loss_type in {"grpo", "bnpo", "dr_grpo", "dapo", "luspo"}`.
 
     Mirrors `GRPOTrainer._compute_loss` of TRL 1.16 (`coef_2 = clamp(coef_1, 1 - eps_low, 1 + eps_high)`, optional
     `coef_1 = clamp(coef_1, max=delta)`, `-min(coef_1 * A, coef_2 * A)`). `tests/test_trl_parity.py` checks this
@@ -163,7 +226,7 @@ def gradient_preserving_correction(
 
     It is zero (value and gradient) outside the two clipped sets, where Eq. 8 and PPO-clip coincide. On the clipped
     sets PPO's loss is the constant `-(1 -+ eps) A` with no gradient, so the correction is
-    `-beta (1 -+ eps) A r / sg(r) + (1 -+ eps) A`. Because every TRL aggregation (grpo, bnpo, dr_grpo, dapo) is linear
+    `-beta (1 -+ eps) A r / sg(r) + (1 -+ eps) A`. Because every TRL aggregation (grpo, bnpo, dr_grpo, dapo, luspo) is linear
     in the per-token loss, `aggregate(ppo) + aggregate(correction) == aggregate(cegppo)` exactly.
     """
     # Computed directly rather than as the difference of the two losses: the trainer calls this on every
@@ -187,8 +250,8 @@ def entropy_change_first_order(probs: torch.Tensor, action: int, advantage: floa
     """First-order entropy change of a softmax policy after one policy-gradient step on action `action`.
 
     The logits move by `lr * weight * A * (e_a - p)`; then `dH = -lr * weight * A * s_a` with
-    `s_a = p_a (log p_a + H) - sum_b p_b^2 (log p_b + H)` (shared/CEGPPO.md). Positive-advantage rare actions raise
-    entropy, negative-advantage rare actions lower it.
+    `s_a = p_a (log p_a + H) - sum_b p_b^2 (log p_b + H)` (the softmax entropy dynamics the paper's section 3 builds
+    on). Positive-advantage rare actions raise entropy, negative-advantage rare actions lower it.
     """
     log_p = torch.log(probs)
     entropy = -(probs * log_p).sum()

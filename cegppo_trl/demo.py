@@ -40,14 +40,13 @@ from typing import Any
 
 import torch
 
-from .data import BUILTIN_DATASETS, load_math_dataset
+from .data import BUILTIN_DATASETS, build_prompt, load_math_dataset
+from .evaluation import DEFAULT_BATCH_SIZE, evaluate_completions, generate_completions, save_eval_settings
 from .tiny import (
     PROMPT_INSTRUCTION,
     arithmetic_sft_examples,
     build_tiny_model,
     build_tiny_tokenizer,
-    format_user_message,
-    greedy_accuracy,
     load_tiny,
     save_tiny,
     sft_warmstart,
@@ -57,6 +56,7 @@ from .tiny import (
 __all__ = [
     "DEMO_INSTRUCTION",
     "RL_DEFAULTS",
+    "eval_command",
     "evaluate_policy",
     "format_table",
     "demo_train_dataset",
@@ -65,7 +65,9 @@ __all__ = [
     "main",
     "run_demo",
     "run_rl",
+    "save_demo_model",
     "warm_start",
+    "write_rows",
 ]
 
 #: `load_math_dataset(..., instruction=DEMO_INSTRUCTION)` gives exactly the user message the tiny model is SFT-trained
@@ -164,31 +166,41 @@ def demo_train_dataset(problems: str = DEFAULT_PROBLEMS):
 # --------------------------------------------------------------------------------------------------------------
 
 
+#: How the demo's held-out figures are sampled (the same as RL's rollouts: temperature 1, no top-p / top-k cut).
+EVAL_TEMPERATURE = 1.0
+EVAL_TOP_P = 1.0
+
+
+def _prompt_and_solution(row: dict) -> tuple[list[dict[str, str]], str]:
+    """A held-out row as `load_math_dataset(..., instruction=DEMO_INSTRUCTION)` gives it: ``{"problem", "answer"}``
+    rows are turned into the tiny model's prompt; ``{"prompt", "solution"}`` rows are used as they are."""
+    if "prompt" in row and "solution" in row:
+        return row["prompt"], str(row["solution"])
+    return build_prompt(str(row["problem"]).strip(), instruction=DEMO_INSTRUCTION), str(row["answer"]).strip()
+
+
 @torch.no_grad()
-def _mean_completion_entropy(model, tokenizer, samples: Sequence[dict], batch_size: int = 128) -> float:
+def _mean_completion_entropy(
+    model, tokenizer, prompts: Sequence[Any], completions: Sequence[str], batch_size: int = 128
+) -> float:
     """Token-mean entropy (nats) of the policy along sampled completions (+ eos), as TRL's `entropy` metric is
     computed: at each completion position, the entropy of the next-token distribution given the prefix."""
     was_training = model.training
     model.eval()
     total, count = 0.0, 0
     try:
-        for start in range(0, len(samples), batch_size):
-            chunk = samples[start : start + batch_size]
+        for start in range(0, len(prompts), batch_size):
             encoded = []
-            for s in chunk:
-                prompt = tokenizer.apply_chat_template(
-                    [{"role": "user", "content": format_user_message(str(s["problem"]))}],
-                    add_generation_prompt=True,
-                    tokenize=True,
-                    return_dict=True,
+            for prompt, text in zip(prompts[start : start + batch_size], completions[start : start + batch_size]):
+                prompt_ids = tokenizer.apply_chat_template(
+                    list(prompt), add_generation_prompt=True, tokenize=True, return_dict=True
                 )["input_ids"]
-                completion = tokenizer(s["completion"], add_special_tokens=False)["input_ids"]
-                encoded.append((list(prompt), completion + [tokenizer.eos_token_id]))
+                completion = tokenizer(text, add_special_tokens=False)["input_ids"]
+                encoded.append((list(prompt_ids), completion + [tokenizer.eos_token_id]))
             width = max(len(p) + len(c) for p, c in encoded)
-            input_ids = torch.full((len(chunk), width), tokenizer.pad_token_id, dtype=torch.long)
-            targets = torch.zeros(
-                (len(chunk), width), dtype=torch.bool
-            )  # positions whose next token is a completion token
+            input_ids = torch.full((len(encoded), width), tokenizer.pad_token_id, dtype=torch.long)
+            # positions whose next token is a completion token
+            targets = torch.zeros((len(encoded), width), dtype=torch.bool)
             for i, (p, c) in enumerate(encoded):
                 input_ids[i, : len(p) + len(c)] = torch.tensor(p + c)
                 targets[i, len(p) - 1 : len(p) + len(c) - 1] = True
@@ -208,34 +220,80 @@ def evaluate_policy(
     tokenizer,
     rows: Sequence[dict],
     *,
-    temperature: float = 1.0,
+    temperature: float = EVAL_TEMPERATURE,
+    top_p: float = EVAL_TOP_P,
     seed: int = 0,
     max_new_tokens: int = 20,
     samples_per_row: int = 1,
+    batch_size: int = DEFAULT_BATCH_SIZE,
 ) -> dict[str, float]:
     """Sample `samples_per_row` completions per held-out row; return ``{"accuracy", "entropy", "greedy_accuracy"}``.
 
-    `accuracy`: fraction of samples whose last ``\\boxed{}`` equals the answer, sampling at `temperature` (1.0 = what
-    RL trains on); `entropy`: token-mean entropy (nats) of the policy along those samples; `greedy_accuracy`: the same
-    check with greedy decoding (once per row).
+    `accuracy`: avg@`samples_per_row`, the fraction of samples the math-verify reward grades correct, sampling at
+    `temperature` (1.0 = what RL trains on); `entropy`: token-mean entropy (nats) of the policy along those samples;
+    `greedy_accuracy`: the same check with greedy decoding (once per row). `rows` are ``{"problem", "answer"}``
+    (prompted as the tiny model is trained, `DEMO_INSTRUCTION`) or ``{"prompt", "solution"}``.
+
+    This is `cegppo-eval`'s code path (`generate_completions`, `evaluate_completions`), so ``cegppo-eval MODEL_DIR
+    --datasets ROWS.jsonl --k samples_per_row --seed seed`` on a model saved with `save_demo_model` gives the same
+    `accuracy` (see `eval_command`).
     """
-    sampled_rows = [row for row in rows for _ in range(samples_per_row)]
-    accuracy, samples = greedy_accuracy(
-        model,
-        tokenizer,
-        sampled_rows,
-        n=None,
-        temperature=temperature,
-        max_new_tokens=max_new_tokens,
-        seed=seed,
-        return_samples=True,
+    pairs = [_prompt_and_solution(row) for row in rows]
+    if not pairs:
+        raise ValueError("no held-out rows")
+    prompts, solutions = [p for p, _ in pairs], [s for _, s in pairs]
+    generation = dict(max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed)
+    sampled = generate_completions(
+        model, tokenizer, prompts, samples_per_row, temperature=temperature, top_p=top_p, **generation
     )
-    greedy = greedy_accuracy(model, tokenizer, rows, n=None, max_new_tokens=max_new_tokens)
+    report = evaluate_completions(sampled, solutions)
+    greedy = generate_completions(model, tokenizer, prompts, 1, temperature=0.0, **generation)
+    greedy_report = evaluate_completions(greedy, solutions)
+    flat_prompts = [p for p, group in zip(prompts, sampled) for _ in group]
+    flat_completions = [text for group in sampled for text in group]
     return {
-        "accuracy": float(accuracy),
-        "entropy": _mean_completion_entropy(model, tokenizer, samples),
-        "greedy_accuracy": float(greedy),
+        "accuracy": float(report[f"avg@{samples_per_row}"]),
+        "entropy": _mean_completion_entropy(model, tokenizer, flat_prompts, flat_completions),
+        "greedy_accuracy": float(greedy_report["avg@1"]),
     }
+
+
+def write_rows(rows: Sequence[dict], path: str | os.PathLike) -> str:
+    """Write ``{"problem", "answer"}`` rows as JSON lines (a data set for `cegppo-eval --datasets`)."""
+    path = os.fspath(path)
+    with open(path, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps({"problem": row["problem"], "answer": row["answer"]}) + "\n")
+    return path
+
+
+def save_demo_model(model, tokenizer, path: str | os.PathLike, *, max_new_tokens: int = 20) -> str:
+    """Save a demo model with its prompt format and held-out sampling settings (`save_eval_settings`), so that
+    `cegppo-eval path` prompts and samples it as the demo does."""
+    save_tiny(model, tokenizer, path)
+    save_eval_settings(
+        path,
+        instruction=DEMO_INSTRUCTION,
+        temperature=EVAL_TEMPERATURE,
+        top_p=EVAL_TOP_P,
+        max_new_tokens=max_new_tokens,
+        note="cegppo-demo: the tiny model is trained on '<problem> Put the final answer in \\boxed{}.' and evaluated "
+        "sampling at temperature 1 (top_p 1, no top-k), 20 new tokens; cegppo-eval uses these unless flags say "
+        "otherwise.",
+    )
+    return os.fspath(path)
+
+
+def eval_command(
+    model_dir: str, data_path: str, samples_per_row: int, seed: int = 0, output: str | None = None
+) -> str:
+    """The `cegppo-eval` command that reproduces `evaluate_policy`'s accuracy for a model saved by `save_demo_model`."""
+    import shlex
+
+    words = ["cegppo-eval", model_dir, "--datasets", data_path, "--k", str(samples_per_row), "--seed", str(seed)]
+    if output is not None:
+        words += ["--output", output]
+    return shlex.join(words)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -243,6 +301,8 @@ def evaluate_policy(
 # --------------------------------------------------------------------------------------------------------------
 
 _WARM_START_FILE = "warm_start.json"
+#: The held-out rows of a demo run, written to its output directory for `cegppo-eval --datasets`.
+HELDOUT_FILE = "heldout.jsonl"
 
 
 def warm_start(
@@ -294,6 +354,8 @@ def warm_start(
             saved = json.load(f)
         if saved.get("key") == key:
             model, tokenizer = load_tiny(cache_dir)
+            if not os.path.isfile(os.path.join(os.fspath(cache_dir), "cegppo_prompt.json")):  # older cache
+                save_demo_model(model, tokenizer, cache_dir)
             return model, tokenizer, {**saved["info"], "cached": True, "path": os.fspath(cache_dir)}
 
     start = time.perf_counter()
@@ -316,7 +378,7 @@ def warm_start(
     info["seconds"] = time.perf_counter() - start
     info["num_parameters"] = sum(p.numel() for p in model.parameters())
     if info_path is not None:
-        save_tiny(model, tokenizer, cache_dir)
+        save_demo_model(model, tokenizer, cache_dir)
         with open(info_path, "w") as f:
             json.dump({"key": key, "info": info}, f, indent=2)
     return model, tokenizer, {**info, "cached": False, "path": None if cache_dir is None else os.fspath(cache_dir)}
@@ -349,8 +411,9 @@ def _progress_callback(desc: str):
                 shown = {
                     "reward": logs.get("reward"),
                     "entropy": logs.get("entropy"),
-                    "b1": logs.get("cegppo/beta1_token_frac"),
-                    "b2": logs.get("cegppo/beta2_token_frac"),
+                    # fractions of tokens in the two clipped sets (r < 1 - eps, A < 0 / r > 1 + eps, A > 0)
+                    "clip_lo": logs.get("cegppo/beta1_token_frac"),
+                    "clip_hi": logs.get("cegppo/beta2_token_frac"),
                 }
                 self.bar.set_postfix({k: f"{v:.3g}" for k, v in shown.items() if isinstance(v, (int, float))})
 
@@ -387,6 +450,7 @@ def run_rl(
     label: str | None = None,
     reward_funcs=None,
     eval_samples: int = DEFAULT_EVAL_SAMPLES,
+    save_final: bool = True,
     **config_overrides,
 ) -> dict[str, Any]:
     """Train `model` (in place) with `CEGPPOTrainer` at (beta1, beta2) for `max_steps` optimizer steps.
@@ -402,7 +466,9 @@ def run_rl(
     ``log_history`` (`trainer.state.log_history`), held-out ``start_accuracy`` / ``end_accuracy`` (sampled at
     temperature 1), ``start_entropy`` / ``end_entropy`` (nats, along those samples), ``start_greedy_accuracy`` /
     ``end_greedy_accuracy``, and ``start_reward`` / ``end_reward`` (mean training reward over the first / last 10%
-    of the logs). ``trainer_state.json`` is saved in `output_dir`.
+    of the logs), ``final_dir``. ``trainer_state.json`` is saved in `output_dir` and, with `save_final`, the trained
+    model in ``output_dir/final`` (`save_demo_model`: with its prompt format and held-out sampling settings, so that
+    ``cegppo-eval output_dir/final`` evaluates it as this function does; None without `save_final`).
     """
     from .config import CEGPPOConfig
     from .rewards import math_reward
@@ -446,6 +512,11 @@ def run_rl(
     trainer.train()
     seconds = time.perf_counter() - start
     trainer.save_state()
+    final_dir = None
+    if save_final:
+        final_dir = save_demo_model(
+            trainer.model, tokenizer, os.path.join(os.fspath(output_dir), "final"), max_new_tokens=max_new_tokens
+        )
     end_eval = evaluate_policy(trainer.model, tokenizer, eval_rows, **evaluate)
     history = list(trainer.state.log_history)
     return {
@@ -456,6 +527,7 @@ def run_rl(
         "max_steps": max_steps,
         "seconds": seconds,
         "output_dir": os.fspath(output_dir),
+        "final_dir": final_dir,
         "log_history": history,
         **{f"start_{k}": v for k, v in start_eval.items()},
         **{f"end_{k}": v for k, v in end_eval.items()},
@@ -617,6 +689,7 @@ def _run(args: argparse.Namespace, sizes: dict[str, Any]) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     print(f"[cegppo-demo] output directory: {out}", flush=True)
+    heldout = write_rows(eval_rows, os.path.join(out, HELDOUT_FILE))  # the held-out set, for cegppo-eval
     warm_dir = os.path.join(out, "warm_start")
     _, _, warm = warm_start(
         seed=args.seed,
@@ -687,11 +760,38 @@ def _run(args: argparse.Namespace, sizes: dict[str, Any]) -> dict[str, Any]:
         "runs": [{k: v for k, v in r.items() if k != "log_history"} for r in results],
         "plot": png,
     }
+    # The commands that evaluate the saved models again, with the paths as the user gave them.
+    shown = args.output_dir.rstrip(os.sep) or out
+    commands = {
+        "warm_start": eval_command(
+            os.path.join(shown, "warm_start"), os.path.join(shown, HELDOUT_FILE), sizes["eval_samples"], args.seed
+        ),
+        **{
+            name: eval_command(
+                os.path.join(shown, "runs", name, "final"),
+                os.path.join(shown, HELDOUT_FILE),
+                sizes["eval_samples"],
+                args.seed,
+            )
+            for name, *_ in runs
+        },
+    }
+    summary["heldout"] = heldout
+    summary["eval_commands"] = commands
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(_json_safe(summary), f, indent=2)
     print()
     print(table)
     print(f"\n[cegppo-demo] plot: {png}\n[cegppo-demo] table: {os.path.join(out, 'results.md')}")
+    print(
+        "[cegppo-demo] saved models (each with its prompt format and sampling settings): "
+        f"{os.path.join(shown, 'warm_start')}, " + ", ".join(os.path.join(shown, "runs", n, "final") for n, *_ in runs)
+    )
+    print(
+        "[cegppo-demo] held-out accuracy again with cegppo-eval (same prompts, samples and grader: the same figures):"
+    )
+    for command in commands.values():
+        print(f"  {command}")
     print(f"[cegppo-demo] wall time {wall:.0f} s", flush=True)
     return {**summary, "table": table, "results": results}
 

@@ -11,10 +11,19 @@ Command line::
         [--temperature 0.6] [--top-p 0.95] [--max-new-tokens 1024] [--batch-size 64] [--backend hf|vllm] \\
         [--output eval_report.json]
 
-`MODEL` is a local directory (a saved model or a Trainer checkpoint) or a Hub id. Each data set goes through
+`MODEL` is a local directory (a saved model or a Trainer checkpoint) or a Hub id; a local path that does not exist,
+or a directory that holds no model, is an error that names it. Each data set goes through
 `cegppo_trl.data.load_math_dataset` (so `--split`, `--problem-column`, `--answer-column`, `--instruction` apply to all
 of them). The command prints one summary line per data set and writes a JSON report with the settings, the metrics
 and per-problem correct counts (`--save-completions` adds the completions).
+
+**Settings that travel with a checkpoint.** A model directory with a ``cegppo_prompt.json`` (written by
+`save_eval_settings`, e.g. by ``cegppo-demo`` for every model it saves) declares how it is prompted and sampled: the
+instruction template (and system prompt) it was trained on, in that file, and the sampling of its held-out evaluation
+(``temperature``, ``top_p``, ``max_new_tokens``) in the standard ``generation_config.json``. `cegppo-eval` then uses
+them for every setting not given on the command line and says so; explicit flags win. Without that file (Hub models,
+other checkpoints) the defaults are the paper's: the boxed-answer instruction of `load_math_dataset`, temperature 0.6,
+top_p 0.95, 1024 new tokens. Samples depend on `--seed` and on `--batch-size` (how sequences share a batch).
 
 In training, `AvgAtKCallback` logs the same metrics on a held-out set every N optimizer steps into the trainer's
 `log_history` (and so into `trainer_state.json` and `cegppo-plot`).
@@ -25,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from collections import Counter
@@ -41,12 +51,19 @@ __all__ = [
     "evaluate_model",
     "format_summary",
     "generate_completions",
+    "load_eval_settings",
     "main",
     "pass_at_k",
+    "resolve_eval_settings",
+    "save_eval_settings",
 ]
 
 DEFAULT_TEMPERATURE = 0.6  # paper's validation sampling
 DEFAULT_TOP_P = 0.95
+DEFAULT_MAX_NEW_TOKENS = 1024
+DEFAULT_BATCH_SIZE = 64
+#: The file in a model directory that declares its prompt format (see the module docstring).
+PROMPT_FILE = "cegppo_prompt.json"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -154,8 +171,8 @@ def generate_completions(
     *,
     temperature: float = DEFAULT_TEMPERATURE,
     top_p: float = DEFAULT_TOP_P,
-    max_new_tokens: int = 1024,
-    batch_size: int = 64,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    batch_size: int = DEFAULT_BATCH_SIZE,
     seed: int = 0,
     progress: bool | str = False,
 ) -> list[list[str]]:
@@ -244,6 +261,197 @@ def _generate_vllm(model_path: str, tokenizer, prompts, k, *, temperature, top_p
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# Settings that travel with a checkpoint
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def save_eval_settings(
+    model_dir: str | os.PathLike,
+    *,
+    instruction: str | None,
+    temperature: float,
+    top_p: float = 1.0,
+    max_new_tokens: int,
+    system_prompt: str | None = None,
+    note: str | None = None,
+) -> str:
+    """Record in a saved model directory how it is prompted and sampled, so that `cegppo-eval` uses it by default.
+
+    The prompt (`instruction`, a `load_math_dataset` instruction or ``{problem}`` template, and `system_prompt`) goes
+    to ``cegppo_prompt.json``; the sampling (``do_sample``, ``temperature``, ``top_p``, ``top_k=0``,
+    ``max_new_tokens``; `temperature` 0 = greedy) to the directory's ``generation_config.json``, the standard place,
+    which `model.generate()` and vLLM also read. Returns the path of ``cegppo_prompt.json``.
+    """
+    from transformers import GenerationConfig
+
+    model_dir = os.fspath(model_dir)
+    if not os.path.isfile(os.path.join(model_dir, "config.json")):
+        raise FileNotFoundError(f"{model_dir!r} holds no saved model (no config.json); save the model first.")
+    if temperature < 0 or not 0 < top_p <= 1 or max_new_tokens < 1:
+        raise ValueError(f"need temperature >= 0, 0 < top_p <= 1, max_new_tokens >= 1; got {temperature}, {top_p}, "
+                         f"{max_new_tokens}.")  # fmt: skip
+    try:
+        generation = GenerationConfig.from_pretrained(model_dir, local_files_only=True)
+    except OSError:
+        generation = GenerationConfig()
+    generation.max_new_tokens = int(max_new_tokens)
+    if temperature > 0:
+        generation.update(do_sample=True, temperature=float(temperature), top_p=float(top_p), top_k=0)
+    else:
+        generation.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+    generation.save_pretrained(model_dir)
+    path = os.path.join(model_dir, PROMPT_FILE)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(
+            {
+                "instruction": instruction,
+                "system_prompt": system_prompt,
+                "note": note
+                or "Prompt format this model was trained on; cegppo-eval uses it, and the sampling in "
+                "generation_config.json, unless --instruction / --system-prompt / --temperature / --top-p / "
+                "--max-new-tokens are given.",
+            },
+            f,
+            indent=2,
+        )
+        f.write("\n")
+    return path
+
+
+def load_eval_settings(model_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """The settings `save_eval_settings` recorded in `model_dir`, or None if it has no ``cegppo_prompt.json``.
+
+    Returns ``{"instruction", "system_prompt"}`` plus whichever of ``temperature`` (0 when ``do_sample`` is false),
+    ``top_p`` and ``max_new_tokens`` its ``generation_config.json`` sets.
+    """
+    model_dir = os.path.expanduser(os.fspath(model_dir))
+    path = os.path.join(model_dir, PROMPT_FILE)
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        prompt = json.load(f)
+    settings: dict[str, Any] = {
+        "instruction": prompt.get("instruction"),
+        "system_prompt": prompt.get("system_prompt"),
+    }
+    generation_path = os.path.join(model_dir, "generation_config.json")
+    if os.path.isfile(generation_path):
+        with open(generation_path, encoding="utf-8") as f:
+            generation = json.load(f)
+        if generation.get("max_new_tokens") is not None:
+            settings["max_new_tokens"] = int(generation["max_new_tokens"])
+        if generation.get("do_sample") is False:
+            settings["temperature"] = 0.0
+        else:
+            if generation.get("temperature") is not None:
+                settings["temperature"] = float(generation["temperature"])
+            if generation.get("top_p") is not None:
+                settings["top_p"] = float(generation["top_p"])
+    return settings
+
+
+_AUTO = "auto"
+
+
+def resolve_eval_settings(
+    model_name_or_path: str,
+    *,
+    instruction: str | None = _AUTO,
+    system_prompt: str | None = _AUTO,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    max_new_tokens: int | None = None,
+) -> tuple[dict[str, Any], list[str]]:
+    """The prompt and sampling settings to evaluate with: explicit values win, then the checkpoint's
+    (`load_eval_settings`), then the paper's defaults. ``instruction="auto"`` / ``system_prompt="auto"`` and None
+    for the numbers mean "not given" (``instruction="default"`` is `load_math_dataset`'s instruction, None none).
+
+    Returns ``(settings, from_checkpoint)``: the resolved ``instruction``, ``system_prompt``, ``temperature``,
+    ``top_p``, ``max_new_tokens``, and the names of those taken from the checkpoint.
+    """
+    from .data import DEFAULT_INSTRUCTION
+
+    saved = load_eval_settings(model_name_or_path) if os.path.isdir(os.path.expanduser(model_name_or_path)) else None
+    saved = saved or {}
+    given = {
+        "instruction": None if instruction == _AUTO else instruction,
+        "system_prompt": None if system_prompt == _AUTO else system_prompt,
+        "temperature": temperature,
+        "top_p": top_p,
+        "max_new_tokens": max_new_tokens,
+    }
+    is_given = {
+        "instruction": instruction != _AUTO,
+        "system_prompt": system_prompt != _AUTO,
+        "temperature": temperature is not None,
+        "top_p": top_p is not None,
+        "max_new_tokens": max_new_tokens is not None,
+    }
+    defaults = {
+        "instruction": DEFAULT_INSTRUCTION,
+        "system_prompt": None,
+        "temperature": DEFAULT_TEMPERATURE,
+        "top_p": DEFAULT_TOP_P,
+        "max_new_tokens": DEFAULT_MAX_NEW_TOKENS,
+    }
+    settings, from_checkpoint = {}, []
+    for key, default in defaults.items():
+        if is_given[key]:
+            settings[key] = given[key]
+        elif key in saved:
+            settings[key], _ = saved[key], from_checkpoint.append(key)
+        else:
+            settings[key] = default
+    if settings["instruction"] == "default":
+        settings["instruction"] = DEFAULT_INSTRUCTION
+    return settings, from_checkpoint
+
+
+# A Hub model id: "name" or "org/name", letters, digits, '-', '_', '.', at most 96 characters.
+_HUB_ID_RE = re.compile(r"^(?!.*(--|\.\.))[A-Za-z0-9][\w.-]{0,95}(/[\w.-]{1,96})?$")
+
+
+def _check_model_source(model_name_or_path: str) -> None:
+    """Fail with a message naming the path when `model_name_or_path` is meant as a local path but holds no model;
+    a name that is not a local path must at least look like a Hub id."""
+    path = os.path.expanduser(model_name_or_path)
+    where = os.path.abspath(path)
+    if os.path.isdir(path):
+        if os.path.isfile(os.path.join(path, "config.json")):
+            return
+        inside = sorted(
+            name
+            for name in os.listdir(path)
+            if os.path.isfile(os.path.join(path, name, "config.json"))
+            and (name == "final" or name.startswith("checkpoint-"))
+        )
+        hint = (
+            f" It contains saved models: {', '.join(os.path.join(model_name_or_path, n) for n in inside)}."
+            if inside
+            else ""
+        )
+        raise FileNotFoundError(
+            f"model directory {model_name_or_path!r} ({where}) holds no saved model (no config.json).{hint} "
+            "Pass a directory written by save_pretrained / Trainer.save_model, or a Trainer checkpoint-N directory."
+        )
+    if os.path.exists(path):
+        raise FileNotFoundError(f"model path {model_name_or_path!r} is a file; pass a model directory or a Hub id.")
+    parent = os.path.dirname(where.rstrip(os.sep))
+    looks_local = (
+        model_name_or_path.startswith((".", "/", "~"))
+        or (os.sep in model_name_or_path.rstrip(os.sep) and os.path.isdir(os.path.dirname(path.rstrip(os.sep)) or "."))
+        or not _HUB_ID_RE.match(model_name_or_path)
+    )
+    if looks_local:
+        raise FileNotFoundError(
+            f"model path {model_name_or_path!r} does not exist ({where}"
+            + ("" if os.path.isdir(parent) else f"; its parent {parent} does not exist either")
+            + "). Pass a saved model directory (e.g. cegppo-demo-output/warm_start) or a Hugging Face Hub id "
+            "('org/name')."
+        )
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # Whole-model evaluation (the CLI)
 # ----------------------------------------------------------------------------------------------------------------
 
@@ -254,8 +462,18 @@ def _load_model(model_name_or_path: str, dtype: str, device: str):
     torch_dtype = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[
         dtype
     ]
-    tokenizer = AutoTokenizer.from_pretrained(model_name_or_path)
-    model = AutoModelForCausalLM.from_pretrained(model_name_or_path, dtype=torch_dtype)
+    local = os.path.expanduser(model_name_or_path)
+    source = local if os.path.isdir(local) else model_name_or_path
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype)
+    except (OSError, ValueError) as error:
+        if source is local:
+            raise
+        raise OSError(
+            f"{model_name_or_path!r} is not a local directory ({os.path.abspath(local)} does not exist) and could "
+            f"not be loaded as a Hugging Face Hub id: {error}"
+        ) from error
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     model.to(device)
@@ -277,18 +495,18 @@ def evaluate_model(
     *,
     k: int = 4,
     pass_ks: Sequence[int] | None = None,
-    temperature: float = DEFAULT_TEMPERATURE,
-    top_p: float = DEFAULT_TOP_P,
-    max_new_tokens: int = 1024,
-    batch_size: int = 64,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    max_new_tokens: int | None = None,
+    batch_size: int = DEFAULT_BATCH_SIZE,
     backend: str = "hf",
     seed: int = 0,
     max_problems: int | None = None,
     split: str = "test",
     problem_column: str | None = None,
     answer_column: str | None = None,
-    instruction: str | None = "default",
-    system_prompt: str | None = None,
+    instruction: str | None = _AUTO,
+    system_prompt: str | None = _AUTO,
     dtype: str = "auto",
     device: str = "auto",
     timeout_s: float | None = None,
@@ -297,17 +515,32 @@ def evaluate_model(
 ) -> dict[str, Any]:
     """Evaluate one model on several data sets; returns the JSON report (see the module docstring).
 
-    `instruction="default"` keeps `load_math_dataset`'s default instruction; None appends none.
+    `instruction`, `system_prompt`, `temperature`, `top_p`, `max_new_tokens` left at ``"auto"`` / None come from the
+    checkpoint's ``cegppo_prompt.json`` and ``generation_config.json`` when it has the former, else from the paper's
+    defaults (`resolve_eval_settings`; ``report["settings"]["from_checkpoint"]`` lists those taken from the
+    checkpoint). `instruction="default"` is `load_math_dataset`'s default instruction; None appends none.
     """
-    from .data import DEFAULT_INSTRUCTION, load_math_dataset
+    from .data import load_math_dataset
 
     if backend not in ("hf", "vllm"):
         raise ValueError(f"backend must be 'hf' or 'vllm', got {backend!r}.")
+    _check_model_source(model_name_or_path)
+    resolved, from_checkpoint = resolve_eval_settings(
+        model_name_or_path,
+        instruction=instruction,
+        system_prompt=system_prompt,
+        temperature=temperature,
+        top_p=top_p,
+        max_new_tokens=max_new_tokens,
+    )
+    temperature, top_p, max_new_tokens = resolved["temperature"], resolved["top_p"], resolved["max_new_tokens"]
+    instruction_text, system_prompt = resolved["instruction"], resolved["system_prompt"]
     if temperature < 0 or not 0 < top_p <= 1:
         raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}.")
     if temperature == 0 and k > 1:
         raise ValueError("temperature 0 is greedy decoding: all k samples would be equal; use --k 1.")
-    instruction_text = DEFAULT_INSTRUCTION if instruction == "default" else instruction
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
     start_all = time.perf_counter()
     if backend == "hf":
         model, tokenizer = _load_model(model_name_or_path, dtype, device)
@@ -332,6 +565,7 @@ def evaluate_model(
             "instruction": instruction_text,
             "system_prompt": system_prompt,
             "dtype": dtype,
+            "from_checkpoint": from_checkpoint,
         },
         "datasets": {},
     }
@@ -409,7 +643,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="cegppo-eval",
         description="avg@k and pass@k of a model or checkpoint on math data sets, graded with math-verify "
         "(+1 correct / -1 otherwise, as in CE-GPPO). The paper reports avg@32 (MATH500: avg@4) at temperature 0.6, "
-        "top_p 0.95.",
+        f"top_p 0.95. A model directory with a {PROMPT_FILE} (every model cegppo-demo saves) brings its own prompt "
+        "format and sampling settings (generation_config.json): they are the defaults of --instruction, "
+        "--system-prompt, --temperature, --top-p and --max-new-tokens.",
     )
     parser.add_argument("model", help="local model / checkpoint directory or Hugging Face Hub id")
     parser.add_argument(
@@ -422,10 +658,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--pass-k", type=int, nargs="+", default=None, help="pass@j values to report, each <= k (default: 1 and k)"
     )
-    parser.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE, help="sampling temperature (0.6)")
-    parser.add_argument("--top-p", type=float, default=DEFAULT_TOP_P, help="nucleus sampling top_p (0.95)")
-    parser.add_argument("--max-new-tokens", type=int, default=1024, help="maximum completion length")
-    parser.add_argument("--batch-size", type=int, default=64, help="sequences per generate call (hf backend)")
+    checkpoint = f"default: the model's own ({PROMPT_FILE} + generation_config.json) if it has {PROMPT_FILE}, else"
+    parser.add_argument(
+        "--temperature", type=float, default=None, help=f"sampling temperature, 0 = greedy ({checkpoint} 0.6)"
+    )
+    parser.add_argument("--top-p", type=float, default=None, help=f"nucleus sampling top_p ({checkpoint} 0.95)")
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=None, help=f"maximum completion length ({checkpoint} 1024)"
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=DEFAULT_BATCH_SIZE,
+        help=f"sequences per generate call, hf backend (default {DEFAULT_BATCH_SIZE}); it changes which samples are "
+        "drawn, not their distribution",
+    )
     parser.add_argument("--backend", choices=("hf", "vllm"), default="hf", help="generation backend (default hf)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-problems", type=int, default=None, help="evaluate only the first N problems")
@@ -434,11 +681,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--answer-column", default=None)
     parser.add_argument(
         "--instruction",
-        default="default",
-        help="text appended to each problem ('default': load_math_dataset's boxed-answer "
-        "instruction; 'none': nothing; a text with {problem} is a template)",
+        default=None,
+        help="text appended to each problem ('default': load_math_dataset's boxed-answer instruction, 'Please "
+        "reason step by step, ...'; 'none': nothing; a text with {problem} is a template; "
+        f"{checkpoint} 'default')",
     )
-    parser.add_argument("--system-prompt", default=None)
+    parser.add_argument("--system-prompt", default=None, help=f"system message ({checkpoint} none)")
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto")
     parser.add_argument("--device", default="auto", help="hf backend device (auto: cuda if available)")
     parser.add_argument("--timeout-s", type=float, default=None, help="grading time limit per completion")
@@ -451,20 +699,38 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.k < 1 or args.batch_size < 1 or args.max_new_tokens < 1:
+    if args.k < 1 or args.batch_size < 1 or (args.max_new_tokens is not None and args.max_new_tokens < 1):
         parser.error("--k, --batch-size and --max-new-tokens must be >= 1.")
     if args.pass_k is not None and any(not 1 <= j <= args.k for j in args.pass_k):
         parser.error(f"every --pass-k value must be between 1 and --k = {args.k}.")
-    instruction = None if args.instruction.lower() == "none" else args.instruction
+    if args.instruction is None:
+        instruction = _AUTO
+    else:
+        instruction = None if args.instruction.lower() == "none" else args.instruction
+    system_prompt = _AUTO if args.system_prompt is None else args.system_prompt
     try:
+        _check_model_source(args.model)
+        settings, from_checkpoint = resolve_eval_settings(
+            args.model,
+            instruction=instruction,
+            system_prompt=system_prompt,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            max_new_tokens=args.max_new_tokens,
+        )
+        if from_checkpoint:
+            shown = ", ".join(f"{key} {settings[key]!r}" for key in from_checkpoint)
+            print(
+                f"cegppo-eval: {args.model} declares its evaluation settings ({PROMPT_FILE}, generation_config.json); "
+                f"using {shown}. Flags override them.",
+                file=sys.stderr,
+                flush=True,
+            )
         report = evaluate_model(
             args.model,
             args.datasets,
             k=args.k,
             pass_ks=args.pass_k,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            max_new_tokens=args.max_new_tokens,
             batch_size=args.batch_size,
             backend=args.backend,
             seed=args.seed,
@@ -472,14 +738,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             split=args.split,
             problem_column=args.problem_column,
             answer_column=args.answer_column,
-            instruction=instruction,
-            system_prompt=args.system_prompt,
             dtype=args.dtype,
             device=args.device,
             timeout_s=args.timeout_s,
             save_completions=args.save_completions,
             progress=not args.no_progress,
+            **settings,
         )
+        report["settings"]["from_checkpoint"] = from_checkpoint
     except (ValueError, RuntimeError, OSError) as error:
         parser.exit(2, f"cegppo-eval: error: {error}\n")
     directory = os.path.dirname(os.path.abspath(args.output))
@@ -529,8 +795,8 @@ class AvgAtKCallback(TrainerCallback):
         pass_ks: Sequence[int] | None = None,
         temperature: float = DEFAULT_TEMPERATURE,
         top_p: float = DEFAULT_TOP_P,
-        max_new_tokens: int = 1024,
-        batch_size: int = 64,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        batch_size: int = DEFAULT_BATCH_SIZE,
         seed: int = 0,
         max_problems: int | None = None,
         eval_on_start: bool = False,

@@ -35,13 +35,25 @@ from trl.trainer.utils import get_config_model_id
 
 from .config import CEGPPOConfig, validate_cegppo_config
 from .controller import EntropyController
-from .core import ClippedSets, gradient_preserving_correction
+from .core import ClippedSets, clamp_old_log_probs, equal_reward_groups, gradient_preserving_correction
 
 
 CONTROLLER_STATE_FILE = "cegppo_controller_state.json"
 # The TRL minor versions whose `GRPOTrainer._compute_loss` the mirrored code below was checked against.
 TESTED_TRL_MINOR_VERSIONS = ("1.16",)
 QUADRANTS = ("pos_high", "pos_low", "neg_high", "neg_low")
+# Batch keys TRL 1.16 attaches for vision-language models; they are not indexed by completion row, so the rows of a
+# micro-batch cannot be dropped by slicing (cegppo_exclude_zero_advantage_groups refuses them).
+MULTIMODAL_KEYS = (
+    "pixel_values",
+    "image_grid_thw",
+    "pixel_attention_mask",
+    "spatial_shapes",
+    "image_sizes",
+    "num_images",
+    "num_tiles",
+    "image_position_ids",
+)
 
 
 def _share(num: float, den: float) -> float:
@@ -136,6 +148,7 @@ class CEGPPOTrainer(GRPOTrainer):
         self.cegppo_beta2 = float(args.cegppo_beta2)
         self._capture_logps = False
         self._captured = None
+        self._loss_inputs = None
         self._controller = EntropyController.from_config(args) if args.cegppo_entropy_target is not None else None
         self._controller_window = None
 
@@ -173,24 +186,47 @@ class CEGPPOTrainer(GRPOTrainer):
             self.accelerator.process_index * local_size, (self.accelerator.process_index + 1) * local_size
         )
 
+        rewards_per_func = self._last_rewards_per_func  # gathered over processes, (N_total, num_funcs)
+        # Total reward exactly as TRL 1.16 computes it for "sum_then_normalize" and for its logged `reward`:
+        # reward_weights-weighted nansum over reward functions, NaN where every function returned None.
+        weights = self.reward_weights.to(rewards_per_func.device).unsqueeze(0)
+        unscorable = torch.isnan(rewards_per_func).all(dim=1)
+        rewards = (rewards_per_func * weights).nansum(dim=1)
+        rewards[unscorable] = torch.nan
+
+        keep = None
         if args.cegppo_exclude_zero_advantage_groups:
             mode = "train" if self.model.training else "eval"
+            present = [key for key in MULTIMODAL_KEYS if key in output]
+            if present:
+                raise ValueError(
+                    f"`cegppo_exclude_zero_advantage_groups=True` drops rows of each micro-batch, but this batch has "
+                    f"multimodal inputs {present} that are not indexed by row. Set "
+                    "cegppo_exclude_zero_advantage_groups=False for vision-language models."
+                )
             group_size = self.num_generations if mode == "train" else self.num_generations_eval
-            all_advantages = self.accelerator.gather(output["advantages"])
-            # A group whose rewards are all equal gets advantage exactly 0 for every member (TRL: r - mean(r)).
-            informative = (all_advantages.view(-1, group_size) != 0).any(dim=1).repeat_interleave(group_size)
-            keep = informative[process_slice].to(loss_mask.dtype)
+            # The authors' filter_groups: drop a group when all its rewards are equal. Decided on the rewards, not on
+            # the advantages, which keep a float residue of TRL's group mean. "normalize_then_sum" normalises each
+            # reward function separately, so a group carries signal unless every (weighted) function is constant.
+            if self.multi_objective_aggregation == "normalize_then_sum":
+                scored = rewards_per_func[:, self.reward_weights.to(rewards_per_func.device) != 0]
+                uninformative = equal_reward_groups(scored, group_size)
+            else:
+                uninformative = equal_reward_groups(rewards, group_size)
+            informative = (~uninformative).repeat_interleave(group_size)
+            keep = informative[process_slice]
+            output["cegppo_keep"] = keep
+            # dapo's token-mean denominator: the kept tokens of the generation batch on all processes (TRL 1.16
+            # computes `num_items_in_batch = gather(loss_mask.sum()).sum()` in `_generate_and_score_completions`).
             output["num_items_in_batch"] = self.accelerator.gather((loss_mask * keep.unsqueeze(1)).sum()).sum()
-            self._metrics[mode]["cegppo/informative_group_frac"].append(informative.float().mean().item())
+            self._metrics[mode]["cegppo/informative_group_frac"].append((~uninformative).float().mean().item())
 
         if args.cegppo_sft_coef > 0:
-            # Total reward as TRL logs it: reward_weights-weighted nansum over reward functions (TRL 1.16).
-            rewards_per_func = self._last_rewards_per_func
-            weights = self.reward_weights.to(rewards_per_func.device).unsqueeze(0)
-            rewards = (rewards_per_func * weights).nansum(dim=1)
-            unscorable = torch.isnan(rewards_per_func).all(dim=1)
             is_top = (rewards >= args.cegppo_sft_reward_threshold) & ~unscorable
-            sft_mask = is_top[process_slice].to(loss_mask.dtype)
+            sft_mask = is_top[process_slice]
+            if keep is not None:  # dropped groups get no SFT term either (the authors' pipeline never sees them)
+                sft_mask = sft_mask & keep
+            sft_mask = sft_mask.to(loss_mask.dtype)
             output["cegppo_sft_mask"] = sft_mask
             output["cegppo_num_sft_tokens"] = self.accelerator.gather((loss_mask * sft_mask.unsqueeze(1)).sum()).sum()
         return output
@@ -201,18 +237,60 @@ class CEGPPOTrainer(GRPOTrainer):
     def _get_per_token_logps_and_entropies(self, *pargs, **kwargs):
         logps, entropies, aux_loss = super()._get_per_token_logps_and_entropies(*pargs, **kwargs)
         if self._capture_logps:
-            self._captured = (logps, entropies)
+            # Called once, at the top of TRL 1.16's `_compute_loss`, which reads `inputs["old_per_token_logps"]` only
+            # afterwards: clamping the (copied) batch's old log-probs here bounds TRL's log-ratio and ours alike.
+            inputs, clamped = self._loss_inputs, None
+            if inputs.get("old_per_token_logps") is not None:
+                inputs["old_per_token_logps"], clamped = clamp_old_log_probs(logps, inputs["old_per_token_logps"])
+            self._captured = (logps, entropies, clamped)
         return logps, entropies, aux_loss
 
     def _compute_loss(self, model, inputs):
+        # A shallow copy: TRL reuses the buffered batch over num_iterations, so it must never be modified.
+        inputs = dict(inputs)
+        all_dropped = False
+        if "cegppo_keep" in inputs:
+            inputs, all_dropped = self._drop_excluded_rows(inputs)
+        self._loss_inputs = inputs
         self._capture_logps, self._captured = True, None
         try:
             loss = super()._compute_loss(model, inputs)  # TRL's PPO-clip loss + KL + entropy bonus + aux loss
         finally:
-            self._capture_logps = False
-        per_token_logps, entropies = self._captured
+            self._capture_logps, self._loss_inputs = False, None
+        per_token_logps, entropies, clamped = self._captured
         self._captured = None
-        return loss + self._cegppo_loss_delta(inputs, per_token_logps, entropies)
+        loss = loss + self._cegppo_loss_delta(inputs, per_token_logps, entropies, clamped, all_dropped)
+        if all_dropped:
+            # Every row was dropped: one placeholder row with an empty loss mask ran through the model so that the
+            # backward pass (and DDP's gradient all-reduce) still happens; only the MoE aux loss is non-zero there.
+            loss = loss * 0.0
+        return loss
+
+    @staticmethod
+    def _drop_excluded_rows(inputs: dict) -> tuple[dict, bool]:
+        """The micro-batch without the rows of dropped groups: the batch TRL would see had they been removed.
+
+        Mirrors TRL 1.16's `split_tensor_dict` / `shuffle_sequence_dict`, which treat every tensor with `ndim > 0`
+        and every list in the batch as indexed by row (multimodal keys are refused at generation). When every row is
+        dropped, row 0 is kept with an empty loss mask and `(inputs, True)` is returned.
+        """
+        keep = inputs.pop("cegppo_keep").bool()
+        if bool(keep.all()):
+            return inputs, False
+        all_dropped = not bool(keep.any())
+        if all_dropped:
+            keep = torch.zeros_like(keep)
+            keep[0] = True
+        rows = keep.nonzero().squeeze(1)
+        num_rows = keep.numel()
+        for key, value in inputs.items():
+            if isinstance(value, torch.Tensor) and value.ndim > 0 and value.size(0) == num_rows:
+                inputs[key] = value.index_select(0, rows.to(value.device))
+            elif isinstance(value, list) and len(value) == num_rows:
+                inputs[key] = [value[i] for i in rows.tolist()]
+        if all_dropped:
+            inputs["completion_mask"] = torch.zeros_like(inputs["completion_mask"])
+        return inputs, all_dropped
 
     def _policy_term_inputs(self, inputs, per_token_logps, entropies) -> _PolicyTermInputs:
         """Rebuild the ratio and the per-token multipliers exactly as TRL 1.16's `_compute_loss` does."""
@@ -249,9 +327,9 @@ class CEGPPOTrainer(GRPOTrainer):
         return _PolicyTermInputs(log_ratio, advantages, mask, token_weight)
 
     def _aggregate_like_trl(self, per_token_loss: torch.Tensor, mask: torch.Tensor, inputs) -> torch.Tensor:
-        """Reduce a per-token loss to the scalar TRL 1.16 would, for grpo / bnpo / dr_grpo / dapo."""
+        """Reduce a per-token loss to the scalar TRL 1.16 would, for grpo / bnpo / dr_grpo / dapo / luspo."""
         mode = "train" if self.model.training else "eval"
-        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        accumulation = self._accumulation(mode)
         if self.loss_type == "grpo":
             return ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean() / accumulation
         if self.loss_type == "bnpo":
@@ -260,7 +338,14 @@ class CEGPPOTrainer(GRPOTrainer):
             return (per_token_loss * mask).sum() / (per_token_loss.size(0) * self.max_completion_length) / accumulation
         if self.loss_type == "dapo":
             return (per_token_loss * mask).sum() / self._token_mean_normalizer(inputs["num_items_in_batch"], mode)
+        if self.loss_type == "luspo":
+            return (per_token_loss * mask).sum(-1).mean() / accumulation
         raise ValueError(f"loss_type={self.loss_type!r} is not supported by CEGPPOTrainer.")
+
+    def _accumulation(self, mode: str) -> float:
+        # TRL 1.16 divides grpo / bnpo / dr_grpo / luspo (and the entropy bonus and aux loss) by this; dapo's
+        # normaliser includes it.
+        return self.current_gradient_accumulation_steps if mode == "train" else 1.0
 
     def _token_mean_normalizer(self, num_tokens: torch.Tensor, mode: str) -> torch.Tensor:
         # TRL 1.16 dapo: the count spans the generation batch on all processes; rescale it to one accumulation window.
@@ -269,7 +354,9 @@ class CEGPPOTrainer(GRPOTrainer):
             normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
         return normalizer
 
-    def _cegppo_loss_delta(self, inputs, per_token_logps, entropies) -> torch.Tensor:
+    def _cegppo_loss_delta(
+        self, inputs, per_token_logps, entropies, clamped=None, all_dropped: bool = False
+    ) -> torch.Tensor:
         """CE-GPPO loss minus TRL's PPO-clip loss (plus the optional SFT term), with metrics and controller update."""
         mode = "train" if self.model.training else "eval"
         terms = self._policy_term_inputs(inputs, per_token_logps, entropies)
@@ -285,6 +372,8 @@ class CEGPPOTrainer(GRPOTrainer):
         if terms.token_weight is not None:
             correction = correction * terms.token_weight
         loss_delta = self._aggregate_like_trl(correction, terms.mask, inputs)
+        if self._entropy_bonus_enabled:
+            self._correct_policy_loss_metric(mode, loss_delta, all_dropped)
 
         if self.args.cegppo_sft_coef > 0:
             sft_mask = inputs["cegppo_sft_mask"].unsqueeze(1) * terms.mask
@@ -300,7 +389,7 @@ class CEGPPOTrainer(GRPOTrainer):
                 },
             )
 
-        self._log_token_metrics(mode, terms, sets, per_token_logps)
+        self._log_token_metrics(mode, terms, sets, per_token_logps, clamped)
         if self._controller is not None and mode == "train":
             self._controller_step(entropies, terms.mask)
         return loss_delta
@@ -315,7 +404,26 @@ class CEGPPOTrainer(GRPOTrainer):
         for name, (num, den) in zip(ratios, totals.tolist()):
             self._metrics[mode][name].append(_share(num, den))
 
-    def _log_token_metrics(self, mode, terms: _PolicyTermInputs, sets: ClippedSets, per_token_logps) -> None:
+    def _correct_policy_loss_metric(self, mode: str, loss_delta: torch.Tensor, all_dropped: bool) -> None:
+        """Make TRL's `policy_loss` metric the CE-GPPO policy term (plus KL, as in TRL) instead of PPO-clip's.
+
+        TRL 1.16 logs `policy_loss` only with the entropy bonus on, as `gather(policy_loss).nanmean()`, where
+        `policy_loss` is the aggregated policy + KL term before the division by gradient accumulation (grpo, bnpo,
+        dr_grpo, luspo) or dapo's normalised value. The correction is added at the same scale. A process whose rows
+        were all dropped logged an exact 0 (empty mask) and is left out of the mean.
+        """
+        scale = 1.0 if self.loss_type == "dapo" else self._accumulation(mode)
+        real = torch.tensor(0.0 if all_dropped else 1.0, device=loss_delta.device)
+        local = torch.stack([loss_delta.detach().float() * scale, real])
+        gathered = self.accelerator.gather(local.unsqueeze(0)).view(-1, 2)
+        num_processes, num_real = gathered.size(0), gathered[:, 1].sum().item()
+        trl_total = self._metrics[mode]["policy_loss"][-1] * num_processes  # TRL's mean, the dropped ones count 0
+        corrected = (trl_total + (gathered[:, 0] * gathered[:, 1]).sum().item()) / num_real if num_real else math.nan
+        self._metrics[mode]["policy_loss"][-1] = corrected
+
+    def _log_token_metrics(
+        self, mode, terms: _PolicyTermInputs, sets: ClippedSets, per_token_logps, clamped=None
+    ) -> None:
         mask = terms.mask.float()
         shape = mask.shape
         weight = sets.grad_coef.abs().float().expand(shape) * mask
@@ -329,8 +437,9 @@ class CEGPPOTrainer(GRPOTrainer):
         quadrants = [positive & ~low_prob, positive & low_prob, negative & ~low_prob, negative & low_prob]
         # Rows: token sets (all, beta1, beta2, 4 quadrants, their clipped parts); columns: (tokens, gradient weight).
         # One matmul and one all-reduce instead of ~50 small reductions per micro-batch.
+        clamped = torch.zeros_like(clipped) if clamped is None else clamped.expand(shape)
         token_sets = torch.stack(
-            [torch.ones_like(clipped), beta1_set, beta2_set, *quadrants, *(q & clipped for q in quadrants)]
+            [torch.ones_like(clipped), beta1_set, beta2_set, *quadrants, *(q & clipped for q in quadrants), clamped]
         )
         sums = token_sets.flatten(1).float() @ torch.stack([mask.flatten(), weight.flatten()], dim=1)
         totals = self.accelerator.reduce(sums.detach(), reduction="sum").tolist()
@@ -346,6 +455,7 @@ class CEGPPOTrainer(GRPOTrainer):
             metrics[f"cegppo/quadrant/{name}/grad_share"].append(_share(q_weight, total_weight))
             metrics[f"cegppo/quadrant/{name}/clip_frac"].append(_share(clipped_tokens, q_tokens))
             metrics[f"cegppo/quadrant/{name}/restored_grad_share"].append(_share(clipped_weight, total_weight))
+        metrics["cegppo/log_ratio_clamped_frac"].append(_share(totals[11][0], num_tokens))
         if mode == "train" and self.accelerator.sync_gradients:
             self._metrics[mode]["cegppo/beta1"].append(self.cegppo_beta1)
             self._metrics[mode]["cegppo/beta2"].append(self.cegppo_beta2)

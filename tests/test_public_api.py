@@ -137,3 +137,11 @@ def test_extras_are_imported_only_lazily_and_named_in_the_readme():
     readme = (ROOT / "README.md").read_text()
     for extra in project["optional-dependencies"]:
         assert f"[{extra}]" in readme or f"`{extra}`" in readme, f"the README does not say what extra {extra} brings"
+
+
+def test_type_checking_imports_match_the_name_table():
+    """The eager imports static tools read (`if TYPE_CHECKING:`) name the same modules as the lazy table."""
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    block = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")
+    eager = {alias.name: node.module for node in block.body for alias in node.names}
+    assert eager == cegppo_trl._PUBLIC_NAMES
