@@ -114,6 +114,8 @@ def classify(argv: list[str]) -> str:
         return "install"
     if argv[1:3] == ["-m", "pytest"]:
         return "pytest"
+    if prog == "ruff":
+        return "lint"
     if prog in ("cegppo-demo", "cegppo-eval", "cegppo-train", "cegppo-plot", "cegppo-recipes"):
         return prog
     if prog.startswith("python") and len(argv) > 1 and argv[1].endswith(".py"):
@@ -277,6 +279,17 @@ def test_install_commands_name_real_extras(item):
             assert word == "torch==2.13.0", "the docs pin the CPU torch build as torch==2.13.0"
 
 
+@pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "lint"], ids=lambda c: _id(c))
+def test_lint_commands_are_ruff_as_configured(item):
+    """The lint steps run in `.ci/run` (see `test_readme_test_command_is_ci`); here: ruff is installed with the dev
+    extra and pyproject.toml configures it."""
+    import tomllib
+
+    _, argv = item
+    assert argv[1] in ("check", "format") and (BIN / "ruff").is_file()
+    assert "ruff" in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]
+
+
 @pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "pytest"], ids=lambda c: _id(c))
 def test_pytest_commands_name_real_paths(item):
     _, argv = item
@@ -417,7 +430,7 @@ def test_eval_commands(item, stand_ins, tmp_path):
 def test_plot_commands(item, train_run, tmp_path):
     _, argv = item
     first_flag = next((i for i, a in enumerate(argv) if a.startswith("--")), len(argv))
-    runs = [str(train_run) if a in PLACEHOLDER_RUNS else a for a in argv[1:first_flag] if not a.startswith("[")]
+    runs = [str(train_run) if a in PLACEHOLDER_RUNS else a for a in argv[1:first_flag] if not set(a) & set("[].")]
     out = tmp_path / "runs.png"
     _run([str(BIN / "cegppo-plot"), *dict.fromkeys(runs), "--out", str(out)], cwd=tmp_path)
     assert out.stat().st_size > 0
