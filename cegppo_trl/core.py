@@ -39,7 +39,9 @@ EQUAL_REWARD_RTOL = 1e-6
 
 
 @torch.no_grad()
-def clamp_old_log_probs(per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor, bound: float = LOG_RATIO_CLAMP):
+def clamp_old_log_probs(
+    per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor, bound: float = LOG_RATIO_CLAMP
+):
     """Move `old_per_token_logps` to within `bound` of the current log-probs, so `log_ratio = logps - old` lies in
     `[-bound, bound]` and `exp(log_ratio)` stays finite. Returns `(clamped_old, was_clamped)` (both detached).
 

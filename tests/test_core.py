@@ -1,4 +1,4 @@
-"""The pure loss functions against an independent, scalar implementation of Eq. 8 (shared/CEGPPO.md)."""
+"""The pure loss functions against an independent, scalar implementation of Eq. 8 (Su et al., ACL 2026)."""
 
 import itertools
 import math
@@ -7,8 +7,11 @@ import pytest
 import torch
 
 from cegppo_trl.core import (
+    LOG_RATIO_CLAMP,
     cegppo_per_token_loss,
     cegppo_token_mean_loss,
+    clamp_old_log_probs,
+    equal_reward_groups,
     gradient_preserving_correction,
     ppo_clip_per_token_loss,
 )
@@ -188,3 +191,36 @@ def test_float32_and_bfloat16_inputs_keep_dtype():
         assert torch.isfinite(out.per_token_loss).all()
         correction, _ = gradient_preserving_correction(log_ratio, adv, 0.2, 0.2, 0.5, 1.0)
         assert correction.dtype == dtype
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_clamp_of_old_log_probs_is_exact_within_the_bound(dtype):
+    gen = torch.Generator().manual_seed(5)
+    logps = (-5 * torch.rand(4, 6, generator=gen)).to(dtype)
+    old = logps.float() - (torch.rand(4, 6, generator=gen) * 38 - 19)  # |log-ratio| < 19
+    old = old.to(dtype)
+    extreme = torch.tensor([100.0, -100.0, 1e4, -1e4, 20.5, -1e30])
+    old[0, :6] = (logps[0].float() - extreme).to(dtype)
+    clamped, was_clamped = clamp_old_log_probs(logps, old)
+    assert torch.equal(clamped[1:], old[1:]) and not was_clamped[1:].any()  # bit for bit inside the bound
+    assert was_clamped[0].all()
+    log_ratio = (logps - clamped).float()
+    assert (log_ratio.abs() <= LOG_RATIO_CLAMP * 1.01).all()
+    assert torch.isfinite(torch.exp(logps - clamped)).all()
+    assert torch.sign(log_ratio[0]).tolist() == torch.sign(extreme).tolist()
+
+
+def test_equal_reward_groups_uses_rewards_with_a_tolerance():
+    g = 8
+    rewards = torch.tensor([0.7] * g + [0.1] * g + [1.0] * (g - 1) + [0.0] + [0.3] * (g - 1) + [0.1 + 0.2])
+    # TRL's group advantage of eight equal float rewards is not exactly zero: the test must not rely on it.
+    grouped = rewards[:g]
+    advantage = (grouped - grouped.mean()) / (grouped.std() + 1e-4)
+    assert (advantage != 0).any()
+    assert equal_reward_groups(rewards, g).tolist() == [True, True, False, True]
+    nan = float("nan")
+    with_nan = torch.tensor([1.0, nan, 1.0, 1.0, nan, nan, nan, nan])
+    assert equal_reward_groups(with_nan, 4).tolist() == [True, True]  # unscorable rows are ignored
+    per_func = torch.tensor([[1.0, 0.0], [1.0, 1.0], [1.0, 0.0], [1.0, 1.0]])
+    assert equal_reward_groups(per_func, 4).tolist() == [False]  # the second function varies
+    assert equal_reward_groups(torch.tensor([1.0, 1.0 + 1e-3]), 2).tolist() == [False]

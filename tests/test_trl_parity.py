@@ -17,7 +17,7 @@ from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
 from cegppo_trl.core import cegppo_token_mean_loss, ppo_clip_per_token_loss
 
 
-LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo"]
+LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "luspo"]  # every TRL 1.16 loss type whose per-token term is PPO-clip
 VARIANTS = {
     "plain": {},
     "sequence": {"importance_sampling_level": "sequence"},

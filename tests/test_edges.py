@@ -1,0 +1,294 @@
+"""Edge cases of the loss path (project issue 10): dynamic sampling as physical removal, TRL's `policy_loss` metric,
+finite loss and gradient at any log-ratio, and the luspo loss type.
+
+Each test builds a tiny local trainer and calls `_compute_loss` on a hand-built batch (see `conftest.make_loss_batch`);
+nothing is downloaded.
+"""
+
+import copy
+import math
+import warnings
+
+import pytest
+import torch
+from conftest import contains_answer_reward, cpu_config, make_loss_batch
+from test_trl_parity import add_off_policy, current_logps, loss_and_grad
+
+import cegppo_trl.trainer as trainer_module
+from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
+from cegppo_trl.core import LOG_RATIO_CLAMP, cegppo_per_token_loss
+
+
+SUPPORTED = ["grpo", "bnpo", "dr_grpo", "dapo", "luspo"]
+
+
+def build(model, tokenizer, dataset, tmp_path, reward_funcs=contains_answer_reward, **overrides):
+    values = dict(gradient_accumulation_steps=2, steps_per_generation=4)
+    values.update(overrides)
+    args = cpu_config(CEGPPOConfig, tmp_path, **values)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = CEGPPOTrainer(
+            model=model, reward_funcs=reward_funcs, args=args, train_dataset=dataset, processing_class=tokenizer
+        )
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = values["gradient_accumulation_steps"]
+    return trainer
+
+
+def select_rows(inputs, rows):
+    """The batch with only `rows` kept: what 'physically removed' means for one micro-batch."""
+    index = torch.tensor(rows)
+    n = inputs["completion_ids"].size(0)
+    return {
+        k: v[index] if isinstance(v, torch.Tensor) and v.ndim > 0 and v.size(0) == n else v for k, v in inputs.items()
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Dynamic sampling (cegppo_exclude_zero_advantage_groups) == the same batch with those groups physically removed
+# ---------------------------------------------------------------------------------------------------------------------
+def _batch_with_everything(trainer, tokenizer, seed, kept):
+    inputs = add_off_policy(trainer, make_loss_batch(tokenizer, batch_size=8, seed=seed))
+    gen = torch.Generator().manual_seed(seed + 100)
+    inputs["ref_per_token_logps"] = inputs["old_per_token_logps"] + 0.3 * torch.randn(
+        inputs["old_per_token_logps"].shape, generator=gen
+    )
+    kept_mask = torch.zeros(8, dtype=torch.bool)
+    kept_mask[kept] = True
+    # The generation batch's counts, computed over the kept rows only (as `_generate_and_score_completions` does).
+    loss_mask = inputs["completion_mask"].float()
+    inputs["num_items_in_batch"] = (loss_mask * kept_mask.unsqueeze(1)).sum() * 3
+    sft = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0]) * kept_mask
+    inputs["cegppo_sft_mask"] = sft
+    inputs["cegppo_num_sft_tokens"] = (loss_mask * sft.unsqueeze(1)).sum() * 3
+    return inputs, kept_mask
+
+
+@pytest.mark.parametrize("loss_type", SUPPORTED)
+def test_excluded_groups_equal_physical_removal_for_every_term(
+    loss_type, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path
+):
+    """KL (beta > 0), entropy bonus, SFT term and policy term, with gradient accumulation: the option's loss, gradient
+    and metrics on the full micro-batch equal those of the micro-batch without the dropped rows."""
+    from cegppo_trl.tiny import save_tiny
+
+    model_dir = str(save_tiny(tiny_model, tiny_tokenizer, tmp_path / "tiny"))
+    common = dict(
+        loss_type=loss_type,
+        beta=0.1,
+        entropy_coef=0.05,
+        cegppo_sft_coef=0.1,
+        cegppo_exclude_zero_advantage_groups=True,
+    )
+    on = build(model_dir, tiny_tokenizer, arithmetic_dataset, tmp_path / "on", **common)
+    ref = build(model_dir, tiny_tokenizer, arithmetic_dataset, tmp_path / "ref", **common)
+    kept = [0, 1, 2, 3, 6]
+    inputs, keep = _batch_with_everything(on, tiny_tokenizer, seed=11, kept=kept)
+    full = dict(inputs, cegppo_keep=keep)
+    before = {k: v.clone() for k, v in full.items() if isinstance(v, torch.Tensor)}
+    loss, grad = loss_and_grad(on, full)
+    removed_loss, removed_grad = loss_and_grad(ref, select_rows(inputs, kept))
+    assert torch.allclose(loss, removed_loss, rtol=1e-6, atol=1e-8), (loss.item(), removed_loss.item())
+    assert torch.allclose(grad, removed_grad, rtol=1e-5, atol=1e-8)
+    for key in ("kl", "entropy", "policy_loss", "cegppo/sft_nll", "clip_ratio/region_mean", "cegppo/beta1_token_frac"):
+        assert on._metrics["train"][key][-1] == pytest.approx(ref._metrics["train"][key][-1], rel=1e-5), key
+    for key, value in before.items():  # the buffered batch is reused across num_iterations: never modified
+        assert torch.equal(full[key], value), key
+
+
+def _moe(tokenizer):
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    torch.manual_seed(0)
+    config = MixtralConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        output_router_logits=True,
+        router_aux_loss_coef=0.05,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    return MixtralForCausalLM(config)
+
+
+def test_moe_aux_loss_of_excluded_groups_is_removed(tiny_tokenizer, arithmetic_dataset, tmp_path):
+    moe = _moe(tiny_tokenizer)
+    on = build(
+        copy.deepcopy(moe),
+        tiny_tokenizer,
+        arithmetic_dataset,
+        tmp_path / "on",
+        cegppo_exclude_zero_advantage_groups=True,
+    )
+    ref = build(copy.deepcopy(moe), tiny_tokenizer, arithmetic_dataset, tmp_path / "ref")
+    assert on.aux_loss_enabled
+    kept = [1, 2, 5, 7]
+    inputs, keep = _batch_with_everything(on, tiny_tokenizer, seed=12, kept=kept)
+    loss, grad = loss_and_grad(on, dict(inputs, cegppo_keep=keep))
+    removed_loss, removed_grad = loss_and_grad(ref, select_rows(inputs, kept))
+    assert torch.allclose(loss, removed_loss, rtol=1e-6, atol=1e-8), (loss.item(), removed_loss.item())
+    assert torch.allclose(grad, removed_grad, rtol=1e-5, atol=1e-8)
+    assert on._metrics["train"]["aux_loss"][-1] == pytest.approx(ref._metrics["train"]["aux_loss"][-1], rel=1e-6)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+def test_micro_batch_with_every_group_excluded_has_zero_loss_and_gradient(
+    loss_type, tiny_tokenizer, arithmetic_dataset, tmp_path
+):
+    moe = _moe(tiny_tokenizer)  # the aux loss is the one term a row mask cannot remove
+    on = build(
+        moe,
+        tiny_tokenizer,
+        arithmetic_dataset,
+        tmp_path,
+        loss_type=loss_type,
+        entropy_coef=0.05,
+        cegppo_exclude_zero_advantage_groups=True,
+    )
+    inputs, keep = _batch_with_everything(on, tiny_tokenizer, seed=13, kept=[])
+    inputs["num_items_in_batch"] = torch.tensor(40.0)  # other micro-batches of the generation batch had kept rows
+    loss, grad = loss_and_grad(on, dict(inputs, cegppo_keep=keep))
+    assert loss.item() == 0.0
+    assert torch.equal(grad, torch.zeros_like(grad))
+    assert math.isnan(on._metrics["train"]["policy_loss"][-1])  # nothing was optimised on this (only) process
+
+
+def test_generation_drops_equal_reward_groups_on_rewards_not_advantages(
+    tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path
+):
+    """Groups of 8: [0.7 x8] (float residue in TRL's advantage), [1, 0, 0, 1, ...] (informative), [1 x8] (correct)."""
+    informative = [1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+
+    def rewards(completions, **kwargs):
+        return ([0.7] * 8 + informative + [1.0] * 8)[: len(completions)]
+
+    trainer = build(
+        tiny_model,
+        tiny_tokenizer,
+        arithmetic_dataset,
+        tmp_path,
+        reward_funcs=rewards,
+        per_device_train_batch_size=24,
+        num_generations=8,
+        steps_per_generation=1,
+        gradient_accumulation_steps=1,
+        cegppo_exclude_zero_advantage_groups=True,
+        cegppo_sft_coef=0.1,
+        cegppo_sft_reward_threshold=1.0,
+    )
+    batch = trainer._generate_and_score_completions([arithmetic_dataset[i] for i in range(3) for _ in range(8)])
+    assert (batch["advantages"][:8] != 0).any()  # the residue that `advantage != 0` mistook for signal
+    assert batch["cegppo_keep"].tolist() == [False] * 8 + [True] * 8 + [False] * 8
+    mask = batch["completion_mask"].float()
+    assert batch["num_items_in_batch"].item() == mask[8:16].sum().item()
+    # The all-correct group gets no SFT term: it is not part of the update at all.
+    assert batch["cegppo_sft_mask"].tolist() == [0.0] * 8 + informative + [0.0] * 8
+    assert batch["cegppo_num_sft_tokens"].item() == (mask[8] + mask[11]).sum().item()
+    assert trainer._metrics["train"]["cegppo/informative_group_frac"][-1] == pytest.approx(1 / 3)
+
+
+def test_multimodal_batch_is_refused_with_the_field_name(tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path):
+    trainer = build(
+        tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path, cegppo_exclude_zero_advantage_groups=True
+    )
+    original = trainer_module.GRPOTrainer._generate_and_score_completions
+
+    def with_pixels(self, inputs):
+        return dict(original(self, inputs), pixel_values=torch.zeros(1))
+
+    trainer_module.GRPOTrainer._generate_and_score_completions = with_pixels
+    try:
+        with pytest.raises(ValueError, match="cegppo_exclude_zero_advantage_groups.*pixel_values"):
+            trainer._generate_and_score_completions([arithmetic_dataset[i] for i in range(8)])
+    finally:
+        trainer_module.GRPOTrainer._generate_and_score_completions = original
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# TRL's policy_loss metric describes the CE-GPPO policy term
+# ---------------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "luspo"])
+@pytest.mark.parametrize("extra", [{"entropy_coef": 0.05}, {"use_adaptive_entropy": True, "entropy_target": 10.0}])
+def test_logged_policy_loss_is_the_cegppo_policy_term(
+    loss_type, extra, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path
+):
+    trainer = build(tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path, loss_type=loss_type, **extra)
+    inputs = add_off_policy(trainer, make_loss_batch(tiny_tokenizer, seed=21), scale=0.6)
+    inputs["num_items_in_batch"] = inputs["completion_mask"].sum() * 3
+    trainer._compute_loss(trainer.model, inputs)
+
+    with torch.no_grad():
+        logps, _ = current_logps(trainer, inputs)
+        mask = inputs["completion_mask"].float()
+        per_token = cegppo_per_token_loss(
+            logps - inputs["old_per_token_logps"], inputs["advantages"].unsqueeze(1), 0.2, 0.2, 0.5, 1.0
+        )
+        assert per_token.beta1_mask.any() or per_token.beta2_mask.any()
+        loss = per_token.per_token_loss * mask
+        if loss_type == "grpo":  # TRL logs it before dividing by gradient accumulation
+            expected = (loss.sum(-1) / mask.sum(-1)).mean()
+        elif loss_type == "luspo":
+            expected = loss.sum(-1).mean()
+        else:  # dapo: the normalised value, num_items / processes * accumulation / steps_per_generation
+            expected = loss.sum() / (inputs["num_items_in_batch"] * 2 / 4)
+    assert trainer._metrics["train"]["policy_loss"][-1] == pytest.approx(expected.item(), rel=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Finite loss and gradient at any log-ratio
+# ---------------------------------------------------------------------------------------------------------------------
+def _extreme_batch(trainer, tokenizer, dtype, seed=31):
+    inputs = add_off_policy(trainer, make_loss_batch(tokenizer, seed=seed), seed=seed)
+    logps = current_logps(trainer, inputs)[0].detach()
+    old = inputs["old_per_token_logps"].clone()
+    # log_ratio = logps - old: +100, -100, +1e4, -1e4 on tokens of positive- and negative-advantage rows.
+    for row, col, log_ratio in [(0, 0, 100.0), (0, 2, -100.0), (1, 0, 1e4), (2, 0, -1e4), (3, 0, 100.0)]:
+        old[row, col] = logps[row, col] - log_ratio
+    inputs["old_per_token_logps"] = old.to(dtype)
+    inputs["advantages"] = inputs["advantages"].to(dtype)
+    inputs["advantages"][:4] = torch.tensor([1.0, -1.0, 1.0, -1.0], dtype=dtype)
+    return inputs
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("loss_type", SUPPORTED)
+def test_loss_and_gradient_are_finite_at_any_log_ratio(
+    loss_type, dtype, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path
+):
+    trainer = build(tiny_model.to(dtype), tiny_tokenizer, arithmetic_dataset, tmp_path, loss_type=loss_type)
+    inputs = _extreme_batch(trainer, tiny_tokenizer, dtype)
+    for level in ("token", "sequence"):
+        for delta in (None, 4.0):
+            trainer.importance_sampling_level, trainer.args.delta = level, delta
+            loss, grad = loss_and_grad(trainer, inputs)
+            assert torch.isfinite(loss), (level, delta, loss)
+            assert torch.isfinite(grad).all(), (level, delta, (~torch.isfinite(grad)).sum().item())
+            assert trainer._metrics["train"]["cegppo/log_ratio_clamped_frac"][-1] > 0
+
+
+@pytest.mark.parametrize("loss_type", SUPPORTED)
+def test_clamp_changes_nothing_within_the_bound(loss_type, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path):
+    """Bit-identical loss and gradient to the trainer without the clamp when every |log-ratio| <= 20."""
+    trainer = build(tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path, loss_type=loss_type, delta=4.0)
+    inputs = add_off_policy(trainer, make_loss_batch(tiny_tokenizer, seed=41), scale=3.0)
+    logps = current_logps(trainer, inputs)[0].detach()
+    log_ratio = logps - inputs["old_per_token_logps"]
+    assert log_ratio.abs().max() <= LOG_RATIO_CLAMP and log_ratio.abs().max() > 5
+    for level in ("token", "sequence"):
+        trainer.importance_sampling_level = level
+        clamped_loss, clamped_grad = loss_and_grad(trainer, inputs)
+        assert trainer._metrics["train"]["cegppo/log_ratio_clamped_frac"][-1] == 0.0
+        original = trainer_module.clamp_old_log_probs
+        trainer_module.clamp_old_log_probs = lambda logps, old: (old, torch.zeros_like(old, dtype=torch.bool))
+        try:
+            loss, grad = loss_and_grad(trainer, inputs)
+        finally:
+            trainer_module.clamp_old_log_probs = original
+        assert torch.equal(clamped_loss, loss) and torch.equal(clamped_grad, grad), level
