@@ -142,6 +142,7 @@ def run_ours(items: list[tuple[str, str]], timeout_s: float, workers: int | None
     rewards.shutdown_grading_workers()  # fresh workers, cold caches
     rewards._GOLD_STATUS.clear()
     rewards._VERDICTS.clear()
+    rewards._GOLD_TIMEOUTS.clear()
     rewards.grade_completions([r"\boxed{x}"], ["x"], timeout_s=timeout_s, num_workers=workers)  # start-up, untimed
     start = time.perf_counter()
     results = rewards.grade_completions(

@@ -41,6 +41,21 @@ A gold whose parse hits the soft timeout is cached nowhere (neither in the worke
 parent): its completions get ``None`` on that call (status ``gold_timeout``, metric ``<name>/gold_timeouts``) and the
 gold is parsed again on the next call. After :data:`MAX_GOLD_TIMEOUTS` (3) calls on which it timed out, it is treated
 as unparseable (``bad_gold``, metric ``<name>/unparseable_gold``) for the rest of the process.
+
+Why not pebble
+--------------
+``benchmarks/bench_grader_pool.py`` (2 workers, timeout 3 s; pebble's parent pre-imports math-verify, its best case):
+
+    row                              own pool                    pebble 5.2.3
+    start-up to first result         8.3 s                       4.0 s
+    ordinary step (96 pairs)         23 pairs/s                  21 pairs/s
+    hostile batch (8, no pre-filter) 10.0 s, 7/8 cut, then ok    12.7 s, 7/8 cut, then ok
+    2 ranks (torchrun)               15.5 s, 0 workers left      20.1 s, 0 workers left
+    no __main__ guard, fork          ok                          ok
+    no __main__ guard, forkserver    ok                          all tasks "error"
+    forked DataLoader worker         ok                          RuntimeError in the pool
+
+Pebble fails two rows (forkserver is Linux's default from Python 3.14), so the own pool stays.
 """
 
 from __future__ import annotations

@@ -1,0 +1,448 @@
+"""The grading pool of cegppo_trl.rewards (``_GraderPool``) against ``pebble.ProcessPool``, on the same batches.
+
+Both pools grade raw ``(answer, gold)`` pairs with math-verify (LaTeX extraction, no signal timeouts inside) and a
+per-task timeout; pebble's worker function does the same parse/verify as ours, with the same 3 GiB address-space
+limit (above what ``fork`` inherits) and the same warm-up in its initializer. Rows, each in a fresh process:
+
+- start-up: pool creation to the first result (interpreter start, sympy import and warm-up in the worker);
+- ordinary: the distinct pairs of one GRPO step (benchmarks/bench_reward.py's mix) that need math-verify, pairs/s;
+- hostile: towers, huge factorials/binomials, slow polynomials and sums sent straight to the pool (no pre-filters),
+  then ordinary pairs that must still be graded right;
+- 2 ranks (torchrun, as ``accelerate launch`` does): each rank grades with its own pool; no worker may outlive it;
+- no ``__main__`` guard: a script file that builds the pool at top level (default start method, and ``forkserver``,
+  the default on Linux from Python 3.14);
+- forked DataLoader worker: the pool is used in the parent, then inside a ``torch`` DataLoader worker (fork).
+
+Usage: python benchmarks/bench_grader_pool.py [--timeout 3.0] [--workers 2] [--skip-ranks] [--skip-dataloader]
+Needs ``pip install pebble`` (and torch for the DataLoader row).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path[:0] = [str(HERE), str(ROOT)]
+
+ORDINARY_CHECK = [
+    (r"\sqrt{8}", r"2\sqrt{2}", "correct"),
+    ("(x+1)^2", "x^2+2x+1", "correct"),
+    (r"\frac{3}{4}\pi", r"\frac{3\pi}{4}", "correct"),
+    (r"\sqrt{7}", r"2\sqrt{2}", "wrong"),
+    ("[1, 2)", "(1,2)", "wrong"),
+    (r"\{1,2\}", r"\{2,1\}", "correct"),
+]
+HOSTILE = [
+    (r"9^{9^{9^{9^9}}}", "1"),
+    ("99999999!", "7"),
+    (r"\binom{99999999}{49999999}", "7"),
+    (r"10^{10^{10}}", "7"),
+    (r"2^{2^{2^{2^{2^{2}}}}}", "7"),
+    ("(x+1)^{9000}", "x^2+2x+1"),
+    ("+".join(["x"] * 480), "7"),
+    ("\\frac{1}{" * 20 + "2" + "}" * 20, "7"),
+]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The two pools behind one interface
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _children() -> list[int]:
+    """Pids of the live (non-zombie) direct children of this process."""
+    me, out = os.getpid(), []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == me and fields[0] != "Z":
+                out.append(int(entry))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class OwnPool:
+    """cegppo_trl.rewards' pool, through its per-process registry (so its fork hook applies, as in training)."""
+
+    name = "own"
+
+    def __init__(self, workers: int, context: str | None = None) -> None:
+        from cegppo_trl import rewards
+
+        self.rewards, self.workers = rewards, workers
+
+    def grade(self, pairs, timeout_s: float) -> list[str]:
+        return [status for status, _ in self.rewards._get_pool(self.workers).grade(pairs, timeout_s)]
+
+    def close(self) -> None:
+        self.rewards.shutdown_grading_workers()
+
+
+_PEBBLE_STATE: dict = {}
+
+
+def _pebble_load() -> None:
+    """Import math-verify and warm sympy up (in the parent too, so that forked workers inherit it: pebble's best)."""
+    if _PEBBLE_STATE:
+        return
+    import logging
+
+    for name in ("math_verify", "math_verify.parser", "math_verify.grader", "latex2sympy2_extended"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    from math_verify import LatexExtractionConfig, parse, verify
+
+    _PEBBLE_STATE.update(parse=parse, verify=verify, config=[LatexExtractionConfig(boxed_match_priority=0)])
+    from cegppo_trl.rewards import _WARM_UP
+
+    for answer, gold in _WARM_UP:
+        _pebble_grade(answer, gold)
+
+
+def _pebble_init() -> None:  # runs in each pebble worker (also in a replacement after a timeout kill)
+    import resource
+
+    with open("/proc/self/statm") as f:
+        inherited = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    limit = inherited + 3 * 1024**3  # same 3 GiB as our workers, above what fork inherited
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    _pebble_load()  # a no-op under fork (inherited from the parent); the real start-up under forkserver/spawn
+
+
+def _pebble_grade(answer: str, gold: str) -> str:  # the same work as rewards._worker_main's grade()
+    parse, verify, config = _PEBBLE_STATE["parse"], _PEBBLE_STATE["verify"], _PEBBLE_STATE["config"]
+
+    def parse_latex(s: str) -> list:
+        return parse(
+            "\\boxed{" + s + "}",
+            extraction_config=config,
+            fallback_mode="no_fallback",
+            extraction_mode="first_match",
+            parsing_timeout=None,
+        )
+
+    gold_parsed = parse_latex(gold)
+    if not gold_parsed:
+        return "bad_gold"
+    answer_parsed = parse_latex(answer)
+    if not answer_parsed:
+        return "unparseable"
+    return "correct" if verify(gold_parsed, answer_parsed, timeout_seconds=None) else "wrong"
+
+
+class PebblePool:
+    """``pebble.ProcessPool.schedule(fn, timeout=...)``, as in the CE-GPPO authors' verl fork.
+
+    The calling process imports math-verify and warms sympy up before the pool forks its workers, so a worker that
+    pebble replaces after a timeout starts instantly (fork); under forkserver/spawn each worker does it itself.
+    """
+
+    name = "pebble"
+
+    def __init__(self, workers: int, context: str | None = None) -> None:
+        import multiprocessing
+
+        import pebble
+
+        self.pebble = pebble
+        _pebble_load()
+        extra = {"context": multiprocessing.get_context(context)} if context else {}
+        self.pool = pebble.ProcessPool(max_workers=workers, initializer=_pebble_init, **extra)
+
+    def grade(self, pairs, timeout_s: float) -> list[str]:
+        futures = [self.pool.schedule(_pebble_grade, args=pair, timeout=timeout_s) for pair in pairs]
+        out = []
+        for future in futures:
+            try:
+                out.append(future.result())
+            except concurrent.futures.TimeoutError:
+                out.append("timeout")
+            except Exception:  # noqa: BLE001 - ProcessExpired (worker died), MemoryError, ...
+                out.append("error")
+        return out
+
+    def close(self) -> None:
+        self.pool.stop()
+        self.pool.join()
+
+
+POOLS = {"own": OwnPool, "pebble": PebblePool}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Cases (each runs in a fresh child process and prints one JSON line)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _ordinary_pairs(n: int = 2048) -> list[tuple[str, str]]:
+    from bench_reward import build_mix
+
+    from cegppo_trl import rewards
+
+    ordinary, _, _ = build_mix(n)
+    distinct: dict[tuple[str, str], None] = {}
+    for completion, gold in ordinary:
+        answer = rewards.extract_answer(completion)
+        if answer is not None and answer != gold and rewards._fast_verdict(answer, gold) is None:
+            distinct[(answer, gold)] = None
+    return list(distinct)
+
+
+def _check(pool, timeout_s: float) -> bool:
+    statuses = pool.grade([(a, g) for a, g, _ in ORDINARY_CHECK], timeout_s)
+    return statuses == [expected for *_, expected in ORDINARY_CHECK]
+
+
+def case_startup(kind: str, workers: int, timeout_s: float) -> dict:
+    start = time.perf_counter()
+    pool = POOLS[kind](workers)
+    ok = pool.grade([("(x+1)^2", "x^2+2x+1")], max(timeout_s, 60.0)) == ["correct"]
+    seconds = time.perf_counter() - start
+    pool.close()
+    return {"ok": ok, "cell": f"{seconds:.1f} s"}
+
+
+def case_ordinary(kind: str, workers: int, timeout_s: float) -> dict:
+    pairs = _ordinary_pairs()
+    pool = POOLS[kind](workers)
+    pool.grade([(f"{i}", f"{i}") for i in range(2 * workers)], 60.0)  # start-up, untimed
+    start = time.perf_counter()
+    statuses = pool.grade(pairs, timeout_s)
+    seconds = time.perf_counter() - start
+    ok = _check(pool, timeout_s)
+    pool.close()
+    slow = sum(s in ("timeout", "error") for s in statuses)
+    return {"ok": ok and slow == 0, "cell": f"{len(pairs) / seconds:.0f} pairs/s ({len(pairs)}; {slow} t/o)"}
+
+
+def case_hostile(kind: str, workers: int, timeout_s: float) -> dict:
+    pool = POOLS[kind](workers)
+    pool.grade([(f"{i}", f"{i}") for i in range(2 * workers)], 60.0)
+    start = time.perf_counter()
+    statuses = pool.grade(HOSTILE, timeout_s)
+    seconds = time.perf_counter() - start
+    ok = _check(pool, timeout_s)
+    pool.close()
+    bound = len(HOSTILE) * (timeout_s + 10.0)  # hang detection: every item cut, each followed by a slow restart
+    cut = sum(s in ("timeout", "error") for s in statuses)
+    return {
+        "ok": ok and seconds < bound and "correct" not in statuses,
+        "cell": f"{seconds:.1f} s, {cut}/{len(HOSTILE)} cut, after: {'ok' if ok else 'WRONG'}",
+    }
+
+
+def case_rank(kind: str, workers: int, timeout_s: float) -> dict:
+    """One rank of a 2-process launch: its own pool, ordinary and hostile pairs; reports its worker pids."""
+    from cegppo_trl import rewards
+
+    workers = rewards._default_num_workers()  # CPUs / LOCAL_WORLD_SIZE, as math_reward does
+    start = time.perf_counter()
+    pool = POOLS[kind](workers)
+    statuses = pool.grade([*HOSTILE[:2], *[(a, g) for a, g, _ in ORDINARY_CHECK]], timeout_s)
+    pids = _children()
+    seconds = time.perf_counter() - start
+    pool.close()
+    ok = statuses[2:] == [expected for *_, expected in ORDINARY_CHECK] and "correct" not in statuses[:2]
+    return {"ok": ok, "rank": int(os.environ.get("RANK", "0")), "pids": pids, "seconds": seconds}
+
+
+CASES = {"startup": case_startup, "ordinary": case_ordinary, "hostile": case_hostile, "rank": case_rank}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Driver
+# ----------------------------------------------------------------------------------------------------------------
+
+
+_LAST_ERROR = [""]  # the last exception line on the stderr of the last failed child, for the table
+
+
+def _run(argv: list[str], limit_s: float, env: dict | None = None) -> tuple[int | None, str, float]:
+    """(returncode or None if killed at limit_s, stdout, seconds), killing the whole process group on timeout."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=tempfile.gettempdir(),
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=limit_s)
+        code: int | None = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, err = proc.communicate()
+        code = None
+    errors = [line for line in err.splitlines() if line[:1].isalpha() and "Error" in line.split(":")[0]]
+    _LAST_ERROR[0] = errors[-1][:60] if errors else ""
+    if code not in (0, None) and os.environ.get("BENCH_VERBOSE"):
+        print(err[-2000:], file=sys.stderr)
+    return code, out, time.perf_counter() - start
+
+
+def _last_json(out: str) -> dict | None:
+    for line in reversed(out.strip().splitlines()):
+        try:
+            return json.loads(line)
+        except ValueError:
+            continue
+    return None
+
+
+def run_case(case: str, kind: str, args) -> str:
+    argv = [sys.executable, __file__, "--case", case, "--pool", kind, "--workers", str(args.workers)]
+    code, out, seconds = _run([*argv, "--timeout", str(args.timeout)], 240)
+    report = _last_json(out)
+    if code is None:
+        return f"FAIL: hung, killed at {seconds:.0f} s"
+    if code != 0 or report is None:
+        return f"FAIL: exit {code}"
+    return report["cell"] if report["ok"] else f"FAIL: {report['cell']}"
+
+
+def run_ranks(kind: str, args) -> str:
+    """Two ranks under torchrun (``accelerate launch --multi_gpu`` runs torchrun's launcher the same way)."""
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    argv = [*torchrun, __file__, "--case", "rank", "--pool", kind, "--timeout", str(args.timeout)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    code, out, seconds = _run(argv, 240, env)
+    reports = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    if code is None:
+        return f"FAIL: hung, killed at {seconds:.0f} s"
+    if code != 0 or len(reports) != 2:
+        return f"FAIL: exit {code}, {len(reports)} reports"
+    left = [pid for r in reports for pid in r["pids"] if _alive(pid)]
+    ok = all(r["ok"] for r in reports) and not left
+    cell = f"{seconds:.1f} s, {sum(len(r['pids']) for r in reports)} workers, {len(left)} left"
+    return cell if ok else f"FAIL: {cell}"
+
+
+_NO_GUARD = """
+import json, sys
+sys.path[:0] = [{here!r}, {root!r}]
+from bench_grader_pool import POOLS, ORDINARY_CHECK
+pool = POOLS[{kind!r}](1, context={context!r})
+print(json.dumps(pool.grade([(a, g) for a, g, _ in ORDINARY_CHECK], {timeout})))
+pool.close()
+"""
+
+
+def run_no_guard(kind: str, context: str | None, args) -> str:
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "train_no_guard.py"
+        body = _NO_GUARD.format(here=str(HERE), root=str(ROOT), kind=kind, context=context, timeout=args.timeout)
+        script.write_text(body)
+        code, out, seconds = _run([sys.executable, str(script)], 90)
+    if code is None:
+        return f"FAIL: hung, killed at {seconds:.0f} s"
+    report = _last_json(out) if code == 0 else None
+    if report != [expected for *_, expected in ORDINARY_CHECK]:
+        got = ", ".join(f"{report.count(s)} {s}" for s in sorted(set(report))) if isinstance(report, list) else ""
+        return f"FAIL: exit {code}; {got or _LAST_ERROR[0]}"
+    return f"ok, {seconds:.1f} s"
+
+
+_DATALOADER = """
+import json, sys
+sys.path[:0] = [{here!r}, {root!r}]
+import torch
+from torch.utils.data import DataLoader, Dataset
+from bench_grader_pool import POOLS, ORDINARY_CHECK
+PAIRS = [(a, g) for a, g, _ in ORDINARY_CHECK]
+pool = POOLS[{kind!r}](1)
+first = pool.grade(PAIRS, {timeout})  # used in the trainer process first: its workers exist before the fork
+
+class Graded(Dataset):
+    def __len__(self):
+        return 2
+    def __getitem__(self, i):
+        return json.dumps(pool.grade(PAIRS, {timeout}))
+
+loader = DataLoader(Graded(), batch_size=None, num_workers=1, multiprocessing_context="fork")
+inside = [json.loads(item) for item in loader]
+after = pool.grade(PAIRS, {timeout})  # and still usable in the parent afterwards
+pool.close()
+print(json.dumps([first, *inside, after]))
+"""
+
+
+def run_dataloader(kind: str, args) -> str:
+    body = _DATALOADER.format(here=str(HERE), root=str(ROOT), kind=kind, timeout=args.timeout)
+    code, out, seconds = _run([sys.executable, "-c", body], 120)
+    if code is None:
+        return f"FAIL: hung, killed at {seconds:.0f} s"
+    report = _last_json(out) if code == 0 else None
+    expected = [expected for *_, expected in ORDINARY_CHECK]
+    if report is None or any(r != expected for r in report) or len(report) != 4:
+        return f"FAIL: exit {code}; {_LAST_ERROR[0]}"
+    return f"ok, {seconds:.1f} s"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--timeout", type=float, default=3.0, help="per-task timeout, seconds")
+    parser.add_argument("--workers", type=int, default=2, help="worker processes per pool")
+    parser.add_argument("--skip-ranks", action="store_true")
+    parser.add_argument("--skip-dataloader", action="store_true")
+    parser.add_argument("--case", choices=sorted(CASES), help=argparse.SUPPRESS)
+    parser.add_argument("--pool", choices=sorted(POOLS), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.case:  # child mode
+        print(json.dumps(CASES[args.case](args.pool, args.workers, args.timeout)), flush=True)
+        return
+
+    import pebble
+
+    print(
+        f"own _GraderPool vs pebble {pebble.__version__} ProcessPool; {len(os.sched_getaffinity(0))} CPUs, "
+        f"{args.workers} workers, timeout {args.timeout} s, Python {sys.version.split()[0]}, load average "
+        f"{os.getloadavg()[0]:.1f} before start"
+    )
+    rows = [
+        ("start-up to first result", lambda k: run_case("startup", k, args)),
+        ("ordinary step (distinct pairs)", lambda k: run_case("ordinary", k, args)),
+        (f"hostile batch ({len(HOSTILE)}, no pre-filter)", lambda k: run_case("hostile", k, args)),
+    ]
+    if not args.skip_ranks:
+        rows.append(("2 ranks (torchrun/accelerate)", lambda k: run_ranks(k, args)))
+    rows.append(("no __main__ guard (fork)", lambda k: run_no_guard(k, None, args)))
+    rows.append(("no __main__ guard (forkserver)", lambda k: run_no_guard(k, "forkserver", args)))
+    if not args.skip_dataloader:
+        rows.append(("forked DataLoader worker", lambda k: run_dataloader(k, args)))
+
+    table = [("", "own pool", "pebble")]
+    for label, run in rows:
+        table.append((label, run("own"), run("pebble")))
+        print(f"  measured: {label}", file=sys.stderr, flush=True)
+    widths = [max(len(r[i]) for r in table) for i in range(3)]
+    print()
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
+if __name__ == "__main__":
+    main()
