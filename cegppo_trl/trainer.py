@@ -3,18 +3,26 @@
 What is overridden, and why:
 
 * `_compute_loss` -- the only change to the objective. TRL computes its PPO-clip loss as usual (so the KL term,
-  entropy bonus / adaptive entropy, MoE aux loss and all of TRL's metrics stay TRL's own); we then add
-  `aggregate(correction)` where `correction = cegppo_per_token_loss - ppo_clip_per_token_loss` (`core.py`) is zero
-  outside the two clipped sets. Every supported aggregation is linear in the per-token loss, so the sum is exactly
-  CE-GPPO's loss. The correction reuses the log-probs and entropies TRL computed in the same forward pass (captured
-  in `_get_per_token_logps_and_entropies`), so there is no second forward.
-* `_generate_and_score_completions` -- only to attach two optional extras of the authors' scripts to the batch: the
-  mask of completions that get the SFT term, and the token-mean denominator without all-zero-advantage groups.
+  entropy bonus / adaptive entropy and MoE aux loss stay TRL's own); we then add `aggregate(correction)` where
+  `correction = cegppo_per_token_loss - ppo_clip_per_token_loss` (`core.py`) is zero outside the two clipped sets.
+  Every supported aggregation is linear in the per-token loss, so the sum is exactly CE-GPPO's loss. The correction
+  reuses the log-probs and entropies TRL computed in the same forward pass (captured in
+  `_get_per_token_logps_and_entropies`), so there is no second forward. TRL gets a shallow copy of the batch (the
+  buffered batch is reused over `num_iterations` and is never modified) in which (a) the rows of dropped groups are
+  removed (`cegppo_exclude_zero_advantage_groups`) and (b) the old log-probs are clamped to within 20 nats of the
+  current ones (`core.clamp_old_log_probs`), so TRL's `exp(log_ratio)` and ours stay finite.
+* `_generate_and_score_completions` -- only to attach the optional extras of the authors' scripts to the batch: the
+  rows kept by dynamic sampling with the token counts without the dropped groups, and the mask of completions that get
+  the SFT term.
 
-Mirrored TRL logic (pinned to TRL 1.16.x by `pyproject.toml`, and each covered by `tests/test_trl_parity.py`, which
-fails if TRL's behaviour drifts): the ratio and its sequence-level form, the off-policy mask, the high-entropy mask and
-vLLM importance-sampling multiplications, and the four aggregations -- all in `_policy_term_inputs` and
-`_aggregate_like_trl` below.
+Mirrored TRL logic (pinned to TRL 1.16.x by `pyproject.toml`, and each covered by a test that fails if TRL's behaviour
+drifts): the ratio and its sequence-level form, the off-policy mask, the high-entropy mask and vLLM importance-sampling
+multiplications, and the five aggregations, in `_policy_term_inputs` / `_aggregate_like_trl`
+(`tests/test_trl_parity.py`); TRL reading `old_per_token_logps` after computing the log-probs, which the clamp relies
+on (`tests/test_edges.py::test_loss_and_gradient_are_finite_at_any_log_ratio`); the `policy_loss` metric's scale
+(`_correct_policy_loss_metric`, `tests/test_edges.py::test_logged_policy_loss_is_the_cegppo_policy_term`); the
+per-row batch keys (`_drop_excluded_rows`) and TRL's total reward (`_generate_and_score_completions`), covered by the
+physical-removal and generation tests of `tests/test_edges.py`.
 """
 
 from __future__ import annotations
@@ -87,7 +95,13 @@ class CEGPPOTrainer(GRPOTrainer):
     says so). CE-GPPO only differs from GRPO off-policy: set `steps_per_generation` to a multiple of
     `gradient_accumulation_steps` (the paper: 8x) or `num_iterations > 1`.
 
-    Metrics added under `cegppo/` (TRL's `entropy` and `clip_ratio/*` are kept as they are):
+    TRL's own metrics from the loss path describe the loss actually optimised: `policy_loss` (logged by TRL only with
+    the entropy bonus on) is corrected to the CE-GPPO policy term (+ KL, as in TRL); `clip_ratio/*` count the tokens
+    outside the clip range, which are exactly CE-GPPO's beta1 / beta2 sets (they still get gradient under CE-GPPO);
+    `entropy`, `kl`, `entropy_coef` and `aux_loss` are unchanged by the correction. With dynamic sampling all of them
+    cover the kept rows only.
+
+    Metrics added under `cegppo/`:
 
     * `beta1`, `beta2`: the coefficients in force (they move only under the entropy controller).
     * `beta1_token_frac`, `beta2_token_frac`: fraction of loss tokens in the beta1 / beta2 set.
@@ -97,8 +111,11 @@ class CEGPPOTrainer(GRPOTrainer):
       quadrants (advantage sign x `pi_theta(y_t)` above / below `cegppo_low_prob_threshold`): token fraction, share of
       gradient weight, fraction of the quadrant's tokens that were clipped, and the share of the total gradient
       weight that CE-GPPO gave back to the quadrant's clipped tokens. Zero-advantage tokens belong to no quadrant.
-    * `sft_nll` (token-mean NLL of the SFT completions), `sft_token_frac` when `cegppo_sft_coef > 0`; `entropy_error`, `entropy_integral` under the
-      entropy controller.
+    * `log_ratio_clamped_frac`: fraction of loss tokens whose `|log pi_theta - log pi_old|` exceeded 20 and was
+      clamped (should be 0; anything else points at broken old / sampler log-probs).
+    * `informative_group_frac` with `cegppo_exclude_zero_advantage_groups`: fraction of groups kept.
+    * `sft_nll` (token-mean NLL of the SFT completions), `sft_token_frac` when `cegppo_sft_coef > 0`;
+      `entropy_error`, `entropy_integral` under the entropy controller.
     """
 
     _tag_names = ["trl", "grpo", "cegppo"]
