@@ -67,7 +67,7 @@ class CEGPPOScriptArguments(ScriptArguments):
             Keep only the first N training rows (smoke tests).
         reward_funcs (`list[str]`, *optional*, defaults to `["math"]`):
             `math` (math-verify, `correct_reward` / `wrong_reward`; the paper's +1 / -1), `format` (1 if the completion
-            ends with a non-empty `\\boxed{}`, else 0), or a dotted import path `module.function`. Weight them with
+            has a closed, non-empty `\\boxed{}` after any think block, else 0), or a dotted import path `module.function`. Weight them with
             `reward_weights`.
         correct_reward (`float`, *optional*, defaults to `1.0`):
             Reward of a verified answer (`math`).
