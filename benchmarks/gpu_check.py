@@ -1,0 +1,279 @@
+"""One-command GPU check of CE-GPPO vs TRL's GRPO (dapo): bf16, full random-init Qwen2 shapes, gradient checkpointing.
+
+    python benchmarks/gpu_check.py            # on one CUDA GPU (target: H200 141 GB); ~3-4 min, hard cap 8 min
+    python benchmarks/gpu_check.py --smoke    # same code on CPU at tiny shapes (what tests/test_gpu_check.py runs)
+
+Prints, one `RESULT` line per case (Qwen2-1.5B full fine-tuning, Qwen2-7B full fine-tuning, Qwen2-1.5B LoRA r=32
+all-linear, as in recipes/DeepSeek-R1-Distill-Qwen-1.5B/cegppo/config_lora.yaml), completion length 4096:
+
+* `step_ratio` / `lb_ratio` / `mem_ratio`: CE-GPPO / GRPO for the training step (zero_grad + loss + backward +
+  AdamW step), loss + backward alone, and the loss + backward peak above the level before it
+  (`torch.cuda.max_memory_allocated`), interleaved repeats, medians; `extra_ms`, `extra_mib` absolute;
+* `tok_per_s`: completion tokens per second of the CE-GPPO step;
+* `delta_frac`: the fraction of the CE-GPPO step spent in CE-GPPO's own loss code (the correction, its
+  aggregation and all `cegppo/` metrics: `CEGPPOTrainer._cegppo_loss_delta`, timed with CUDA events), and
+  `diff_frac` = (CE-GPPO step - GRPO step) / CE-GPPO step, which also counts the correction's backward;
+
+then one `EQ8` line: in bf16 on the GPU (small batch), the trainer's loss and gradient (all parameters) against an
+independent implementation of paper Eq. 8 on the same log-probs (token-mean), with GRPO's gradient as a control
+that must *not* match. Exit status 0 only if every case ran and EQ8 passed; 2 when there is no GPU (refused).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import time
+
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import bench_scaling as bs  # noqa: E402
+import torch  # noqa: E402
+
+
+REFUSAL = (
+    "gpu_check: REFUSED: no CUDA GPU is visible (torch.cuda.is_available() is False, torch {version}). This check "
+    "needs one NVIDIA GPU (target: one H200, bf16). Use `--smoke` to run the same code on CPU at tiny shapes."
+)
+# (name, shape, layers, LoRA?) -- the real models' depth: both Qwen2-1.5B and Qwen2-7B have 28 layers.
+FULL_CASES = [("qwen2-1.5b", bs.QWEN2_1_5B, 28, False), ("qwen2-1.5b-lora", bs.QWEN2_1_5B, 28, True)]
+FULL_CASES.append(("qwen2-7b", bs.QWEN2_7B, 28, False))
+SMOKE_CASES = [(name, bs.TINY, 2, lora) for name, _, _, lora in FULL_CASES]
+LORA = dict(r=32, lora_alpha=64, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, same code path")
+    p.add_argument("--force-no-cuda", action="store_true", help="behave as if no GPU were present (tests)")
+    p.add_argument("--cases", nargs="+", default=None, help="subset of: " + " ".join(c[0] for c in FULL_CASES))
+    p.add_argument("--completion-len", type=int, default=None, help="default 4096 (smoke: 64)")
+    p.add_argument("--batch", type=int, default=None, help="completions per micro-batch (default 1; smoke: 2)")
+    p.add_argument("--repeats", type=int, default=None, help="interleaved rounds per case (default 5; smoke: 2)")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument(
+        "--deadline-s", type=float, default=None, help="skip the cases left after this many seconds (GPU default 420)"
+    )
+    return p.parse_args(argv)
+
+
+class DeltaTimer:
+    """Wraps `trainer._cegppo_loss_delta` (CE-GPPO's own loss code) and times each call: CUDA events on the GPU
+    (no extra host sync; read after the step's synchronize), `perf_counter` on CPU."""
+
+    def __init__(self, trainer, device):
+        self.device, self.pending, self.ms = device, [], []
+        self.available = hasattr(trainer, "_cegppo_loss_delta")
+        if not self.available:
+            return
+        inner = trainer._cegppo_loss_delta
+
+        def wrapped(*args, **kwargs):
+            if self.device.type == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                out = inner(*args, **kwargs)
+                end.record()
+                self.pending.append((start, end))
+            else:
+                t0 = time.perf_counter()
+                out = inner(*args, **kwargs)
+                self.ms.append((time.perf_counter() - t0) * 1e3)
+            return out
+
+        trainer._cegppo_loss_delta = wrapped
+
+    def median_ms(self) -> float:
+        if self.pending:
+            torch.cuda.synchronize()
+            self.ms.extend(s.elapsed_time(e) for s, e in self.pending)
+            self.pending = []
+        return statistics.median(self.ms) if self.ms else float("nan")
+
+
+def eq8_reference_loss(logps, old_logps, advantages, mask, eps_low, eps_high, beta1, beta2):
+    """Paper Eq. 8 written out, token-mean over `mask` (the paper's objective; TRL's dapo on one micro-batch)."""
+    log_ratio = logps.float() - old_logps.float()
+    r = torch.exp(log_ratio)
+    r_over_sg = r / r.detach()
+    a = advantages.float().unsqueeze(1).expand_as(r)
+    low = (r < 1 - eps_low) & (a < 0)
+    high = (r > 1 + eps_high) & (a > 0)
+    l_t = torch.where(
+        low, beta1 * (1 - eps_low) * r_over_sg * a, torch.where(high, beta2 * (1 + eps_high) * r_over_sg * a, r * a)
+    )
+    mask = mask.float()
+    return -(l_t * mask).sum() / mask.sum(), (low | high).float().mul(mask).sum() / mask.sum()
+
+
+def _grads(params):
+    return [
+        p.grad.detach().float().clone() if p.grad is not None else torch.zeros_like(p, dtype=torch.float32)
+        for p in params
+    ]
+
+
+def _compare_grads(params, reference):
+    dot = n_ref = n_diff = n_other = 0.0
+    for p, g_ref in zip(params, reference):
+        g = p.grad.detach().float() if p.grad is not None else torch.zeros_like(g_ref)
+        dot += float((g * g_ref).sum())
+        n_ref += float((g_ref * g_ref).sum())
+        n_other += float((g * g).sum())
+        n_diff += float(((g - g_ref) ** 2).sum())
+    cos = dot / max((n_ref * n_other) ** 0.5, 1e-30)
+    return cos, (n_diff / max(n_ref, 1e-30)) ** 0.5
+
+
+def eq8_check(trainers, model, params, shape, device, batch_size, completion_len):
+    """Trainer loss and gradient vs the Eq. 8 reference on the same batch; GRPO's gradient as a negative control."""
+    cegppo, grpo = trainers["cegppo"], trainers["grpo"]
+    batch = bs.make_batch(grpo, shape["vocab_size"], batch_size, completion_len, device, seed=1)
+    batch["advantages"][batch_size // 2 :] = -batch["advantages"][batch_size // 2 :].abs()
+    batch["advantages"][: batch_size // 2] = batch["advantages"][: batch_size // 2].abs()
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+    attn = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
+
+    model.zero_grad(set_to_none=True)
+    logps, _, _ = cegppo._get_per_token_logps_and_entropies(model, ids, attn, completion_len)
+    ref_loss, clipped = eq8_reference_loss(
+        logps,
+        batch["old_per_token_logps"],
+        batch["advantages"],
+        batch["completion_mask"],
+        cegppo.epsilon_low,
+        cegppo.epsilon_high,
+        cegppo.cegppo_beta1,
+        cegppo.cegppo_beta2,
+    )
+    ref_loss.backward()
+    ref_grads = _grads(params)
+
+    model.zero_grad(set_to_none=True)
+    loss = cegppo._compute_loss(model, batch)
+    loss.backward()
+    cos, rel = _compare_grads(params, ref_grads)
+
+    model.zero_grad(set_to_none=True)
+    grpo_loss = grpo._compute_loss(model, batch)
+    grpo_loss.backward()
+    grpo_cos, grpo_rel = _compare_grads(params, ref_grads)
+    model.zero_grad(set_to_none=True)
+
+    loss_err = abs(float(loss) - float(ref_loss)) / max(abs(float(ref_loss)), 1e-3)
+    ok = loss_err <= 2e-2 and cos >= 0.999 and rel <= 5e-2 and grpo_rel > 10 * max(rel, 1e-3)
+    print(
+        f"EQ8 {'PASS' if ok else 'FAIL'}: dtype={next(model.parameters()).dtype} B={batch_size} T={completion_len} "
+        f"clipped={float(clipped):.3f} loss={float(loss):.6f} ref={float(ref_loss):.6f} loss_rel_err={loss_err:.2e} "
+        f"grad_cos={cos:.6f} grad_rel_err={rel:.2e} | control GRPO vs Eq.8: grad_cos={grpo_cos:.4f} "
+        f"grad_rel_err={grpo_rel:.2e} (must be >> the trainer's)",
+        flush=True,
+    )
+    return ok
+
+
+def run_case(name, shape, layers, lora, device, dtype, completion_len, batch_size, repeats, do_eq8):
+    model = bs.build_model(shape, layers, device, dtype)
+    model.config.use_cache = False
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(**LORA))
+    params = [p for p in model.parameters() if p.requires_grad]
+    n_params = sum(p.numel() for p in model.parameters())
+    n_train = sum(p.numel() for p in params)
+    optimizer = torch.optim.AdamW(params, lr=1e-8, fused=device.type == "cuda")
+    trainers = bs.make_trainers(model, device, completion_len)
+    timer = DeltaTimer(trainers["cegppo"], device)
+    batch = bs.make_batch(trainers["grpo"], shape["vocab_size"], batch_size, completion_len, device)
+    n_tokens = int(batch["completion_mask"].sum())
+
+    r = bs.compare(trainers, batch, optimizer, device, repeats, warmup=1)["cegppo"]
+    delta_ms = timer.median_ms()
+    peak_gib = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
+    tok_per_s = n_tokens / (r["cegppo_step_ms"] / 1e3)
+    print(
+        f"RESULT {name}: params={n_params / 1e9:.2f}B trainable={n_train / 1e6:.1f}M dtype={dtype} "
+        f"T={completion_len} B={batch_size} grad_ckpt=1 clipped={r['clipped_frac']:.3f} | "
+        f"step_ratio={r['step_ratio']:.3f} lb_ratio={r['lb_ratio']:.3f} mem_ratio={r['mem_ratio']:.3f} | "
+        f"grpo_step_ms={r['grpo_step_ms']:.1f} cegppo_step_ms={r['cegppo_step_ms']:.1f} extra_ms={r['extra_ms']:.2f} "
+        f"extra_mib={r['extra_mib']:.1f} lb_peak_mib={r['cegppo_mem_mib']:.0f} peak_gib={peak_gib:.1f} | "
+        f"tok_per_s={tok_per_s:.0f} delta_ms={delta_ms:.2f} delta_frac={delta_ms / r['cegppo_step_ms']:.4f} "
+        f"diff_frac={(r['cegppo_step_ms'] - r['grpo_step_ms']) / r['cegppo_step_ms']:.4f}",
+        flush=True,
+    )
+    ok = True
+    if do_eq8:
+        ok = eq8_check(trainers, model, params, shape, device, batch_size=4, completion_len=min(512, completion_len))
+    del trainers, optimizer, batch, model, params
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    return ok
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not args.smoke and (args.force_no_cuda or not torch.cuda.is_available()):
+        print(REFUSAL.format(version=torch.__version__), file=sys.stderr, flush=True)
+        return 2
+    start = time.perf_counter()
+    try:
+        import datasets
+        import peft
+        import transformers
+        import trl
+
+        import cegppo_trl
+    except ImportError as e:  # pragma: no cover - depends on the machine
+        print(
+            f"gpu_check: missing package ({e}). Bring the wheels listed in docs/scaling.md "
+            "('GPU check') and put their --target folder on PYTHONPATH.",
+            file=sys.stderr,
+        )
+        return 3
+    device = torch.device("cpu") if args.smoke else torch.device("cuda")
+    dtype = getattr(torch, args.dtype)
+    completion_len = args.completion_len or (64 if args.smoke else 4096)
+    batch_size = args.batch or (2 if args.smoke else 1)
+    repeats = args.repeats or (2 if args.smoke else 5)
+    cases = SMOKE_CASES if args.smoke else FULL_CASES
+    if args.cases:
+        unknown = set(args.cases) - {c[0] for c in cases}
+        if unknown:
+            print(f"gpu_check: unknown case(s) {sorted(unknown)}", file=sys.stderr)
+            return 1
+        cases = [c for c in cases if c[0] in args.cases]
+    deadline = args.deadline_s if args.deadline_s is not None else (float("inf") if args.smoke else 420.0)
+    gpu = torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu (smoke)"
+    print(
+        f"GPU_CHECK start: device={gpu} torch={torch.__version__} transformers={transformers.__version__} "
+        f"trl={trl.__version__} peft={peft.__version__} datasets={datasets.__version__} "
+        f"cegppo_trl={cegppo_trl.__version__} dtype={args.dtype} T={completion_len} B={batch_size} repeats={repeats}",
+        flush=True,
+    )
+    ok, ran = True, 0
+    for i, (name, shape, layers, lora) in enumerate(cases):
+        elapsed = time.perf_counter() - start
+        if elapsed > deadline:
+            print(f"SKIPPED {name}: {elapsed:.0f} s elapsed > --deadline-s {deadline:.0f}", flush=True)
+            ok = False
+            continue
+        do_eq8 = i == 0
+        case_ok = run_case(name, shape, layers, lora, device, dtype, completion_len, batch_size, repeats, do_eq8)
+        ok, ran = ok and case_ok, ran + 1
+        print(f"# {name} done at {time.perf_counter() - start:.0f} s", flush=True)
+    print(
+        f"GPU_CHECK {'DONE ok' if ok else 'DONE with failures'}: {ran} case(s) in {time.perf_counter() - start:.0f} s"
+    )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
