@@ -314,6 +314,148 @@ def compare(trainers, batch, optimizer, device, repeats, memory=True, warmup=0):
     return results
 
 
+class DeltaTimer:
+    """Wraps `trainer._cegppo_loss_delta` (CE-GPPO's own loss code) and times each call: CUDA events on the GPU
+    (no extra host sync; read after the step's synchronize), `perf_counter` on CPU."""
+
+    def __init__(self, trainer, device):
+        self.device, self.pending, self.ms = device, [], []
+        self.available = hasattr(trainer, "_cegppo_loss_delta")
+        if not self.available:
+            return
+        inner = trainer._cegppo_loss_delta
+
+        def wrapped(*args, **kwargs):
+            if self.device.type == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                out = inner(*args, **kwargs)
+                end.record()
+                self.pending.append((start, end))
+            else:
+                t0 = time.perf_counter()
+                out = inner(*args, **kwargs)
+                self.ms.append((time.perf_counter() - t0) * 1e3)
+            return out
+
+        trainer._cegppo_loss_delta = wrapped
+
+    def median_ms(self) -> float:
+        if self.pending:
+            torch.cuda.synchronize()
+            self.ms.extend(s.elapsed_time(e) for s, e in self.pending)
+            self.pending = []
+        return statistics.median(self.ms) if self.ms else float("nan")
+
+
+def core_call(fn, log_ratio, advantages, epsilon_low, epsilon_high, beta1, beta2, delta=None):
+    """Call a `cegppo_trl.core` loss function with either calling convention: a `ClipParams` bundle (current) or the
+    scalars positionally (older trees)."""
+    from cegppo_trl import core
+
+    if hasattr(core, "ClipParams"):
+        return fn(log_ratio, advantages, core.ClipParams(epsilon_low, epsilon_high, beta1, beta2, delta))
+    return fn(log_ratio, advantages, epsilon_low, epsilon_high, beta1, beta2, delta)
+
+
+def overhead_only(points, variants, repeats=5):
+    """CE-GPPO's own per-micro-batch cost at each point, without the noise of a full-vocabulary step: the time of
+    `CEGPPOTrainer._cegppo_loss_delta` (correction + aggregation + SFT term + all `cegppo/` metrics + controller; it
+    only touches (B, T) tensors, so it does not depend on hidden size, layers or vocabulary: a tiny model gives the
+    same number) and the backward of the correction alone (`core.gradient_preserving_correction` on a (B, T) leaf)."""
+    from cegppo_trl.core import gradient_preserving_correction
+
+    device = torch.device("cpu")
+    model = build_model(TINY, 1, device)
+    tokenizer, dataset = build_tokenizer(), make_dataset()
+    rows = []
+    for t_len, b in points:
+        trainers = make_trainers(model, device, t_len, {v: VARIANTS[v] for v in variants}, tokenizer, dataset)
+        batch = make_batch(trainers["grpo"], TINY["vocab_size"], b, t_len, device)
+        row = {"T": t_len, "B": b}
+        for v in variants:
+            timer = DeltaTimer(trainers[v], device)
+            for _ in range(repeats + 1):
+                model.zero_grad(set_to_none=True)
+                loss_backward(trainers[v], batch)
+            timer.ms = timer.ms[1:]
+            row[f"delta_ms_{v}"] = timer.median_ms()
+        log_ratio = (batch["old_per_token_logps"] * 0 + 0.3 * torch.randn(b, t_len)).requires_grad_()
+        bwd = []
+        for _ in range(repeats + 1):
+            corr, _ = core_call(
+                gradient_preserving_correction, log_ratio, batch["advantages"].unsqueeze(1), 0.2, 0.2, 0.5, 1.0
+            )
+            loss = corr.sum()
+            t0 = time.perf_counter()
+            loss.backward()
+            bwd.append((time.perf_counter() - t0) * 1e3)
+        row["corr_bwd_ms"] = statistics.median(bwd[1:])
+        rows.append(row)
+        print(
+            f"{t_len:>5} {b:>2} {t_len * b:>6} "
+            + " ".join(f"{v}={row[f'delta_ms_{v}']:7.2f}" for v in variants)
+            + f"  correction backward={row['corr_bwd_ms']:6.2f}",
+            flush=True,
+        )
+    return rows
+
+
+def plot(results, path, overhead=None):
+    """Ratio vs tokens per micro-batch, one panel per measure, one line per variant."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8), sharey=False)
+    for ax, key, title in zip(
+        axes,
+        ("lb_ratio", "step_ratio", "mem_ratio"),
+        ("loss + backward time", "training step time (+AdamW)", "loss + backward peak memory"),
+    ):
+        for variant, marker in zip(VARIANTS, "osD"):
+            rows = sorted((r for r in results if r["variant"] == variant), key=lambda r: (r["T"] * r["B"], r["B"]))
+            if not rows:
+                continue
+            x = [r["T"] * r["B"] for r in rows]
+            ax.plot(
+                x,
+                [r[key] for r in rows],
+                marker=marker,
+                linestyle="-" if variant == "base" else "none",
+                label=f"CE-GPPO {variant}",
+            )
+            for r in rows:
+                ax.annotate(
+                    f"B={r['B']}", (r["T"] * r["B"], r[key]), fontsize=7, xytext=(3, 3), textcoords="offset points"
+                )
+        if key == "lb_ratio" and overhead:
+            base = {(r["T"], r["B"]): r for r in results if r["variant"] == "base"}
+            pts = []
+            for o in overhead:
+                # Bound from CE-GPPO's own cost over a GRPO step extrapolated linearly in tokens from measured points.
+                ref = max(base.values(), key=lambda r: r["T"] * r["B"]) if base else None
+                if ref is None:
+                    continue
+                grpo_ms = ref["grpo_lb_ms"] * (o["T"] * o["B"]) / (ref["T"] * ref["B"])
+                pts.append((o["T"] * o["B"], 1 + (o["delta_ms_base"] + o["corr_bwd_ms"]) / grpo_ms))
+            if pts:
+                ax.plot(*zip(*sorted(pts)), "k--", lw=1, label="bound from CE-GPPO's own cost")
+        ax.axhline(1.01, color="red", lw=0.8, ls=":", label="goal 1.01")
+        ax.axhline(1.0, color="grey", lw=0.6)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("completion tokens per micro-batch (B x T)")
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("CE-GPPO / GRPO")
+    axes[0].legend(fontsize=7)
+    fig.suptitle("CE-GPPO vs GRPO (dapo), Qwen2-1.5B shape (1 layer, vocab 151,936), CPU, fp32", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"# wrote {path}")
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The benchmark
 # ----------------------------------------------------------------------------------------------------------------
@@ -324,7 +466,9 @@ def parse_point(text: str) -> tuple[int, int]:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--points", nargs="+", default=DEFAULT_POINTS, help="completion_len x batch, e.g. 1024x2")
+    p.add_argument(
+        "--points", nargs="*", default=DEFAULT_POINTS, help="completion_len x batch, e.g. 1024x2 (none: overhead only)"
+    )
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument(
         "--variant-points",
@@ -337,6 +481,14 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=None, help="interleaved rounds per point (default: by size)")
     p.add_argument("--tiny", action="store_true", help="tiny shapes (hidden 64, vocab 1024): a smoke run")
     p.add_argument("--json", default=None, help="also write the results to this JSON file")
+    p.add_argument(
+        "--overhead-points",
+        nargs="*",
+        default=["256x1", "256x2", "1024x1", "1024x4", "2048x1", "4096x1", "4096x2"],
+        help="points where CE-GPPO's own cost is timed on a tiny model (cheap; covers the left-out long points)",
+    )
+    p.add_argument("--plot", default=None, help="write the ratio-vs-tokens figure here (PNG)")
+    p.add_argument("--from-json", default=None, help="skip the runs: plot / print from a JSON written by --json")
     return p.parse_args(argv)
 
 
@@ -361,6 +513,15 @@ def format_row(r: dict) -> str:
 
 def main(argv=None) -> list[dict]:
     args = parse_args(argv)
+    if args.from_json:
+        with open(args.from_json) as f:
+            saved = json.load(f)
+        print(HEADER)
+        for r in saved["results"]:
+            print(format_row(r))
+        if args.plot:
+            plot(saved["results"], args.plot, saved.get("overhead"))
+        return saved["results"]
     device = torch.device("cpu")
     shape = TINY if args.tiny else QWEN2_1_5B
     points = [parse_point(p) for p in args.points]
@@ -402,15 +563,25 @@ def main(argv=None) -> list[dict]:
             print(format_row(r), flush=True)
         del batch
         gc.collect()
-    worst = {k: max(r[k] for r in results) for k in ("lb_ratio", "step_ratio", "mem_ratio")}
+    worst = {k: max((r[k] for r in results), default=float("nan")) for k in ("lb_ratio", "step_ratio", "mem_ratio")}
     print(
         f"# worst: lb {worst['lb_ratio']:.3f}  step {worst['step_ratio']:.3f}  mem {worst['mem_ratio']:.3f}  "
         f"(goal <= 1.01); total {time.perf_counter() - start:.0f} s",
         flush=True,
     )
+    overhead = None
+    if args.overhead_points:
+        print(
+            "# CE-GPPO's own cost per micro-batch, ms (tiny model: it does not depend on H, V or layers):", flush=True
+        )
+        overhead = overhead_only([parse_point(p) for p in args.overhead_points], args.variants)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"params": n_params, "layers": args.layers, "results": results}, f, indent=1)
+            json.dump(
+                {"params": n_params, "layers": args.layers, "results": results, "overhead": overhead}, f, indent=1
+            )
+    if args.plot:
+        plot(results, args.plot, overhead)
     return results
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import statistics
 import sys
 import time
 
@@ -59,40 +58,6 @@ def parse_args(argv=None):
         "--deadline-s", type=float, default=None, help="skip the cases left after this many seconds (GPU default 420)"
     )
     return p.parse_args(argv)
-
-
-class DeltaTimer:
-    """Wraps `trainer._cegppo_loss_delta` (CE-GPPO's own loss code) and times each call: CUDA events on the GPU
-    (no extra host sync; read after the step's synchronize), `perf_counter` on CPU."""
-
-    def __init__(self, trainer, device):
-        self.device, self.pending, self.ms = device, [], []
-        self.available = hasattr(trainer, "_cegppo_loss_delta")
-        if not self.available:
-            return
-        inner = trainer._cegppo_loss_delta
-
-        def wrapped(*args, **kwargs):
-            if self.device.type == "cuda":
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                out = inner(*args, **kwargs)
-                end.record()
-                self.pending.append((start, end))
-            else:
-                t0 = time.perf_counter()
-                out = inner(*args, **kwargs)
-                self.ms.append((time.perf_counter() - t0) * 1e3)
-            return out
-
-        trainer._cegppo_loss_delta = wrapped
-
-    def median_ms(self) -> float:
-        if self.pending:
-            torch.cuda.synchronize()
-            self.ms.extend(s.elapsed_time(e) for s, e in self.pending)
-            self.pending = []
-        return statistics.median(self.ms) if self.ms else float("nan")
 
 
 def eq8_reference_loss(logps, old_logps, advantages, mask, eps_low, eps_high, beta1, beta2):
@@ -147,8 +112,8 @@ def eq8_check(trainers, model, params, shape, device, batch_size, completion_len
         batch["completion_mask"],
         cegppo.epsilon_low,
         cegppo.epsilon_high,
-        cegppo.cegppo_beta1,
-        cegppo.cegppo_beta2,
+        cegppo.args.cegppo_beta1,  # no entropy controller here: the config's betas are the ones in force
+        cegppo.args.cegppo_beta2,
     )
     ref_loss.backward()
     ref_grads = _grads(params)
@@ -189,7 +154,7 @@ def run_case(name, shape, layers, lora, device, dtype, completion_len, batch_siz
     n_train = sum(p.numel() for p in params)
     optimizer = torch.optim.AdamW(params, lr=1e-8, fused=device.type == "cuda")
     trainers = bs.make_trainers(model, device, completion_len)
-    timer = DeltaTimer(trainers["cegppo"], device)
+    timer = bs.DeltaTimer(trainers["cegppo"], device)
     batch = bs.make_batch(trainers["grpo"], shape["vocab_size"], batch_size, completion_len, device)
     n_tokens = int(batch["completion_mask"].sum())
 

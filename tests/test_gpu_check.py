@@ -59,7 +59,8 @@ def test_eq8_reference_matches_core():
     mask[2, 4:] = 0
     ref, clipped = gpu_check.eq8_reference_loss(logps, old, adv, mask, 0.2, 0.28, 0.5, 1.0)
     (g_ref,) = torch.autograd.grad(ref, logps)
-    core = cegppo_per_token_loss(logps - old, adv.unsqueeze(1), 0.2, 0.28, 0.5, 1.0).per_token_loss
+    core = bench_scaling.core_call(cegppo_per_token_loss, logps - old, adv.unsqueeze(1), 0.2, 0.28, 0.5, 1.0)
+    core = core.per_token_loss
     loss = (core * mask).sum() / mask.sum()
     (g_core,) = torch.autograd.grad(loss, logps)
     assert 0 < float(clipped) < 1
@@ -69,7 +70,19 @@ def test_eq8_reference_matches_core():
 
 def test_bench_scaling_smallest_setting(capsys):
     results = bench_scaling.main(
-        ["--tiny", "--points", "16x2", "--variants", "base", "sft", "entropy", "--repeats", "1"]
+        [
+            "--tiny",
+            "--points",
+            "16x2",
+            "--variants",
+            "base",
+            "sft",
+            "entropy",
+            "--repeats",
+            "1",
+            "--overhead-points",
+            "16x2",
+        ]
     )
     out = capsys.readouterr().out
     assert [r["variant"] for r in results] == ["base", "sft", "entropy"]
@@ -78,3 +91,4 @@ def test_bench_scaling_smallest_setting(capsys):
             assert r[key] == pytest.approx(r[key])  # finite, not NaN
         assert r["clipped_frac"] > 0  # the batch is off-policy: CE-GPPO has clipped tokens to act on
     assert "# worst:" in out and "variant" in out
+    assert "correction backward=" in out
