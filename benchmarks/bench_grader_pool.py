@@ -1,4 +1,4 @@
-"""The grading pool of cegppo_trl.rewards (``_GraderPool``) against ``pebble.ProcessPool``, on the same batches.
+"""The grading pool of cegppo_trl.rewards (``grading._GraderPool``) against ``pebble.ProcessPool``, on the same batches.
 
 Both pools grade raw ``(answer, gold)`` pairs with math-verify (LaTeX extraction, no signal timeouts inside) and a
 per-task timeout; pebble's worker function does the same parse/verify as ours, with the same 3 GiB address-space
@@ -88,15 +88,15 @@ class OwnPool:
     name = "own"
 
     def __init__(self, workers: int, context: str | None = None) -> None:
-        from cegppo_trl import rewards
+        from cegppo_trl.rewards import grading
 
-        self.rewards, self.workers = rewards, workers
+        self.grading, self.workers = grading, workers
 
     def grade(self, pairs, timeout_s: float) -> list[str]:
-        return [status for status, _ in self.rewards._get_pool(self.workers).grade(pairs, timeout_s)]
+        return [status for status, _ in self.grading._get_pool(self.workers).grade(pairs, timeout_s)]
 
     def close(self) -> None:
-        self.rewards.shutdown_grading_workers()
+        self.grading.shutdown_grading_workers()
 
 
 _PEBBLE_STATE: dict = {}
@@ -106,48 +106,34 @@ def _pebble_load() -> None:
     """Import math-verify and warm sympy up (in the parent too, so that forked workers inherit it: pebble's best)."""
     if _PEBBLE_STATE:
         return
-    import logging
+    from cegppo_trl.rewards.worker import WARM_UP, load_math_verify
 
-    for name in ("math_verify", "math_verify.parser", "math_verify.grader", "latex2sympy2_extended"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
-    from math_verify import LatexExtractionConfig, parse, verify
-
-    _PEBBLE_STATE.update(parse=parse, verify=verify, config=[LatexExtractionConfig(boxed_match_priority=0)])
-    from cegppo_trl.rewards import _WARM_UP
-
-    for answer, gold in _WARM_UP:
+    _PEBBLE_STATE["parse_latex"], _PEBBLE_STATE["verify"] = load_math_verify()
+    for answer, gold in WARM_UP:
         _pebble_grade(answer, gold)
 
 
 def _pebble_init() -> None:  # runs in each pebble worker (also in a replacement after a timeout kill)
     import resource
 
+    from cegppo_trl.rewards.worker import ADDRESS_SPACE_LIMIT
+
     with open("/proc/self/statm") as f:
         inherited = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    limit = inherited + 3 * 1024**3  # same 3 GiB as our workers, above what fork inherited
+    limit = inherited + ADDRESS_SPACE_LIMIT  # the same 3 GiB as our workers, above what fork inherited
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     _pebble_load()  # a no-op under fork (inherited from the parent); the real start-up under forkserver/spawn
 
 
-def _pebble_grade(answer: str, gold: str) -> str:  # the same work as rewards._worker_main's grade()
-    parse, verify, config = _PEBBLE_STATE["parse"], _PEBBLE_STATE["verify"], _PEBBLE_STATE["config"]
-
-    def parse_latex(s: str) -> list:
-        return parse(
-            "\\boxed{" + s + "}",
-            extraction_config=config,
-            fallback_mode="no_fallback",
-            extraction_mode="first_match",
-            parsing_timeout=None,
-        )
-
+def _pebble_grade(answer: str, gold: str) -> str:  # the same work as the grade() of rewards/worker.py
+    parse_latex, verify = _PEBBLE_STATE["parse_latex"], _PEBBLE_STATE["verify"]
     gold_parsed = parse_latex(gold)
     if not gold_parsed:
         return "bad_gold"
     answer_parsed = parse_latex(answer)
     if not answer_parsed:
         return "unparseable"
-    return "correct" if verify(gold_parsed, answer_parsed, timeout_seconds=None) else "wrong"
+    return "correct" if verify(gold_parsed, answer_parsed) else "wrong"
 
 
 class PebblePool:
@@ -195,17 +181,11 @@ POOLS = {"own": OwnPool, "pebble": PebblePool}
 
 
 def _ordinary_pairs(n: int = 2048) -> list[tuple[str, str]]:
-    from bench_reward import build_mix
-
-    from cegppo_trl import rewards
+    from bench_reward import build_mix, pool_pair
 
     ordinary, _, _ = build_mix(n)
-    distinct: dict[tuple[str, str], None] = {}
-    for completion, gold in ordinary:
-        answer = rewards.extract_answer(completion)
-        if answer is not None and answer != gold and rewards._fast_verdict(answer, gold) is None:
-            distinct[(answer, gold)] = None
-    return list(distinct)
+    pairs = (pool_pair(completion, gold) for completion, gold in ordinary)
+    return list(dict.fromkeys(pair for pair in pairs if pair is not None))
 
 
 def _check(pool, timeout_s: float) -> bool:
@@ -253,9 +233,9 @@ def case_hostile(kind: str, workers: int, timeout_s: float) -> dict:
 
 def case_rank(kind: str, workers: int, timeout_s: float) -> dict:
     """One rank of a 2-process launch: its own pool, ordinary and hostile pairs; reports its worker pids."""
-    from cegppo_trl import rewards
+    from cegppo_trl.rewards import grading
 
-    workers = rewards._default_num_workers()  # CPUs / LOCAL_WORLD_SIZE, as math_reward does
+    workers = grading._default_num_workers()  # CPUs / LOCAL_WORLD_SIZE, as math_reward does
     start = time.perf_counter()
     pool = POOLS[kind](workers)
     statuses = pool.grade([*HOSTILE[:2], *[(a, g) for a, g, _ in ORDINARY_CHECK]], timeout_s)

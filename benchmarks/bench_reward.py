@@ -136,13 +136,25 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def pool_pair(completion: str, gold: str) -> tuple[str, str] | None:
+    """The ``(answer, gold)`` pair math_reward sends to a grading worker, or ``None`` if it decides in-process
+    (no answer, answer == gold, or plain numbers)."""
+    from cegppo_trl.rewards import extract_answer, prefilter
+
+    answer = extract_answer(completion)
+    if answer is None or answer == gold or prefilter._fast_verdict(answer, gold) is not None:
+        return None
+    return answer, gold
+
+
 def run_ours(items: list[tuple[str, str]], timeout_s: float, workers: int | None) -> dict:
     from cegppo_trl import rewards
+    from cegppo_trl.rewards import grading
 
     rewards.shutdown_grading_workers()  # fresh workers, cold caches
-    rewards._GOLD_STATUS.clear()
-    rewards._VERDICTS.clear()
-    rewards._GOLD_TIMEOUTS.clear()
+    grading._GOLD_STATUS.clear()
+    grading._VERDICTS.clear()
+    grading._GOLD_TIMEOUTS.clear()
     rewards.grade_completions([r"\boxed{x}"], ["x"], timeout_s=timeout_s, num_workers=workers)  # start-up, untimed
     start = time.perf_counter()
     results = rewards.grade_completions(
@@ -248,19 +260,17 @@ def main() -> None:
     args = parser.parse_args()
 
     from cegppo_trl import rewards
+    from cegppo_trl.rewards import grading
 
     ordinary, hostile, kinds = build_mix(args.n, args.seed)
-    workers = args.workers or rewards._default_num_workers()
+    workers = args.workers or grading._default_num_workers()
     cpus = len(os.sched_getaffinity(0))
     print(
         f"mix: {len(ordinary)} ordinary + {len(hostile)} slow/hostile completions ({len(HOSTILE_KINDS)} kinds); "
         f"{cpus} CPUs, {workers} grading workers, timeout {args.timeout} s, load average "
         f"{os.getloadavg()[0]:.1f} before start"
     )
-    local = sum(
-        a is None or a == g or rewards._fast_verdict(a, g) is not None
-        for a, g in ((rewards.extract_answer(c), g) for c, g in ordinary)
-    )
+    local = sum(pool_pair(c, g) is None for c, g in ordinary)
     print(
         f"ordinary completions decided in-process (no answer, answer == gold, or plain numbers): "
         f"{local / len(ordinary):.0%}"
@@ -271,9 +281,9 @@ def main() -> None:
     rewards.shutdown_grading_workers()
     distinct: dict[tuple[str, str], tuple[str, str]] = {}
     for c, g in ordinary:  # pairs no shortcut decides: plain numbers, identical strings, repeats in the batch
-        a = rewards.extract_answer(c)
-        if a is not None and a != g and rewards._fast_verdict(a, g) is None:
-            distinct.setdefault((a, g), (c, g))
+        pair = pool_pair(c, g)
+        if pair is not None:
+            distinct.setdefault(pair, (c, g))
     ours_pool_only = run_ours(list(distinct.values()), args.timeout, workers)
     rewards.shutdown_grading_workers()
 

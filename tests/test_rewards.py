@@ -14,18 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from cegppo_trl import rewards
 from cegppo_trl.rewards import (
     extract_answer,
     format_reward,
     grade_completions,
+    grading,
     make_math_reward,
     math_reward,
+    prefilter,
     shutdown_grading_workers,
 )
 
-
-REWARDS_FILE = Path(rewards.__file__).resolve()
 
 # (completion, gold, expected reward of the default math_reward: +1 correct, -1 otherwise, None = gold unusable)
 CASES = [
@@ -244,9 +243,9 @@ def test_fast_path_agrees_with_math_verify():
         ("-5", "5"),
         ("12345678901234567890", "12345678901234567891"),
     ]
-    decided = [rewards._fast_verdict(a, g) for a, g in pairs]
+    decided = [prefilter._fast_verdict(a, g) for a, g in pairs]
     assert all(d is not None for d in decided)
-    pool = rewards._get_pool(1)
+    pool = grading._get_pool(1)
     verified = [status for status, _ in pool.grade(pairs, timeout_s=10.0)]
     assert decided[:-1] == verified[:-1]
     # math-verify compares floats to 15 digits and calls these equal; exact comparison (ours) is stricter.
@@ -330,7 +329,7 @@ def _alive(pid: int) -> bool:
 
 def test_worker_timer_stops_a_tower_that_skips_the_prefilter():
     """Sent straight to a real worker, 9^{9^{9}} is cut by the worker's own timer and the worker stays usable."""
-    pool = rewards._get_pool(1)
+    pool = grading._get_pool(1)
     start = time.perf_counter()
     ((status, seconds),) = pool.grade([("9^{9^{9}}", "1")], timeout_s=1.0)
     assert status == "timeout"
@@ -355,7 +354,7 @@ for line in sys.stdin:
 
 def test_pool_kills_hung_workers_and_survives_crashes():
     """The parent's SIGKILL backstop, requeueing and crash handling, with a worker that ignores its timer."""
-    pool = rewards._GraderPool(1, argv=[sys.executable, "-c", _FAKE_WORKER])
+    pool = grading._GraderPool(1, argv=[sys.executable, "-c", _FAKE_WORKER])
     try:
         pool.grade([("0", "0")], timeout_s=30.0)  # start-up
         (first_pid,) = pool.worker_pids()
@@ -398,18 +397,16 @@ def test_called_from_worker_threads():
 
 
 _RANK_SCRIPT = r"""
-import importlib.util, json, os, sys, time
-# Load the reward module by path: the package __init__ pulls in trl/transformers, which this test does not need.
-spec = importlib.util.spec_from_file_location("cegppo_rewards_rank", sys.argv[1])
-rewards = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(rewards)
+import json, os, sys, time
+from cegppo_trl.rewards import grading, math_reward
+assert not {"torch", "trl", "transformers"} & set(sys.modules)  # the reward alone stays light
 rank = int(os.environ["RANK"])
 completions = [r"\boxed{\frac{1}{2}}", r"\boxed{2\sqrt{2}}", r"\boxed{9^{9^{9^{9}}}}", r"\boxed{%d}" % rank,
                "x" * 100000]
 start = time.perf_counter()
-values = rewards.math_reward(completions, ["0.5", r"\sqrt{8}", "1", str(rank), "1"])
-pids = [p for pool in rewards._POOLS.values() for p in pool.worker_pids()]
-print(json.dumps({"rank": rank, "values": values, "pids": pids, "workers": rewards._default_num_workers(),
+values = math_reward(completions, ["0.5", r"\sqrt{8}", "1", str(rank), "1"])
+pids = [p for pool in grading._POOLS.values() for p in pool.worker_pids()]
+print(json.dumps({"rank": rank, "values": values, "pids": pids, "workers": grading._default_num_workers(),
                   "seconds": time.perf_counter() - start}))
 """
 
@@ -421,11 +418,7 @@ def test_two_processes_grade_concurrently_and_leave_no_workers(tmp_path):
     procs = []
     for rank in range(2):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, str(script), str(REWARDS_FILE)], env=env, stdout=subprocess.PIPE, text=True
-            )
-        )
+        procs.append(subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True))
     reports = []
     for proc in procs:
         out, _ = proc.communicate(timeout=90)
@@ -441,7 +434,7 @@ def test_two_processes_grade_concurrently_and_leave_no_workers(tmp_path):
 
 def test_shutdown_reaps_workers_and_pool_restarts():
     assert math_reward([r"\boxed{\sqrt{4}}"], ["2"]) == [1.0]
-    pids = [p for pool in rewards._POOLS.values() for p in pool.worker_pids()]
+    pids = [p for pool in grading._POOLS.values() for p in pool.worker_pids()]
     assert pids
     shutdown_grading_workers()
     assert not any(_alive(pid) for pid in pids)

@@ -2,7 +2,7 @@
 
 The grading worker is made slow on purpose through the real pool: ``_GraderPool(size, argv=...)`` starts a small
 wrapper that replaces ``math_verify.parse`` by one that sleeps (far past any soft timeout) on the first parses of
-chosen gold strings, then runs the real worker program (``rewards.py``) unchanged.
+chosen gold strings, then runs the real worker program (``cegppo_trl/rewards/worker.py``) unchanged.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from cegppo_trl import rewards
-from cegppo_trl.rewards import grade_completions, make_math_reward
+from cegppo_trl.rewards import grade_completions, grading, make_math_reward, worker
 
 
-REWARDS_FILE = Path(rewards.__file__).resolve()
+WORKER_FILE = Path(worker.__file__).resolve()
 
 _SLOW_GOLD_WORKER = r"""
 import runpy, sys, time
@@ -43,11 +43,13 @@ def slow_gold_pool(monkeypatch):
     """``make(slow_parses, *golds)``: route grading to one worker whose first parses of ``golds`` are slow."""
     pools = []
 
-    def make(slow_parses: int, *golds: str) -> rewards._GraderPool:
-        argv = [sys.executable, "-c", _SLOW_GOLD_WORKER, str(REWARDS_FILE), str(slow_parses), *golds]
-        pool = rewards._GraderPool(1, argv=argv)
+    def make(slow_parses: int, *golds: str) -> grading._GraderPool:
+        argv = [sys.executable, "-c", _SLOW_GOLD_WORKER, str(WORKER_FILE), str(slow_parses), *golds]
+        pool = grading._GraderPool(1, argv=argv)
         pools.append(pool)
-        monkeypatch.setattr(rewards, "_get_pool", lambda num_workers: pool)
+        monkeypatch.setattr(
+            rewards.reward, "_get_pool", lambda num_workers: pool
+        )  # where grade_completions looks it up
         pool.grade([("1", "1")], timeout_s=60.0)  # start-up and warm-up, outside the timed calls
         return pool
 
@@ -131,7 +133,7 @@ def test_gold_timeout_status_in_grade_completions(slow_gold_pool):
 
 
 def test_lru_forgets_least_recently_used():
-    cache = rewards._LRU(2)
+    cache = grading._LRU(2)
     cache["a"] = 1
     cache["b"] = 2
     assert cache.get("a") == 1  # "a" is now the most recent

@@ -1,0 +1,40 @@
+"""Verifiable math rewards for TRL's ``GRPOTrainer`` (and the CE-GPPO trainer built on it).
+
+``math_reward`` is the paper's reward (``+1`` if the final answer verifies against the gold with math-verify, ``-1``
+otherwise); ``make_math_reward`` builds it with other values, timeout or worker count. The modules, in reading order:
+
+- :mod:`.extract` -- the text of a completion, its final answer, the gold as a string (public helpers);
+- :mod:`.prefilter` -- cheap in-process checks: answers sympy cannot grade in bounded time, exact plain numbers;
+- :mod:`.worker` -- the grading worker program (math-verify with a soft timeout) and the status strings;
+- :mod:`.grading` -- the pool of worker processes with a hard timeout, and the parent's caches;
+- :mod:`.reward` -- ``grade_completions`` and the reward functions.
+
+How answers are found and graded, and why in worker processes: docs/rewards_and_data.md.
+"""
+
+from .extract import extract_answer
+from .grading import shutdown_grading_workers
+from .reward import (
+    DEFAULT_TIMEOUT_S,
+    MAX_GOLD_TIMEOUTS,
+    GradeResult,
+    MathReward,
+    format_reward,
+    grade_completions,
+    make_math_reward,
+    math_reward,
+)
+
+
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "MAX_GOLD_TIMEOUTS",
+    "GradeResult",
+    "MathReward",
+    "extract_answer",
+    "format_reward",
+    "grade_completions",
+    "make_math_reward",
+    "math_reward",
+    "shutdown_grading_workers",
+]

@@ -1,0 +1,324 @@
+"""The reward API: :func:`grade_completions` (status per completion) and the reward functions built on it.
+
+A completion is graded in the calling process when that is cheap and exact (no answer, a pre-filtered answer, the
+answer string equal to the gold, plain numbers on both sides, a verdict remembered from an earlier call); every
+other ``(answer, gold)`` pair goes to the grading workers once per batch. Golds whose parse times out are retried
+on later calls, at most :data:`MAX_GOLD_TIMEOUTS` times (docs/rewards_and_data.md, *Slow golds*).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+from .extract import _extract, completion_text, has_boxed_answer, normalize_gold
+from .grading import _GOLD_STATUS, _GOLD_TIMEOUTS, _VERDICTS, _default_num_workers, _get_pool
+from .prefilter import _exact_number, _fast_verdict, _reject_reason
+from .worker import (
+    BAD_GOLD,
+    CORRECT,
+    ERROR,
+    GOLD_OK,
+    GOLD_TIMEOUT,
+    NO_ANSWER,
+    STATUSES,
+    TIMEOUT,
+    UNPARSEABLE,
+    WRONG,
+)
+
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 3.0
+"""Default hard bound, in seconds, on grading one completion."""
+
+MAX_GOLD_TIMEOUTS = 3
+"""Grading calls on which parsing one gold may hit the soft timeout before the gold is treated as unparseable.
+
+A timed-out gold is not cached (a loaded machine or a long gold is slow, not wrong): its completions get ``None`` on
+that call (status ``gold_timeout``) and the gold is parsed again on the next call that needs it. After this many
+calls that timed out, it counts as unparseable (``bad_gold``) for the rest of the process, like a gold that fails.
+"""
+
+_WARNED_GOLDS: set[str] = set()
+
+
+class GradeResult(NamedTuple):
+    """Outcome of grading one completion.
+
+    ``status`` is one of ``correct``, ``wrong``, ``no_answer``, ``unparseable``, ``timeout``, ``error`` (the grading
+    worker died), ``bad_gold`` (the gold answer could not be parsed), ``gold_timeout`` (parsing the gold hit the
+    timeout on this call; retried on later calls, see :data:`MAX_GOLD_TIMEOUTS`). ``answer`` is the extracted answer
+    (``None`` when there is none) and ``seconds`` the time spent grading this completion.
+    """
+
+    status: str
+    answer: str | None
+    seconds: float
+
+
+def _check_grading_settings(timeout_s: Any, num_workers: Any) -> None:
+    """Raise ``ValueError`` unless ``timeout_s`` is a positive finite number and ``num_workers`` None or >= 1."""
+    if not (isinstance(timeout_s, (int, float)) and timeout_s > 0 and math.isfinite(timeout_s)):
+        raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}.")
+    if num_workers is not None and (not isinstance(num_workers, int) or num_workers < 1):
+        raise ValueError(f"num_workers must be a positive integer or None (auto), got {num_workers!r}.")
+
+
+def grade_completions(
+    completions: Sequence[Any],
+    solutions: Sequence[Any],
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    num_workers: int | None = None,
+) -> list[GradeResult]:
+    """Grade each completion against its gold answer; one :class:`GradeResult` per completion, in order.
+
+    Never raises on the content of a completion or a gold answer, and never spends more than ``timeout_s`` seconds
+    of a worker on one completion. ``num_workers`` defaults to the CPUs of this process divided by the number of
+    local ranks (``LOCAL_WORLD_SIZE``), at most 8.
+    """
+    if len(completions) != len(solutions):
+        raise ValueError(
+            f"got {len(completions)} completions but {len(solutions)} solutions; pass one gold answer per "
+            "completion (TRL repeats the dataset's `solution` column for every generation)."
+        )
+    _check_grading_settings(timeout_s, num_workers)
+    workers = _default_num_workers() if num_workers is None else num_workers
+
+    start = time.perf_counter()
+    statuses: list[str | None] = [None] * len(completions)
+    answers: list[str | None] = [None] * len(completions)
+    golds: list[str | None] = []
+    tasks: list[tuple[str | None, str]] = []
+    task_rows: list[list[int]] = []  # rows that take their status from each task
+    task_of_pair: dict[tuple[str | None, str], int] = {}
+    needs_gold_check: list[int] = []
+
+    def add_task(answer: str | None, gold: str, row: int | None = None) -> None:
+        """Queue ``(answer, gold)`` for a worker once per batch: GRPO groups repeat the same answers a lot."""
+        index = task_of_pair.get((answer, gold))
+        if index is None:
+            index = task_of_pair[(answer, gold)] = len(tasks)
+            tasks.append((answer, gold))
+            task_rows.append([])
+        if row is not None:
+            task_rows[index].append(row)
+
+    for row, (completion, solution) in enumerate(zip(completions, solutions, strict=True)):
+        gold = normalize_gold(solution)
+        if gold is not None and _reject_reason(gold):
+            gold = None
+        golds.append(gold)
+        text = completion_text(completion)
+        answer, extract_status = (None, NO_ANSWER) if text is None else _extract(text)
+        answers[row] = answer
+        if gold is None or _GOLD_STATUS.get(gold) is False:
+            statuses[row] = BAD_GOLD
+            continue
+        if answer is None:
+            statuses[row] = extract_status
+        elif _reject_reason(answer):
+            statuses[row] = UNPARSEABLE
+        elif " ".join(answer.split()) == " ".join(gold.split()):
+            statuses[row] = CORRECT  # the same string verifies whenever the gold parses (checked below)
+        else:
+            verdict = _fast_verdict(answer, gold) or _VERDICTS.get((answer, gold))
+            if verdict is None:
+                add_task(answer, gold, row)
+                continue
+            statuses[row] = verdict
+        # Graded locally: the gold still has to be known to parse, else the row must be skipped (None).
+        if _exact_number(gold) is None and gold not in _GOLD_STATUS:
+            needs_gold_check.append(row)
+    golds_in_tasks = {gold for _, gold in tasks}
+    for row in needs_gold_check:
+        if golds[row] not in golds_in_tasks:
+            add_task(None, golds[row])  # type: ignore[arg-type]
+    local_seconds = (time.perf_counter() - start) / max(1, len(completions))
+
+    seconds = [local_seconds] * len(completions)
+    slow_golds: set[str] = set()  # golds whose parse timed out in some task of this call
+    timed_out: set[str] = set()  # ... and that no task of this call (nor an earlier call) settled
+    if tasks:
+        outcomes = _get_pool(workers).grade(tasks, float(timeout_s))
+        for (answer, gold), rows, (status, spent) in zip(tasks, task_rows, outcomes, strict=True):
+            if status == BAD_GOLD:
+                _GOLD_STATUS[gold] = False
+            elif status == GOLD_TIMEOUT:
+                slow_golds.add(gold)
+            elif status in (CORRECT, WRONG, UNPARSEABLE, GOLD_OK):
+                _GOLD_STATUS[gold] = True
+                if answer is not None and len(answer) + len(gold) <= 256:  # bounded memory per entry
+                    _VERDICTS[(answer, gold)] = status
+            for row in rows:
+                statuses[row] = status
+                seconds[row] = spent
+        timed_out = {gold for gold in slow_golds if gold not in _GOLD_STATUS}
+        for gold in timed_out:  # one count per call, however many tasks carried the gold
+            count = _GOLD_TIMEOUTS.get(gold, 0) + 1
+            _GOLD_TIMEOUTS[gold] = count
+            if count >= MAX_GOLD_TIMEOUTS:
+                _GOLD_STATUS[gold] = False  # settled: later calls skip it without a worker round trip
+                _GOLD_TIMEOUTS.pop(gold)
+            _warn_gold_once(
+                gold,
+                "math_reward: parsing gold answer %.200r hit the timeout (%d of %d); its completions get reward None "
+                "on this call%s.",
+                gold,
+                count,
+                MAX_GOLD_TIMEOUTS,
+                " and, from now on, it is treated as unparseable" if count >= MAX_GOLD_TIMEOUTS else "",
+            )
+
+    results = []
+    for row, status in enumerate(statuses):
+        gold = golds[row]
+        if gold is not None and status not in (BAD_GOLD, GOLD_TIMEOUT):
+            if gold in timed_out:
+                status = GOLD_TIMEOUT  # decided locally, but the gold could not be checked in time
+            elif _GOLD_STATUS.get(gold) is False:
+                status = BAD_GOLD
+        if status == BAD_GOLD:
+            _warn_gold_once(
+                repr(solutions[row]),
+                "math_reward: gold answer %.200r cannot be parsed; its completions get reward None (skipped by TRL).",
+                solutions[row],
+            )
+        results.append(GradeResult(status, answers[row], seconds[row]))  # type: ignore[arg-type]
+    return results
+
+
+def _warn_gold_once(key: str, message: str, *args: Any) -> None:
+    """Log ``message`` once per ``key``, for at most 20 keys per process (a bad data set must not flood the log)."""
+    if len(_WARNED_GOLDS) < 20 and key not in _WARNED_GOLDS:
+        _WARNED_GOLDS.add(key)
+        logger.warning(message, *args)
+
+
+class MathReward:
+    """A math-verify reward function for ``GRPOTrainer(reward_funcs=[...])``; picklable, also named
+    :data:`make_math_reward`.
+
+    Call signature: ``reward(completions, solution, **kwargs) -> list[float | None]``.
+
+    Args:
+        correct: reward of a verified answer; must be the highest value.
+        wrong: reward of an answer that parses but does not verify.
+        unparseable: reward when there is no answer, it cannot be parsed, or grading timed out;
+            ``None`` (default) means the same as ``wrong``, as in the CE-GPPO paper.
+        timeout_s: hard bound on the grading time of one completion (the worker is killed after it).
+        num_workers: grading processes of this rank; ``None`` = CPUs / local ranks, at most 8.
+        name: the function's ``__name__``; TRL logs ``rewards/<name>/mean`` and this reward logs ``<name>/...``
+            metrics (``accuracy``, ``no_answer_frac``, ``unparseable_frac``, ``timeouts``, ``unparseable_gold``,
+            ``gold_timeouts``).
+
+    Completions whose gold answer cannot be parsed get ``None`` (TRL ignores them) and are counted in
+    ``<name>/unparseable_gold``. Completions whose gold's parse hit the timeout also get ``None`` on that call and
+    are counted in ``<name>/gold_timeouts``; the gold is retried on later calls (see :data:`MAX_GOLD_TIMEOUTS`).
+    """
+
+    def __init__(
+        self,
+        correct: float = 1.0,
+        wrong: float = -1.0,
+        unparseable: float | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        num_workers: int | None = None,
+        name: str = "math_reward",
+    ) -> None:
+        values = {"correct": correct, "wrong": wrong}
+        if unparseable is not None:
+            values["unparseable"] = unparseable
+        for key, value in values.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"{key} must be a finite number, got {value!r}.")
+        if not correct > max(wrong, wrong if unparseable is None else unparseable):
+            raise ValueError(
+                f"correct={correct} must be the highest reward, above wrong={wrong} and unparseable={unparseable}; "
+                "otherwise the policy is pushed away from right answers."
+            )
+        _check_grading_settings(timeout_s, num_workers)
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"name must be a non-empty string (TRL logs rewards/<name>/mean), got {name!r}.")
+        self.correct = float(correct)
+        self.wrong = float(wrong)
+        self.unparseable = float(wrong if unparseable is None else unparseable)
+        self.timeout_s = float(timeout_s)
+        self.num_workers = num_workers
+        self.__name__ = name  # TRL names the metrics after it
+
+    def __repr__(self) -> str:
+        return (
+            f"MathReward(correct={self.correct}, wrong={self.wrong}, unparseable={self.unparseable}, "
+            f"timeout_s={self.timeout_s}, num_workers={self.num_workers}, name={self.__name__!r})"
+        )
+
+    def __call__(
+        self,
+        completions: Sequence[Any],
+        solution: Sequence[Any] | None = None,
+        log_metric: Callable[[str, float], None] | None = None,
+        log_extra: Callable[[str, list], None] | None = None,
+        **kwargs: Any,
+    ) -> list[float | None]:
+        if solution is None:
+            raise ValueError(
+                f"{self.__name__} needs the gold answers in a `solution` dataset column (TRL passes dataset columns "
+                "as keyword arguments); load the data with cegppo_trl.load_math_dataset, which creates it."
+            )
+        graded = grade_completions(completions, solution, timeout_s=self.timeout_s, num_workers=self.num_workers)
+        value = {CORRECT: self.correct, WRONG: self.wrong}
+        skipped = (BAD_GOLD, GOLD_TIMEOUT)  # no usable gold on this call: no score at all
+        rewards = [None if g.status in skipped else value.get(g.status, self.unparseable) for g in graded]
+
+        if callable(log_metric) and graded:
+            counts = dict.fromkeys(STATUSES, 0)
+            for g in graded:
+                counts[g.status] = counts.get(g.status, 0) + 1
+            n = len(graded)
+            gradable = n - counts[BAD_GOLD] - counts[GOLD_TIMEOUT]
+            prefix = self.__name__
+            log_metric(f"{prefix}/unparseable_gold", float(counts[BAD_GOLD]))
+            log_metric(f"{prefix}/gold_timeouts", float(counts[GOLD_TIMEOUT]))
+            log_metric(f"{prefix}/timeouts", float(counts[TIMEOUT] + counts[ERROR]))
+            if gradable:
+                log_metric(f"{prefix}/accuracy", counts[CORRECT] / gradable)
+                log_metric(f"{prefix}/no_answer_frac", counts[NO_ANSWER] / gradable)
+                log_metric(f"{prefix}/unparseable_frac", counts[UNPARSEABLE] / gradable)
+        if callable(log_extra):
+            log_extra(f"{self.__name__}/answer", [None if g.answer is None else g.answer[:200] for g in graded])
+            log_extra(f"{self.__name__}/status", [g.status for g in graded])
+        return rewards
+
+
+make_math_reward = MathReward
+"""Build a math-verify reward function for ``GRPOTrainer(reward_funcs=[...])`` (the :class:`MathReward` class)."""
+
+
+_DEFAULT_MATH_REWARD = MathReward()
+
+
+def math_reward(
+    completions: Sequence[Any], solution: Sequence[Any] | None = None, **kwargs: Any
+) -> list[float | None]:
+    """CE-GPPO's rule-based reward: ``+1.0`` if the final answer verifies, ``-1.0`` otherwise, ``None`` for bad gold.
+
+    Use as ``GRPOTrainer(reward_funcs=[math_reward], ...)`` with a dataset that has a ``solution`` column (see
+    :func:`cegppo_trl.load_math_dataset`). ``completions`` may be strings or conversational (lists of messages).
+    No answer, an unparseable answer and a grading timeout (3 s) all score ``-1.0``. See :func:`make_math_reward`
+    for other values, and docs/rewards_and_data.md for how answers are found and graded.
+    """
+    return _DEFAULT_MATH_REWARD(completions, solution, **kwargs)
+
+
+def format_reward(completions: Sequence[Any], **kwargs: Any) -> list[float]:
+    """``1.0`` if the completion has a closed, non-empty ``\\boxed{...}`` after any think block, else ``0.0``.
+
+    An unclosed ``<think>`` or an unclosed final box scores ``0.0``. Cheap and in-process; an optional second reward.
+    """
+    return [1.0 if has_boxed_answer(completion) else 0.0 for completion in completions]

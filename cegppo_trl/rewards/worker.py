@@ -1,0 +1,176 @@
+"""The grading worker program, and the status strings it replies with (used by the whole reward).
+
+The parent (:mod:`.grading`) runs this file by path (``runpy.run_path``) in a fresh interpreter, so it imports
+only the standard library and math-verify, never its own package, torch or TRL. Protocol, one JSON list per line:
+the worker writes ``["ready", pid]`` once warm, then reads ``[id, answer | null, gold, soft_timeout]`` and replies
+``[id, status, seconds]``; a ``null`` answer asks only whether the gold parses (status ``gold_ok``). Why a worker,
+and the two timeouts: docs/rewards_and_data.md, *Timeouts and worker processes*.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+# Statuses of one graded completion.
+CORRECT, WRONG, NO_ANSWER, UNPARSEABLE, TIMEOUT, ERROR, BAD_GOLD, GOLD_TIMEOUT = (
+    "correct",
+    "wrong",
+    "no_answer",
+    "unparseable",
+    "timeout",
+    "error",
+    "bad_gold",
+    "gold_timeout",
+)
+STATUSES = (CORRECT, WRONG, NO_ANSWER, UNPARSEABLE, TIMEOUT, ERROR, BAD_GOLD, GOLD_TIMEOUT)
+GOLD_OK = "gold_ok"  # reply to a gold-only check
+
+ADDRESS_SPACE_LIMIT = 3 * 1024**3  # a runaway integer must not take the machine's memory before the parent's kill
+
+
+class _SoftTimeout(BaseException):
+    """Raised by the worker's timer; a BaseException so that math-verify's ``except Exception`` cannot swallow it."""
+
+
+class _GoldTimeout(Exception):
+    """Parsing a gold hit the soft timeout (never cached: a slow parse says nothing about the gold)."""
+
+
+_ARMED = [False]
+
+
+def _on_alarm(signum, frame):  # pragma: no cover - runs in the worker
+    if _ARMED[0]:
+        _ARMED[0] = False  # fire once: a second raise could land outside the guarded region
+        raise _SoftTimeout
+
+
+def _with_soft_timeout(fn: Callable[[], Any], seconds: float) -> Any:  # pragma: no cover - runs in the worker
+    """``fn()``, or the string ``TIMEOUT`` if it is still running after ``seconds``."""
+    try:
+        try:
+            _ARMED[0] = True
+            signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.01))
+            return fn()
+        finally:
+            _ARMED[0] = False
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except _SoftTimeout:
+        return TIMEOUT
+
+
+# Graded once before "ready": sympy's first comparison of each kind is many times slower than later ones.
+WARM_UP = [
+    ("1", "1"),
+    ("(x+1)^2", "x^2+2x+1"),
+    ("(x+2)^2", "x^2+2x+1"),
+    ("[1, 2)", "(1,2)"),
+    (r"\frac{3}{4}\pi", r"\frac{3\pi}{4}"),
+    (r"\sqrt{8}", r"2\sqrt{2}"),
+    (r"\frac{1}{3}", "0.5"),
+    ("x=3", "3"),
+    (r"\{1,2\}", r"\{2,1\}"),
+]
+
+
+def load_math_verify() -> tuple[Callable[[str], list], Callable[[list, list], bool]]:
+    """Import math-verify with its loggers silenced; return ``(parse_latex, verify)`` as the worker calls them.
+
+    ``parse_latex(s)`` parses ``\\boxed{s}`` with math-verify's LaTeX extraction only (never its
+    ``ExprExtractionConfig``, which evaluates text); neither function has a timeout of its own.
+    """
+    for name in ("math_verify", "math_verify.parser", "math_verify.grader", "latex2sympy2_extended"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+    from math_verify import LatexExtractionConfig, parse, verify
+
+    config = [LatexExtractionConfig(boxed_match_priority=0)]
+
+    def parse_latex(s: str) -> list:
+        return parse(
+            "\\boxed{" + s + "}",
+            extraction_config=config,
+            fallback_mode="no_fallback",
+            extraction_mode="first_match",
+            parsing_timeout=None,
+        )
+
+    def verify_parsed(gold: list, answer: list) -> bool:
+        return verify(gold, answer, timeout_seconds=None)
+
+    return parse_latex, verify_parsed
+
+
+def _worker_main() -> None:  # pragma: no cover - runs in the worker (exercised by the tests through the pool)
+    """Grade ``[id, answer|null, gold, soft_timeout]`` JSON lines from stdin, reply ``[id, status, seconds]``."""
+    out = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # anything a library prints goes to stderr, never into the reply stream
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business; it kills us if needed
+    signal.signal(signal.SIGALRM, _on_alarm)
+    try:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE_LIMIT, ADDRESS_SPACE_LIMIT))
+    except (ImportError, ValueError, OSError):
+        pass
+    parse_latex, verify = load_math_verify()
+    budget = [0.0]  # soft timeout of the gold parse in progress (lru_cache keys on the gold alone)
+
+    @functools.lru_cache(maxsize=50_000)
+    def parsed_gold(gold: str) -> list:
+        """The parsed gold (``[]`` if it does not parse); a soft timeout raises ``_GoldTimeout`` and is not cached."""
+        parsed = _with_soft_timeout(lambda: parse_latex(gold), budget[0])
+        if isinstance(parsed, str):  # TIMEOUT: a slow parse is no verdict; the next task with this gold retries it
+            raise _GoldTimeout
+        return parsed
+
+    def grade(answer: str | None, gold: str, soft: float) -> str:
+        start = time.perf_counter()
+        budget[0] = soft
+        try:
+            gold_parsed = parsed_gold(gold)
+        except _GoldTimeout:
+            return GOLD_TIMEOUT
+        if not gold_parsed:
+            return BAD_GOLD
+        if answer is None:
+            return GOLD_OK
+
+        def grade_answer() -> str:
+            answer_parsed = parse_latex(answer)
+            if not answer_parsed:
+                return UNPARSEABLE
+            return CORRECT if verify(gold_parsed, answer_parsed) else WRONG
+
+        return _with_soft_timeout(grade_answer, soft - (time.perf_counter() - start))
+
+    for answer, gold in WARM_UP:  # paid before announcing readiness, not inside the first step's timeouts
+        grade(answer, gold, 60.0)
+    parsed_gold.cache_clear()
+    out.write(json.dumps(["ready", os.getpid()]) + "\n")
+    stdin = sys.stdin.buffer
+    while True:
+        line = stdin.readline()
+        if not line:
+            return  # the parent closed our stdin (exit) or died
+        task_id, answer, gold, soft = json.loads(line)
+        start = time.perf_counter()
+        try:
+            status = grade(answer, gold, float(soft))
+        except Exception:  # noqa: BLE001 - a grading bug must cost one completion, not the worker
+            status = ERROR
+        except _SoftTimeout:
+            status = TIMEOUT
+        try:
+            out.write(json.dumps([task_id, status, time.perf_counter() - start]) + "\n")
+        except BrokenPipeError:
+            return  # the parent is gone
