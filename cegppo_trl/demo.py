@@ -13,7 +13,13 @@ What it does, with nothing downloaded:
    equal GRPO);
 3. prints a table of training reward, held-out accuracy (sampled, temperature 1) and policy entropy at the start and
    end of each run, and writes ``results.md``, ``results.json`` and ``cegppo_vs_grpo.png`` (reward, entropy and the
-   beta1 / beta2 token fractions and gradient shares over steps) to the output directory.
+   beta1 / beta2 token fractions and gradient shares over steps) to the output directory;
+4. saves every model it trains (``warm_start/``, ``runs/cegppo/final/``, ``runs/grpo/final/``), each with the prompt
+   format it is trained on and the sampling of the held-out evaluation (``cegppo_prompt.json``,
+   ``generation_config.json``; `cegppo_trl.evaluation.save_eval_settings`), and the held-out problems
+   (``heldout.jsonl``), and prints the ``cegppo-eval`` command for each model. The held-out figures are computed with
+   `cegppo-eval`'s own code (`generate_completions`, math-verify grading in `evaluate_completions`), so the printed
+   command gives the demo's figure again, to the sample with the same torch thread count.
 
 ``cegppo-demo --quick`` runs a reduced version (a smoke test: too short to learn anything). The functions
 `warm_start`, `run_rl` and `evaluate_policy` are the building blocks, importable by other experiments::

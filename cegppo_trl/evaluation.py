@@ -719,7 +719,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_new_tokens=args.max_new_tokens,
         )
         if from_checkpoint:
-            shown = ", ".join(f"{key} {settings[key]!r}" for key in from_checkpoint)
+            shown = ", ".join(
+                f"{key} '{settings[key]}'" if isinstance(settings[key], str) else f"{key} {settings[key]}"
+                for key in from_checkpoint
+            )
             print(
                 f"cegppo-eval: {args.model} declares its evaluation settings ({PROMPT_FILE}, generation_config.json); "
                 f"using {shown}. Flags override them.",

@@ -82,6 +82,15 @@ def test_demo_end_to_end(tmp_path, capsys):
     assert cegppo["start_entropy"] == pytest.approx(grpo["start_entropy"])
     assert cegppo["start_accuracy"] == summary["warm_start"]["accuracy"]
 
+    # Every model it trains is saved, with its prompt format, and the eval commands for them are printed.
+    assert "cegppo-eval" in printed and str(out / "runs" / "cegppo" / "final") in printed
+    assert summary["heldout"] == str(out / demo.HELDOUT_FILE) and (out / demo.HELDOUT_FILE).is_file()
+    for name in ("cegppo", "grpo"):
+        final = out / "runs" / name / "final"
+        assert (final / "model.safetensors").is_file() and (final / "cegppo_prompt.json").is_file()
+        assert summary["eval_commands"][name] in printed
+    assert {r["final_dir"] for r in summary["runs"]} == {str(out / "runs" / n / "final") for n in ("cegppo", "grpo")}
+
     histories = {}
     for name in ("cegppo", "grpo"):
         state = json.loads((out / "runs" / name / "trainer_state.json").read_text())
@@ -112,3 +121,22 @@ def test_run_rl_overrides_and_result(tmp_path):
     assert len(steps) == 2 and {e["cegppo/beta1"] for e in steps} == {0.75}
     assert set(result) >= {"start_accuracy", "end_accuracy", "start_entropy", "end_entropy", "seconds", "log_history"}
     assert (tmp_path / "rl" / "trainer_state.json").is_file()
+    assert (
+        result["final_dir"] == str(tmp_path / "rl" / "final") and (tmp_path / "rl" / "final" / "config.json").is_file()
+    )
+
+
+def test_progress_bar_names_the_clipped_token_fractions():
+    """The bar shows the beta1 / beta2 clipped-set token fractions as clip_lo / clip_hi (not b1 / b2, the betas)."""
+
+    class Bar:
+        n, postfix = 0, None
+
+        def set_postfix(self, values):
+            self.postfix = values
+
+    callback = demo._progress_callback("run")
+    callback.bar = Bar()
+    logs = {"reward": 0.5, "entropy": 0.1, "cegppo/beta1_token_frac": 0.01, "cegppo/beta2_token_frac": 0.002}
+    callback.on_log(None, None, None, logs=logs)
+    assert callback.bar.postfix == {"reward": "0.5", "entropy": "0.1", "clip_lo": "0.01", "clip_hi": "0.002"}

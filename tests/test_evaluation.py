@@ -183,3 +183,82 @@ def test_avg_at_k_callback_validates_rows():
         AvgAtKCallback([{"problem": "1+1", "answer": "2"}])
     with pytest.raises(ValueError):
         AvgAtKCallback([], k=2)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["missing-dir/model", "./model", "~/no/such/model/here", "out/runs/cegppo/final", "not a hub id"],
+)
+def test_cegppo_eval_names_a_missing_local_path(name, tmp_path, monkeypatch, capsys):
+    """A local path that does not exist is reported as such, not as Hugging Face's "Repo id must be ..." error."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "missing-dir").mkdir()  # an existing parent: "missing-dir/model" is a path, not a Hub id
+    with pytest.raises(SystemExit) as error:
+        main([name, "--datasets", "builtin:arithmetic_eval", "--output", str(tmp_path / "x.json")])
+    assert error.value.code == 2
+    message = capsys.readouterr().err
+    assert f"model path {name!r} does not exist" in message and "Repo id" not in message
+
+
+def test_cegppo_eval_names_a_directory_without_a_model(tiny_model, tiny_tokenizer, tmp_path, capsys):
+    from cegppo_trl.tiny import save_tiny
+
+    run = tmp_path / "run"
+    save_tiny(tiny_model, tiny_tokenizer, run / "final")
+    (run / "trainer_state.json").write_text("{}")
+    with pytest.raises(SystemExit) as error:
+        main([str(run), "--datasets", "builtin:arithmetic_eval", "--output", str(tmp_path / "x.json")])
+    assert error.value.code == 2
+    message = capsys.readouterr().err
+    assert "holds no saved model (no config.json)" in message and str(run / "final") in message
+
+
+def test_eval_settings_travel_with_the_checkpoint(tiny_model, tiny_tokenizer, tmp_path, capsys):
+    """`save_eval_settings` writes cegppo_prompt.json + generation_config.json; `cegppo-eval` uses them when no flag
+    is given (and says so), explicit flags win, and a model without the file keeps the paper's defaults."""
+    from cegppo_trl.data import DEFAULT_INSTRUCTION
+    from cegppo_trl.evaluation import PROMPT_FILE, load_eval_settings, resolve_eval_settings, save_eval_settings
+    from cegppo_trl.tiny import load_tiny, save_tiny
+
+    plain = save_tiny(tiny_model, tiny_tokenizer, tmp_path / "plain")
+    assert load_eval_settings(plain) is None
+    assert resolve_eval_settings(plain) == (
+        {
+            "instruction": DEFAULT_INSTRUCTION,
+            "system_prompt": None,
+            "temperature": 0.6,
+            "top_p": 0.95,
+            "max_new_tokens": 1024,
+        },
+        [],
+    )
+    model_dir = save_tiny(tiny_model, tiny_tokenizer, tmp_path / "model")
+    save_eval_settings(model_dir, instruction=TINY_INSTRUCTION, temperature=1.0, top_p=1.0, max_new_tokens=6)
+    assert (tmp_path / "model" / PROMPT_FILE).is_file()
+    saved = {"instruction": TINY_INSTRUCTION, "system_prompt": None, "temperature": 1.0, "top_p": 1.0}
+    assert load_eval_settings(model_dir) == {**saved, "max_new_tokens": 6}
+    model, _ = load_tiny(model_dir)  # the standard place: plain `generate` samples the same way
+    assert model.generation_config.do_sample and model.generation_config.max_new_tokens == 6
+    assert model.generation_config.temperature == 1.0 and model.generation_config.top_k == 0
+    settings, used = resolve_eval_settings(model_dir, temperature=0.0, instruction="default")
+    assert settings == {**saved, "instruction": DEFAULT_INSTRUCTION, "temperature": 0.0, "max_new_tokens": 6}
+    assert used == ["system_prompt", "top_p", "max_new_tokens"]
+
+    data = tmp_path / "probs.jsonl"
+    data.write_text("".join(json.dumps({"problem": f"What is {a}+1?", "answer": str(a + 1)}) + "\n" for a in range(3)))
+    base = [model_dir, "--datasets", str(data), "--k", "2", "--device", "cpu", "--no-progress", "--save-completions"]
+    assert main([*base, "--output", str(tmp_path / "auto.json")]) == 0
+    assert "declares its evaluation settings" in capsys.readouterr().err
+    report = json.loads((tmp_path / "auto.json").read_text())
+    assert report["settings"]["from_checkpoint"] == ["instruction", "system_prompt", "temperature", "top_p",
+                                                     "max_new_tokens"]  # fmt: skip
+    assert {k: report["settings"][k] for k in saved} == saved and report["settings"]["max_new_tokens"] == 6
+    (problem,) = report["datasets"][str(data)]["problems"][:1]
+    assert problem["problem"] == "What is 0+1? Put the final answer in \\boxed{}."
+    flags = ["--instruction", "default", "--temperature", "0.6", "--top-p", "0.9", "--max-new-tokens", "4"]
+    assert main([*base, *flags, "--system-prompt", "Be brief.", "--output", str(tmp_path / "flags.json")]) == 0
+    assert "declares" not in capsys.readouterr().err
+    settings = json.loads((tmp_path / "flags.json").read_text())["settings"]
+    assert settings["from_checkpoint"] == [] and settings["instruction"] == DEFAULT_INSTRUCTION
+    assert (settings["temperature"], settings["top_p"], settings["max_new_tokens"]) == (0.6, 0.9, 4)
+    assert settings["system_prompt"] == "Be brief."
