@@ -19,6 +19,7 @@ _PUBLIC_NAMES = {
     "CEGPPOConfig": "config",
     "CEGPPOTrainer": "trainer",
     "EntropyController": "controller",
+    "ClipParams": "core",
     "cegppo_per_token_loss": "core",
     "gradient_preserving_correction": "core",
     "ppo_clip_per_token_loss": "core",
@@ -60,7 +61,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # static analysers and IDEs see the names eagerly
     from .config import CEGPPOConfig
     from .controller import EntropyController
-    from .core import cegppo_per_token_loss, gradient_preserving_correction, ppo_clip_per_token_loss
+    from .core import ClipParams, cegppo_per_token_loss, gradient_preserving_correction, ppo_clip_per_token_loss
     from .data import DatasetFormatError, build_prompt, load_math_dataset
     from .evaluation import AvgAtKCallback, evaluate_completions, evaluate_model, generate_completions, pass_at_k
     from .rewards import (

@@ -14,7 +14,7 @@ from trl import GRPOConfig
 SUPPORTED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
 
 # Why each other TRL 1.16 loss type is refused: none has a clipped set whose gradient PPO-clip zeroes, so there is no
-# gradient for CE-GPPO to preserve. Used in the error message and in the `CEGPPOConfig` docstring.
+# gradient for CE-GPPO to preserve. Used in the error message.
 UNSUPPORTED_LOSS_TYPES = {
     "cispo": "its per-token loss is `-sg(min(r, epsilon_high)) * A * log pi`, a REINFORCE term with a detached, "
     "truncated ratio: every token already keeps its gradient, so there is no clipped set to give it back to",
@@ -31,14 +31,15 @@ class CEGPPOConfig(GRPOConfig):
     Configuration class for [`CEGPPOTrainer`]: every field of TRL's [`~trl.GRPOConfig`] plus the fields below.
 
     CE-GPPO (Su et al., ACL 2026, Eq. 8) gives PPO-clip's clipped tokens `beta` times PPO-clip's forward value
-    (`beta * (1 -+ epsilon) * A`; with `beta = 1` the value is PPO-clip's) and gives them back a bounded gradient: `beta1 * (1 - epsilon) * A * grad log pi` for negative-advantage tokens whose ratio fell below
-    `1 - epsilon`, and `beta2 * (1 + epsilon_high) * A * grad log pi` for positive-advantage tokens whose ratio rose above
+    (`beta * (1 -+ epsilon) * A`; with `beta = 1` the value is PPO-clip's) and gives them back a bounded gradient:
+    `beta1 * (1 - epsilon) * A * grad log pi` for negative-advantage tokens whose ratio fell below `1 - epsilon`, and
+    `beta2 * (1 + epsilon_high) * A * grad log pi` for positive-advantage tokens whose ratio rose above
     `1 + epsilon_high`. PPO-clip gives both sets zero gradient.
 
     Defaults follow the paper where it decides: `epsilon = 0.2` (and `epsilon_high=None`, which TRL reads as
-    `epsilon_high = epsilon = 0.2`), token-level normalisation
-    (`loss_type="dapo"`), no KL term (`beta=0.0`), no entropy bonus, `beta1 = 0.5`, `beta2 = 1.0` (the paper's
-    recommendation for 1.5B models; it uses `beta1 = 0.75` for 7B).
+    `epsilon_high = epsilon = 0.2`), token-level normalisation (`loss_type="dapo"`), no KL term (`beta=0.0`), no
+    entropy bonus, `beta1 = 0.5`, `beta2 = 1.0` (the paper's recommendation for 1.5B models; it uses `beta1 = 0.75`
+    for 7B).
 
     CE-GPPO only acts off-policy. With `steps_per_generation == gradient_accumulation_steps` and `num_iterations == 1`
     (TRL's default), the ratio is always 1, nothing is clipped and CE-GPPO is GRPO; the trainer warns. The paper takes 8
@@ -49,13 +50,9 @@ class CEGPPOConfig(GRPOConfig):
 
     Loss types (TRL 1.16). Supported: `grpo`, `bnpo`, `dr_grpo`, `dapo` and `luspo` -- their per-token term is the same
     PPO-clip `-min(r A, clip(r) A)`, only the aggregation differs (`luspo`: per-sequence sum, then mean over
-    sequences; TRL recommends it with `importance_sampling_level="sequence"`). Refused, each for the same reason (no
-    clipped set whose gradient PPO-clip zeroes, so nothing for CE-GPPO to preserve):
-
-    * `cispo`: `-sg(min(r, epsilon_high)) * A * log pi`, REINFORCE with a detached truncated ratio; every token already
-      keeps its gradient.
-    * `sapo`: `-sigmoid(tau (r - 1)) * 4 / tau * A`, a soft gate with no hard clip.
-    * `vespo`: `-phi(w) * A * log pi` with detached gamma weights of the sequence ratio; no clip.
+    sequences; TRL recommends it with `importance_sampling_level="sequence"`). Refused: `cispo`, `sapo` and `vespo`,
+    which have no clipped set whose gradient PPO-clip zeroes, so nothing for CE-GPPO to preserve (the error message
+    gives each one's reason, from `UNSUPPORTED_LOSS_TYPES`).
 
     The log-ratio `log pi_theta - log pi_old` is clamped to `[-20, 20]` before `exp` (as verl does), so a broken old
     log-prob cannot turn the update into NaN; nothing changes where `|log-ratio| <= 20` (see
@@ -103,13 +100,11 @@ class CEGPPOConfig(GRPOConfig):
         > Entropy-target controller (beyond the paper; off by default)
 
         cegppo_entropy_target (`float`, *optional*):
-            If set, a PI controller adjusts `beta1` and `beta2` after every optimizer step to hold the mean token
-            entropy (nats, as logged in `entropy`) near this target. With error `e_k = target - H_k` (positive when
-            entropy is too low) and clamped integral `I_k = clip(I_{k-1} + e_k, -I_max, I_max)`, the control signal
-            `u_k = kp * e_k + ki * I_k` sets `beta1 = clip(beta1_0 - u_k, beta1_min, beta1_max)` and
-            `beta2 = clip(beta2_0 + u_k, beta2_min, beta2_max)`: too little entropy lowers beta1 and raises beta2,
-            which raises entropy (paper section 5.1). `H_k` is the token-weighted mean over all processes of the
-            optimizer step's micro-batches, so every process computes the same betas. The state is saved with
+            If set, a PI controller (`cegppo_trl.controller.EntropyController`; the control law is in
+            `docs/method.md`) moves `beta1` and `beta2` after every optimizer step to hold the mean token entropy
+            (nats, as logged in `entropy`) near this target: too little entropy lowers beta1 and raises beta2, which
+            raises entropy (paper section 5.1). The fields below are its gains and bounds; `cegppo_beta1` /
+            `cegppo_beta2` are its starting values. Every process computes the same betas; the state is saved with
             checkpoints and restored on resume.
         cegppo_entropy_kp (`float`, *optional*, defaults to `1.0`):
             Proportional gain of the entropy controller (betas per nat).

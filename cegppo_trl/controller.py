@@ -1,22 +1,32 @@
-"""Entropy-target PI controller for CE-GPPO's beta1 / beta2 (beyond the paper; off by default).
+"""Who owns the betas in force: [`FixedBetas`] (the config's values) or the [`EntropyController`].
 
-The paper (Fig. 6) rescues a run by switching beta1 from 0 to 0.5 by hand when entropy drifts. Section 5.1 gives the
-direction: a larger beta1 lowers entropy faster, a larger beta2 keeps it higher. This controller turns that into a
-feedback loop. With error `e_k = target - H_k` (positive when entropy is too low):
+The trainer holds exactly one of the two and reads `beta1` / `beta2` from it for every micro-batch; the config keeps
+only the starting values. The controller (beyond the paper; off by default) is a PI loop on the mean token entropy,
+with error `e_k = target - H_k` (positive when entropy is too low):
 
-    I_k    = clip(I_{k-1} + e_k, -I_max, I_max)        (anti-windup: the integral never runs away)
+    I_k    = clip(I_{k-1} + e_k, -I_max, I_max)        (anti-windup)
     u_k    = kp * e_k + ki * I_k
-    beta1  = clip(beta1_0 - u_k, beta1_min, beta1_max)  (too little entropy -> less exploitation push)
-    beta2  = clip(beta2_0 + u_k, beta2_min, beta2_max)  (too little entropy -> more exploration push)
+    beta1  = clip(beta1_0 - u_k, beta1_min, beta1_max)
+    beta2  = clip(beta2_0 + u_k, beta2_min, beta2_max)
 
-`I_max` is chosen so that the integral term alone can traverse the widest beta range (`ki * I_max = span`), beyond
-which it could only add lag. The controller is a pure function of the entropy sequence it sees, so processes that see
-the same (all-reduced) entropy compute the same betas.
+Why this direction, and why `ki * I_max` equals the widest beta range: `docs/method.md`.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+
+
+@dataclass
+class FixedBetas:
+    """The betas when no controller runs: the config's `cegppo_beta1` / `cegppo_beta2`, constant for the run."""
+
+    beta1: float
+    beta2: float
+
+    @classmethod
+    def from_config(cls, args) -> FixedBetas:
+        return cls(beta1=float(args.cegppo_beta1), beta2=float(args.cegppo_beta2))
 
 
 @dataclass

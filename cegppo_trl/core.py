@@ -14,11 +14,10 @@ Notation (Su et al., "CE-GPPO", ACL 2026, arXiv 2509.20712, section 3 and Eq. 8;
            beta2 * (1 + eps_high) * r / sg(r) * A    if r > 1 + eps_high and A > 0     ("beta2 set")
            r * A                                     otherwise
 
-and the per-token *loss* is `-l_t`. Comparisons are strict, and "otherwise" is PPO's unclipped branch (including
-`A > 0, r < 1 - eps_low` and `A < 0, r > 1 + eps_high`). Since `r / sg(r) == 1` in the forward pass, a clipped token's
-forward value is `beta` times PPO-clip's `(1 -+ eps) A`, while its gradient is `beta (1 -+ eps) A grad log pi` (PPO-clip
-gives it none). The aggregation over tokens (token-mean, sequence-mean, ...) is not part of Eq. 8's per-token form and
-lives with the trainer.
+and the per-token *loss* is `-l_t`; comparisons are strict. The scalars `eps_low`, `eps_high`, `beta1`, `beta2` (and
+TRL's optional dual-clip `delta`) travel together as one [`ClipParams`]. What each branch means for the forward value
+and the gradient, why the trainer can add [`gradient_preserving_correction`] to TRL's loss, and why the old log-probs
+are clamped: `docs/method.md`.
 """
 
 from __future__ import annotations
@@ -45,18 +44,8 @@ def clamp_old_log_probs(
     """Move `old_per_token_logps` to within `bound` of the current log-probs, so `log_ratio = logps - old` lies in
     `[-bound, bound]` and `exp(log_ratio)` stays finite. Returns `(clamped_old, was_clamped)` (both detached).
 
-    What it changes: only tokens with `|log_ratio| > bound` (`bound = 20`: ratio above 4.85e8 or below 2.06e-9); where
-    `|log_ratio| <= bound` the old log-prob is returned unchanged, bit for bit. A clamped token is treated as if
-    `pi_old` were exactly `e^{-+20}` times `pi_theta`: its ratio is `e^{+-20}`, its gradient still flows through
-    `log pi_theta` (the clamp moves the detached old log-prob, not the log-ratio), so every branch keeps its meaning --
-    far outside `[1 - eps_low, 1 + eps_high]` the token is in a clipped set (bounded CE-GPPO gradient) or in PPO's
-    unclipped branch with `r A` capped at `e^20 A` (bound it further with `delta`), and a ratio below `e^{-20}` gives
-    `r A < 3e-9 A`, i.e. nothing, either way.
-
-    Why it is safe: without it, `exp(+100)` overflows float32 to `inf`; PPO-clip's `min(r A, clip(r) A)` then
-    back-propagates `0 * inf = NaN` through the branch it did not select, and one NaN poisons the whole update. Such
-    ratios only arise from a broken old log-prob (a mismatched sampler or a `-inf` / `-1e9` sentinel), never from
-    training, and the clamp replaces a NaN update with a finite one. verl clamps the log-ratio to the same bound.
+    Where `|log_ratio| <= bound` the old log-prob is returned unchanged, bit for bit; gradients still flow through
+    `log pi_theta`. Without it one overflowing ratio turns the whole update into NaN (`docs/method.md`).
     """
     low = per_token_logps.detach() - bound
     high = per_token_logps.detach() + bound
@@ -89,6 +78,26 @@ def equal_reward_groups(rewards: torch.Tensor, group_size: int, rtol: float = EQ
     return equal.reshape(equal.size(0), -1).all(dim=1)
 
 
+@dataclass(frozen=True)
+class ClipParams:
+    """The scalars of Eq. 8 for one micro-batch. Plain values, not validated here (`config.py` validates settings).
+
+    Attributes:
+        epsilon_low: `eps_low`; the lower clip edge is `1 - eps_low`.
+        epsilon_high: `eps_high`; the upper clip edge is `1 + eps_high`.
+        beta1: gradient coefficient of the beta1 set (`r < 1 - eps_low`, `A < 0`).
+        beta2: gradient coefficient of the beta2 set (`r > 1 + eps_high`, `A > 0`).
+        delta: optional dual-clip cap of the ratio in the "otherwise" branch, `min(r, delta) A` (TRL's `delta`, the
+            authors' `c = 10`); `None` for no cap.
+    """
+
+    epsilon_low: float
+    epsilon_high: float
+    beta1: float
+    beta2: float
+    delta: float | None = None
+
+
 @dataclass
 class ClippedSets:
     """Which tokens Eq. 8 clips, and the gradient weight each token gets (all detached). All tensors broadcast to
@@ -119,131 +128,93 @@ class CEGPPOTokenLoss(ClippedSets):
 
 
 @torch.no_grad()
-def clipped_sets(
-    log_ratio: torch.Tensor,
-    advantages: torch.Tensor,
-    epsilon_low: float,
-    epsilon_high: float,
-    beta1: float,
-    beta2: float,
-    delta: float | None = None,
-) -> ClippedSets:
+def clipped_sets(log_ratio: torch.Tensor, advantages: torch.Tensor, params: ClipParams) -> ClippedSets:
     """The two clipped sets of Eq. 8 and each token's gradient weight; arguments as in [`cegppo_per_token_loss`]."""
+    p = params
     ratio = torch.exp(log_ratio)
-    beta1_mask = (ratio < 1 - epsilon_low) & (advantages < 0)  # strict, as in Eq. 8
-    beta2_mask = (ratio > 1 + epsilon_high) & (advantages > 0)
+    beta1_mask = (ratio < 1 - p.epsilon_low) & (advantages < 0)  # strict, as in Eq. 8
+    beta2_mask = (ratio > 1 + p.epsilon_high) & (advantages > 0)
     unclipped_coef = ratio * advantages
-    if delta is not None:
-        unclipped_coef = torch.where(ratio > delta, torch.zeros_like(unclipped_coef), unclipped_coef)
+    if p.delta is not None:
+        unclipped_coef = torch.where(ratio > p.delta, torch.zeros_like(unclipped_coef), unclipped_coef)
     grad_coef = torch.where(
         beta1_mask,
-        beta1 * (1 - epsilon_low) * advantages,
-        torch.where(beta2_mask, beta2 * (1 + epsilon_high) * advantages, unclipped_coef),
+        p.beta1 * (1 - p.epsilon_low) * advantages,
+        torch.where(beta2_mask, p.beta2 * (1 + p.epsilon_high) * advantages, unclipped_coef),
     )
     return ClippedSets(beta1_mask=beta1_mask, beta2_mask=beta2_mask, grad_coef=grad_coef)
 
 
-def cegppo_per_token_loss(
-    log_ratio: torch.Tensor,
-    advantages: torch.Tensor,
-    epsilon_low: float,
-    epsilon_high: float,
-    beta1: float,
-    beta2: float,
-    delta: float | None = None,
-) -> CEGPPOTokenLoss:
+def cegppo_per_token_loss(log_ratio: torch.Tensor, advantages: torch.Tensor, params: ClipParams) -> CEGPPOTokenLoss:
     """Per-token CE-GPPO loss `-l_t` (Eq. 8).
 
     Args:
         log_ratio: `log pi_theta - log pi_old`, shape `(B, T)` (token level) or `(B, 1)` (sequence level). Carries the
             gradient of `log pi_theta`.
         advantages: shape `(B, 1)` or `(B, T)`; broadcast against `log_ratio`.
-        epsilon_low, epsilon_high: clip range `[1 - epsilon_low, 1 + epsilon_high]`.
-        beta1: gradient coefficient of the beta1 set (negative advantage, ratio below `1 - epsilon_low`).
-        beta2: gradient coefficient of the beta2 set (positive advantage, ratio above `1 + epsilon_high`).
-        delta: optional dual-clip cap of the ratio in the unclipped branch (TRL's `delta`; the authors' `c = 10`): the
-            "otherwise" branch uses `min(r, delta) * A`, so a negative-advantage token whose ratio exploded gets a
-            bounded loss and no gradient. Same placement as TRL's `delta`.
+        params: [`ClipParams`] (clip range, betas, optional dual-clip `delta`).
 
     Returns:
         [`CEGPPOTokenLoss`].
 
-    With `beta1 = beta2 = 1` this is GPPO; with `beta1 = beta2 = 0` its gradient is PPO-clip's (forward values on the
-    clipped sets are then 0 instead of PPO's constant `(1 -+ eps) A`, which carries no gradient either way).
+    With `beta1 = beta2 = 1` this is GPPO; with `beta1 = beta2 = 0` its gradient is PPO-clip's.
     """
+    p = params
     ratio = torch.exp(log_ratio)
     # r / sg(r): exactly 1 in the forward pass, gradient d log pi_theta. exp(x - sg(x)) avoids dividing two
     # possibly huge or tiny ratios.
     ratio_over_sg_ratio = torch.exp(log_ratio - log_ratio.detach())
 
-    sets = clipped_sets(log_ratio, advantages, epsilon_low, epsilon_high, beta1, beta2, delta)
-    beta1_mask, beta2_mask = sets.beta1_mask, sets.beta2_mask  # strict inequalities, as in Eq. 8
-
-    unclipped_ratio = ratio if delta is None else torch.clamp(ratio, max=delta)
+    sets = clipped_sets(log_ratio, advantages, p)
+    unclipped_ratio = ratio if p.delta is None else torch.clamp(ratio, max=p.delta)
     objective = torch.where(
-        beta1_mask,
-        beta1 * (1 - epsilon_low) * ratio_over_sg_ratio * advantages,
+        sets.beta1_mask,
+        p.beta1 * (1 - p.epsilon_low) * ratio_over_sg_ratio * advantages,
         torch.where(
-            beta2_mask,
-            beta2 * (1 + epsilon_high) * ratio_over_sg_ratio * advantages,
+            sets.beta2_mask,
+            p.beta2 * (1 + p.epsilon_high) * ratio_over_sg_ratio * advantages,
             unclipped_ratio * advantages,
         ),
     )
-
     return CEGPPOTokenLoss(
-        per_token_loss=-objective, beta1_mask=beta1_mask, beta2_mask=beta2_mask, grad_coef=sets.grad_coef
+        per_token_loss=-objective, beta1_mask=sets.beta1_mask, beta2_mask=sets.beta2_mask, grad_coef=sets.grad_coef
     )
 
 
-def ppo_clip_per_token_loss(
-    log_ratio: torch.Tensor,
-    advantages: torch.Tensor,
-    epsilon_low: float,
-    epsilon_high: float,
-    delta: float | None = None,
-) -> torch.Tensor:
-    """Per-token PPO-clip loss exactly as TRL computes it for `loss_type in {"grpo", "bnpo", "dr_grpo", "dapo", "luspo"}`.
+def ppo_clip_per_token_loss(log_ratio: torch.Tensor, advantages: torch.Tensor, params: ClipParams) -> torch.Tensor:
+    """Per-token PPO-clip loss exactly as TRL 1.16 computes it for `grpo`, `bnpo`, `dr_grpo`, `dapo` and `luspo`.
 
-    Mirrors `GRPOTrainer._compute_loss` of TRL 1.16 (`coef_2 = clamp(coef_1, 1 - eps_low, 1 + eps_high)`, optional
-    `coef_1 = clamp(coef_1, max=delta)`, `-min(coef_1 * A, coef_2 * A)`). `tests/test_trl_parity.py` checks this
-    against TRL's real trainer, so a drift in TRL fails the tests.
+    Uses the clip range and `delta` of `params` (the betas play no part): `coef_2 = clamp(r, 1 - eps_low,
+    1 + eps_high)`, optional `coef_1 = clamp(r, max=delta)`, `-min(coef_1 A, coef_2 A)`. `tests/test_trl_parity.py`
+    checks it against TRL's own trainer.
     """
     coef_1 = torch.exp(log_ratio)
-    coef_2 = torch.clamp(coef_1, 1 - epsilon_low, 1 + epsilon_high)
-    if delta is not None:
-        coef_1 = torch.clamp(coef_1, max=delta)
+    coef_2 = torch.clamp(coef_1, 1 - params.epsilon_low, 1 + params.epsilon_high)
+    if params.delta is not None:
+        coef_1 = torch.clamp(coef_1, max=params.delta)
     return -torch.min(coef_1 * advantages, coef_2 * advantages)
 
 
 def gradient_preserving_correction(
-    log_ratio: torch.Tensor,
-    advantages: torch.Tensor,
-    epsilon_low: float,
-    epsilon_high: float,
-    beta1: float,
-    beta2: float,
-    delta: float | None = None,
+    log_ratio: torch.Tensor, advantages: torch.Tensor, params: ClipParams
 ) -> tuple[torch.Tensor, ClippedSets]:
     """`cegppo_per_token_loss - ppo_clip_per_token_loss`, per token: what turns TRL's PPO-clip loss into CE-GPPO's.
 
-    It is zero (value and gradient) outside the two clipped sets, where Eq. 8 and PPO-clip coincide. On the clipped
-    sets PPO's loss is the constant `-(1 -+ eps) A` with no gradient, so the correction is
-    `-beta (1 -+ eps) A r / sg(r) + (1 -+ eps) A`. Because every TRL aggregation (grpo, bnpo, dr_grpo, dapo, luspo) is linear
-    in the per-token loss, `aggregate(ppo) + aggregate(correction) == aggregate(cegppo)` exactly.
+    Zero (value and gradient) outside the two clipped sets; on them `-beta (1 -+ eps) A r / sg(r) + (1 -+ eps) A`.
+    Returns `(correction, clipped_sets)`. Why adding it to TRL's loss gives CE-GPPO's exactly: `docs/method.md`.
     """
-    # Computed directly rather than as the difference of the two losses: the trainer calls this on every
-    # micro-batch, and only three differentiable ops are needed. `tests/test_core.py` checks it against
-    # `cegppo_per_token_loss - ppo_clip_per_token_loss` (values and gradients).
-    sets = clipped_sets(log_ratio, advantages, epsilon_low, epsilon_high, beta1, beta2, delta)
+    # Computed directly rather than as the difference of the two losses (three differentiable ops per micro-batch);
+    # `tests/test_core.py` checks it against that difference (values and gradients).
+    p = params
+    sets = clipped_sets(log_ratio, advantages, p)
     with torch.no_grad():
         # PPO's (constant) objective on each clipped set, (1 -+ eps) A, and the beta that scales its gradient.
         clipped_objective = torch.where(
             sets.beta1_mask,
-            (1 - epsilon_low) * advantages,
-            torch.where(sets.beta2_mask, (1 + epsilon_high) * advantages, torch.zeros_like(advantages)),
+            (1 - p.epsilon_low) * advantages,
+            torch.where(sets.beta2_mask, (1 + p.epsilon_high) * advantages, torch.zeros_like(advantages)),
         )
-        beta = torch.where(sets.beta1_mask, beta1, beta2).to(log_ratio.dtype)
-    # -beta (1 -+ eps) A r / sg(r) - (-(1 -+ eps) A), and 0 (value and gradient) outside the clipped sets.
+        beta = torch.where(sets.beta1_mask, p.beta1, p.beta2).to(log_ratio.dtype)
     correction = clipped_objective * (1 - beta * torch.exp(log_ratio - log_ratio.detach()))
     return correction, sets
 
@@ -262,19 +233,12 @@ def entropy_change_first_order(probs: torch.Tensor, action: int, advantage: floa
 
 
 def cegppo_token_mean_loss(
-    log_ratio: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    epsilon_low: float,
-    epsilon_high: float,
-    beta1: float,
-    beta2: float,
-    delta: float | None = None,
+    log_ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, params: ClipParams
 ) -> torch.Tensor:
     """The paper's full objective as a loss: `-J = -sum_{i,t} l_t / sum_i |y_i|` over the tokens where `mask` is 1.
 
-    This is what [`CEGPPOTrainer`] computes with `loss_type="dapo"` for one generation batch on one process (TRL
+    What [`CEGPPOTrainer`] computes with `loss_type="dapo"` for one generation batch on one process (TRL
     additionally splits the denominator over processes and gradient-accumulation steps).
     """
-    per_token = cegppo_per_token_loss(log_ratio, advantages, epsilon_low, epsilon_high, beta1, beta2, delta)
+    per_token = cegppo_per_token_loss(log_ratio, advantages, params)
     return (per_token.per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)

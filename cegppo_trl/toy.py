@@ -13,9 +13,10 @@ affecting the reward, like most tokens of an LLM's answer (`seq_len=1` is a plai
    `log_ratio = log pi_theta(a) - log pi_old(a)`. Only the first update sees `r == 1`; the later ones are
    off-policy, so ratios leave `[1 - eps_low, 1 + eps_high]` and CE-GPPO's beta1 / beta2 sets are non-empty.
 
-Because a tabular softmax's logit gradient is exactly `coef * (e_a - p)`, the first-order entropy change of a step
-(`shared/CEGPPO.md`: `dH = -eta * F * A * s_a`) is exact up to O(eta^2), which `first_order_check` measures, and
-the entropy change of every update splits (to first order) into the parts carried by the beta1 set, the beta2 set
+Because a tabular softmax's logit gradient is exactly `coef * (e_a - p)`, the first-order entropy change of a step,
+`dH = -eta * F * A * s_a` (step size `eta`, gradient weight `F`, `s_a = p_a (log p_a + H) - sum_b p_b^2 (log p_b + H)`:
+the softmax entropy dynamics of the paper's section 3), is exact up to O(eta^2), which `first_order_check` measures,
+and the entropy change of every update splits (to first order) into the parts carried by the beta1 set, the beta2 set
 and the unclipped tokens (`ToyRun.dH_beta1`, `dH_beta2`, `dH_unclipped`): the mechanism by which beta1 lowers
 entropy and beta2 raises it.
 
@@ -30,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .core import cegppo_per_token_loss, entropy_change_first_order
+from .core import ClipParams, cegppo_per_token_loss, entropy_change_first_order
 
 
 #: The (beta1, beta2) settings compared in the experiments: GRPO / PPO-clip, beta1-heavy, the paper's
@@ -116,7 +117,7 @@ def entropy_sensitivity(probs: torch.Tensor) -> torch.Tensor:
     """`s_a = p_a (log p_a + H) - sum_b p_b^2 (log p_b + H)` for every action `a` (last dimension).
 
     A policy-gradient step `logits += eta * c * (e_a - p)` changes the entropy by `-eta * c * s_a` to first order
-    (`shared/CEGPPO.md`); `core.entropy_change_first_order` is the same formula for one action.
+    (the softmax entropy dynamics of the paper's section 3); `core.entropy_change_first_order` is the same formula for one action.
     """
     log_p = torch.log(probs)
     entropy = -(probs * log_p).sum(-1, keepdim=True)
@@ -167,9 +168,8 @@ def cegppo_update(
     """
     theta = logits.detach().clone().requires_grad_(True)
     logp = torch.log_softmax(theta, dim=-1)[states, actions]
-    out = cegppo_per_token_loss(
-        (logp - old_logp).unsqueeze(-1), advantages.unsqueeze(-1), epsilon_low, epsilon_high, beta1, beta2, delta
-    )
+    params = ClipParams(epsilon_low, epsilon_high, beta1, beta2, delta)
+    out = cegppo_per_token_loss((logp - old_logp).unsqueeze(-1), advantages.unsqueeze(-1), params)
     loss = out.per_token_loss.mean()
     (grad,) = torch.autograd.grad(loss, theta)
     new_logits = (theta - lr * grad).detach()
@@ -280,7 +280,7 @@ def _single_thread():
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# First-order check: one small step through the real loss vs the formula of shared/CEGPPO.md.
+# First-order check: one small step through the real loss vs `dH = -eta * F * A * s_a`.
 # ----------------------------------------------------------------------------------------------------------------
 
 

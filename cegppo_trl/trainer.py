@@ -1,28 +1,11 @@
 """`CEGPPOTrainer`: TRL's `GRPOTrainer` with CE-GPPO's gradient-preserving clipping (paper Eq. 8).
 
-What is overridden, and why:
-
-* `_compute_loss` -- the only change to the objective. TRL computes its PPO-clip loss as usual (so the KL term,
-  entropy bonus / adaptive entropy and MoE aux loss stay TRL's own); we then add `aggregate(correction)` where
-  `correction = cegppo_per_token_loss - ppo_clip_per_token_loss` (`core.py`) is zero outside the two clipped sets.
-  Every supported aggregation is linear in the per-token loss, so the sum is exactly CE-GPPO's loss. The correction
-  reuses the log-probs and entropies TRL computed in the same forward pass (captured in
-  `_get_per_token_logps_and_entropies`), so there is no second forward. TRL gets a shallow copy of the batch (the
-  buffered batch is reused over `num_iterations` and is never modified) in which (a) the rows of dropped groups are
-  removed (`cegppo_exclude_zero_advantage_groups`) and (b) the old log-probs are clamped to within 20 nats of the
-  current ones (`core.clamp_old_log_probs`), so TRL's `exp(log_ratio)` and ours stay finite.
-* `_generate_and_score_completions` -- only to attach the optional extras of the authors' scripts to the batch: the
-  rows kept by dynamic sampling with the token counts without the dropped groups, and the mask of completions that get
-  the SFT term.
-
-Mirrored TRL logic (pinned to TRL 1.16.x by `pyproject.toml`, and each covered by a test that fails if TRL's behaviour
-drifts): the ratio and its sequence-level form, the off-policy mask, the high-entropy mask and vLLM importance-sampling
-multiplications, and the five aggregations, in `_policy_term_inputs` / `_aggregate_like_trl`
-(`tests/test_trl_parity.py`); TRL reading `old_per_token_logps` after computing the log-probs, which the clamp relies
-on (`tests/test_edges.py::test_loss_and_gradient_are_finite_at_any_log_ratio`); the `policy_loss` metric's scale
-(`_correct_policy_loss_metric`, `tests/test_edges.py::test_logged_policy_loss_is_the_cegppo_policy_term`); the
-per-row batch keys (`_drop_excluded_rows`) and TRL's total reward (`_generate_and_score_completions`), covered by the
-physical-removal and generation tests of `tests/test_edges.py`.
+Two overrides: `_compute_loss` adds `aggregate(correction)` (`core.gradient_preserving_correction`, zero outside the
+clipped sets) to TRL's own loss from the same forward pass, on a copy of the micro-batch whose old log-probs are
+clamped and whose dropped groups are removed; `_generate_and_score_completions` attaches the optional extras of the
+authors' scripts (dynamic-sampling rows, SFT mask). The code that mirrors TRL 1.16 is marked "TRL 1.16" and pinned by
+`tests/test_trl_parity.py` and `tests/test_edges.py`; why the sum is CE-GPPO's loss exactly, and which test covers
+which mirrored piece: `docs/method.md`.
 """
 
 from __future__ import annotations
@@ -42,8 +25,14 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import get_config_model_id
 
 from .config import CEGPPOConfig, validate_cegppo_config
-from .controller import EntropyController
-from .core import ClippedSets, clamp_old_log_probs, equal_reward_groups, gradient_preserving_correction
+from .controller import EntropyController, FixedBetas
+from .core import (
+    ClipParams,
+    ClippedSets,
+    clamp_old_log_probs,
+    equal_reward_groups,
+    gradient_preserving_correction,
+)
 
 
 CONTROLLER_STATE_FILE = "cegppo_controller_state.json"
@@ -67,6 +56,13 @@ MULTIMODAL_KEYS = (
 def _share(num: float, den: float) -> float:
     """`num / den` of summed metrics, 0 when nothing was counted."""
     return num / den if den > 0 else 0.0
+
+
+def _loss_mask(batch: dict) -> torch.Tensor:
+    """The tokens the loss covers, as TRL 1.16 builds them: `completion_mask`, times `tool_mask` when present (tool
+    output tokens of multi-turn rollouts are not the policy's)."""
+    mask = batch["completion_mask"]
+    return mask if "tool_mask" not in batch else mask * batch["tool_mask"]
 
 
 def _as_cegppo_config(args: GRPOConfig) -> CEGPPOConfig:
@@ -161,12 +157,15 @@ class CEGPPOTrainer(GRPOTrainer):
         validate_cegppo_config(args)
         super().__init__(model, reward_funcs, args, *pargs, **kwargs)
 
-        self.cegppo_beta1 = float(args.cegppo_beta1)
-        self.cegppo_beta2 = float(args.cegppo_beta2)
         self._capture_logps = False
         self._captured = None
         self._loss_inputs = None
-        self._controller = EntropyController.from_config(args) if args.cegppo_entropy_target is not None else None
+        # The one owner of the betas in force: the entropy controller when it is on, else the config's values.
+        self._betas: EntropyController | FixedBetas = (
+            EntropyController.from_config(args)
+            if args.cegppo_entropy_target is not None
+            else FixedBetas.from_config(args)
+        )
         self._controller_window = None
 
         # TRL 1.16 `_generate_and_score_completions`: old log-probs exist only when this condition holds; otherwise the
@@ -184,6 +183,16 @@ class CEGPPOTrainer(GRPOTrainer):
                 stacklevel=2,
             )
 
+    @property
+    def clip_params(self) -> ClipParams:
+        """The Eq. 8 scalars the next micro-batch uses: TRL's clip range and `delta`, and the betas in force."""
+        return ClipParams(self.epsilon_low, self.epsilon_high, self._betas.beta1, self._betas.beta2, self.args.delta)
+
+    @property
+    def _controller(self) -> EntropyController | None:
+        """The entropy controller, or None when `cegppo_entropy_target` is unset."""
+        return self._betas if isinstance(self._betas, EntropyController) else None
+
     # ------------------------------------------------------------------------------------------------------------
     # Generation: attach the optional extras to the batch.
     # ------------------------------------------------------------------------------------------------------------
@@ -195,9 +204,7 @@ class CEGPPOTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
         args = self.args
-        loss_mask = (
-            output["completion_mask"] if "tool_mask" not in output else output["completion_mask"] * output["tool_mask"]
-        )
+        loss_mask = _loss_mask(output)
         local_size = output["completion_ids"].size(0)
         process_slice = slice(
             self.accelerator.process_index * local_size, (self.accelerator.process_index + 1) * local_size
@@ -311,9 +318,7 @@ class CEGPPOTrainer(GRPOTrainer):
 
     def _policy_term_inputs(self, inputs, per_token_logps, entropies) -> _PolicyTermInputs:
         """Rebuild the ratio and the per-token multipliers exactly as TRL 1.16's `_compute_loss` does."""
-        mask = (
-            inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs["tool_mask"]
-        )
+        mask = _loss_mask(inputs)
         advantages = inputs["advantages"]
         if advantages.dim() == 1:
             advantages = advantages.unsqueeze(1)
@@ -377,15 +382,8 @@ class CEGPPOTrainer(GRPOTrainer):
         """CE-GPPO loss minus TRL's PPO-clip loss (plus the optional SFT term), with metrics and controller update."""
         mode = "train" if self.model.training else "eval"
         terms = self._policy_term_inputs(inputs, per_token_logps, entropies)
-        correction, sets = gradient_preserving_correction(
-            terms.log_ratio,
-            terms.advantages,
-            self.epsilon_low,
-            self.epsilon_high,
-            self.cegppo_beta1,
-            self.cegppo_beta2,
-            self.args.delta,
-        )
+        params = self.clip_params
+        correction, sets = gradient_preserving_correction(terms.log_ratio, terms.advantages, params)
         if terms.token_weight is not None:
             correction = correction * terms.token_weight
         loss_delta = self._aggregate_like_trl(correction, terms.mask, inputs)
@@ -406,7 +404,7 @@ class CEGPPOTrainer(GRPOTrainer):
                 },
             )
 
-        self._log_token_metrics(mode, terms, sets, per_token_logps, clamped)
+        self._log_token_metrics(mode, terms, sets, params, per_token_logps, clamped)
         if self._controller is not None and mode == "train":
             self._controller_step(entropies, terms.mask)
         return loss_delta
@@ -439,7 +437,7 @@ class CEGPPOTrainer(GRPOTrainer):
         self._metrics[mode]["policy_loss"][-1] = corrected
 
     def _log_token_metrics(
-        self, mode, terms: _PolicyTermInputs, sets: ClippedSets, per_token_logps, clamped=None
+        self, mode, terms: _PolicyTermInputs, sets: ClippedSets, params: ClipParams, per_token_logps, clamped=None
     ) -> None:
         mask = terms.mask.float()
         shape = mask.shape
@@ -474,8 +472,8 @@ class CEGPPOTrainer(GRPOTrainer):
             metrics[f"cegppo/quadrant/{name}/restored_grad_share"].append(_share(clipped_weight, total_weight))
         metrics["cegppo/log_ratio_clamped_frac"].append(_share(totals[11][0], num_tokens))
         if mode == "train" and self.accelerator.sync_gradients:
-            self._metrics[mode]["cegppo/beta1"].append(self.cegppo_beta1)
-            self._metrics[mode]["cegppo/beta2"].append(self.cegppo_beta2)
+            self._metrics[mode]["cegppo/beta1"].append(params.beta1)
+            self._metrics[mode]["cegppo/beta2"].append(params.beta2)
 
     # ------------------------------------------------------------------------------------------------------------
     # Entropy controller
@@ -489,7 +487,7 @@ class CEGPPOTrainer(GRPOTrainer):
             totals = self.accelerator.reduce(self._controller_window, reduction="sum")
             self._controller_window = None
             world_entropy = (totals[0] / totals[1].clamp(min=1.0)).item()
-            self.cegppo_beta1, self.cegppo_beta2 = self._controller.update(world_entropy)
+            self._controller.update(world_entropy)
             self._metrics["train"]["cegppo/entropy_error"].append(self._controller.last_error)
             self._metrics["train"]["cegppo/entropy_integral"].append(self._controller.integral)
 
@@ -507,5 +505,4 @@ class CEGPPOTrainer(GRPOTrainer):
             path = os.path.join(checkpoint, CONTROLLER_STATE_FILE)
             if os.path.exists(path):
                 with open(path) as f:
-                    self._controller = EntropyController.from_state_dict(json.load(f))
-                self.cegppo_beta1, self.cegppo_beta2 = self._controller.beta1, self._controller.beta2
+                    self._betas = EntropyController.from_state_dict(json.load(f))

@@ -8,6 +8,7 @@ import torch
 
 from cegppo_trl.core import (
     LOG_RATIO_CLAMP,
+    ClipParams,
     cegppo_per_token_loss,
     cegppo_token_mean_loss,
     clamp_old_log_probs,
@@ -30,7 +31,7 @@ def eq8_scalar(r: float, a: float, eps_low, eps_high, beta1, beta2, delta=None):
 
 def check_against_scalar(log_ratio, adv, eps_low, eps_high, beta1, beta2, delta=None, atol=1e-12):
     log_ratio = log_ratio.clone().requires_grad_(True)
-    out = cegppo_per_token_loss(log_ratio, adv, eps_low, eps_high, beta1, beta2, delta)
+    out = cegppo_per_token_loss(log_ratio, adv, ClipParams(eps_low, eps_high, beta1, beta2, delta))
     (grad,) = torch.autograd.grad(out.per_token_loss.sum(), log_ratio)
     ratio = torch.exp(log_ratio.detach())
     adv_b = adv.expand_as(ratio)
@@ -87,7 +88,7 @@ def test_clip_edges_are_strict():
 
 def test_zero_advantage_gives_zero_loss_and_gradient():
     log_ratio = torch.tensor([[-1.0, 0.0, 1.0]], dtype=torch.float64, requires_grad=True)
-    out = cegppo_per_token_loss(log_ratio, torch.zeros(1, 1, dtype=torch.float64), 0.2, 0.2, 0.5, 1.0)
+    out = cegppo_per_token_loss(log_ratio, torch.zeros(1, 1, dtype=torch.float64), ClipParams(0.2, 0.2, 0.5, 1.0))
     (grad,) = torch.autograd.grad(out.per_token_loss.sum(), log_ratio)
     assert torch.equal(out.per_token_loss, torch.zeros_like(out.per_token_loss))
     assert torch.equal(grad, torch.zeros_like(grad))
@@ -97,7 +98,7 @@ def test_zero_advantage_gives_zero_loss_and_gradient():
 def test_forward_value_on_clipped_sets_is_beta_times_ppo_value():
     log_ratio = torch.tensor([[math.log(0.5), math.log(2.0)]], dtype=torch.float64)
     adv = torch.tensor([[-2.0, 3.0]], dtype=torch.float64)
-    out = cegppo_per_token_loss(log_ratio, adv, 0.2, 0.28, 0.75, 1.0)
+    out = cegppo_per_token_loss(log_ratio, adv, ClipParams(0.2, 0.28, 0.75, 1.0))
     assert out.per_token_loss[0].tolist() == pytest.approx([0.75 * 0.8 * 2.0, -1.0 * 1.28 * 3.0])
 
 
@@ -107,10 +108,10 @@ def test_reductions_gppo_and_ppo(delta):
     gen = torch.Generator().manual_seed(2)
     log_ratio = (torch.randn(4, 11, generator=gen, dtype=torch.float64) * 0.8).requires_grad_(True)
     adv = torch.randn(4, 1, generator=gen, dtype=torch.float64)
-    ppo = ppo_clip_per_token_loss(log_ratio, adv, 0.2, 0.2, delta)
+    ppo = ppo_clip_per_token_loss(log_ratio, adv, ClipParams(0.2, 0.2, 0.0, 0.0, delta))
     (ppo_grad,) = torch.autograd.grad(ppo.sum(), log_ratio)
 
-    gppo = cegppo_per_token_loss(log_ratio, adv, 0.2, 0.2, 1.0, 1.0, delta)
+    gppo = cegppo_per_token_loss(log_ratio, adv, ClipParams(0.2, 0.2, 1.0, 1.0, delta))
     assert torch.allclose(gppo.per_token_loss, ppo, atol=1e-12)  # same forward value
     (gppo_grad,) = torch.autograd.grad(gppo.per_token_loss.sum(), log_ratio)
     clipped = gppo.beta1_mask | gppo.beta2_mask
@@ -118,7 +119,7 @@ def test_reductions_gppo_and_ppo(delta):
     assert torch.allclose(gppo_grad[~clipped], ppo_grad[~clipped])
     assert (ppo_grad[clipped] == 0).all() and (gppo_grad[clipped] != 0).all()
 
-    zero = cegppo_per_token_loss(log_ratio, adv, 0.2, 0.2, 0.0, 0.0, delta)
+    zero = cegppo_per_token_loss(log_ratio, adv, ClipParams(0.2, 0.2, 0.0, 0.0, delta))
     (zero_grad,) = torch.autograd.grad(zero.per_token_loss.sum(), log_ratio)
     assert torch.allclose(zero_grad, ppo_grad, atol=1e-12)
 
@@ -132,9 +133,10 @@ def test_correction_is_cegppo_minus_ppo_and_zero_outside_clipped_sets(beta1, bet
     log_ratio = (torch.randn(6, 10, generator=gen, dtype=torch.float64) * 0.5).requires_grad_(True)
     adv = torch.randn(6, 1, generator=gen, dtype=torch.float64)
     adv[0] = 0.0
-    correction, sets = gradient_preserving_correction(log_ratio, adv, eps_low, eps_high, beta1, beta2, delta)
-    cegppo = cegppo_per_token_loss(log_ratio, adv, eps_low, eps_high, beta1, beta2, delta)
-    ppo = ppo_clip_per_token_loss(log_ratio, adv, eps_low, eps_high, delta)
+    params = ClipParams(eps_low, eps_high, beta1, beta2, delta)
+    correction, sets = gradient_preserving_correction(log_ratio, adv, params)
+    cegppo = cegppo_per_token_loss(log_ratio, adv, params)
+    ppo = ppo_clip_per_token_loss(log_ratio, adv, params)
     assert torch.equal(sets.beta1_mask, cegppo.beta1_mask) and torch.equal(sets.beta2_mask, cegppo.beta2_mask)
     assert torch.equal(sets.grad_coef, cegppo.grad_coef)
     clipped = cegppo.beta1_mask | cegppo.beta2_mask
@@ -158,7 +160,7 @@ def test_token_mean_with_masks_and_ragged_lengths():
     # Padding positions hold garbage that must not leak into value or gradient.
     garbage = torch.where(mask.bool(), torch.zeros_like(mask), torch.full_like(mask, 50.0))
     adv = torch.randn(5, 1, generator=gen, dtype=torch.float64)
-    loss = cegppo_token_mean_loss(log_ratio + garbage, adv, mask, 0.2, 0.2, 0.5, 1.0)
+    loss = cegppo_token_mean_loss(log_ratio + garbage, adv, mask, ClipParams(0.2, 0.2, 0.5, 1.0))
     (grad,) = torch.autograd.grad(loss, log_ratio)
 
     total, expected_grad = 0.0, torch.zeros_like(grad)
@@ -186,10 +188,11 @@ def test_float32_and_bfloat16_inputs_keep_dtype():
     for dtype in (torch.float32, torch.bfloat16):
         log_ratio = torch.randn(2, 3).to(dtype)
         adv = torch.randn(2, 1).to(dtype)
-        out = cegppo_per_token_loss(log_ratio, adv, 0.2, 0.2, 0.5, 1.0)
+        params = ClipParams(0.2, 0.2, 0.5, 1.0)
+        out = cegppo_per_token_loss(log_ratio, adv, params)
         assert out.per_token_loss.dtype == dtype
         assert torch.isfinite(out.per_token_loss).all()
-        correction, _ = gradient_preserving_correction(log_ratio, adv, 0.2, 0.2, 0.5, 1.0)
+        correction, _ = gradient_preserving_correction(log_ratio, adv, params)
         assert correction.dtype == dtype
 
 

@@ -12,11 +12,11 @@ import warnings
 import pytest
 import torch
 from conftest import contains_answer_reward, cpu_config, make_loss_batch
-from test_trl_parity import add_off_policy, current_logps, loss_and_grad
+from test_trl_parity import add_off_policy, current_logps, loss_and_grad, tiny_moe
 
 import cegppo_trl.trainer as trainer_module
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
-from cegppo_trl.core import LOG_RATIO_CLAMP, cegppo_per_token_loss
+from cegppo_trl.core import LOG_RATIO_CLAMP, ClipParams, cegppo_per_token_loss
 
 
 SUPPORTED = ["grpo", "bnpo", "dr_grpo", "dapo", "luspo"]
@@ -97,29 +97,8 @@ def test_excluded_groups_equal_physical_removal_for_every_term(
         assert torch.equal(full[key], value), key
 
 
-def _moe(tokenizer):
-    from transformers import MixtralConfig, MixtralForCausalLM
-
-    torch.manual_seed(0)
-    config = MixtralConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_local_experts=4,
-        num_experts_per_tok=2,
-        output_router_logits=True,
-        router_aux_loss_coef=0.05,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    return MixtralForCausalLM(config)
-
-
 def test_moe_aux_loss_of_excluded_groups_is_removed(tiny_tokenizer, arithmetic_dataset, tmp_path):
-    moe = _moe(tiny_tokenizer)
+    moe = tiny_moe(tiny_tokenizer)
     on = build(
         copy.deepcopy(moe),
         tiny_tokenizer,
@@ -142,7 +121,7 @@ def test_moe_aux_loss_of_excluded_groups_is_removed(tiny_tokenizer, arithmetic_d
 def test_micro_batch_with_every_group_excluded_has_zero_loss_and_gradient(
     loss_type, tiny_tokenizer, arithmetic_dataset, tmp_path
 ):
-    moe = _moe(tiny_tokenizer)  # the aux loss is the one term a row mask cannot remove
+    moe = tiny_moe(tiny_tokenizer)  # the aux loss is the one term a row mask cannot remove
     on = build(
         moe,
         tiny_tokenizer,
@@ -228,7 +207,7 @@ def test_logged_policy_loss_is_the_cegppo_policy_term(
         logps, _ = current_logps(trainer, inputs)
         mask = inputs["completion_mask"].float()
         per_token = cegppo_per_token_loss(
-            logps - inputs["old_per_token_logps"], inputs["advantages"].unsqueeze(1), 0.2, 0.2, 0.5, 1.0
+            logps - inputs["old_per_token_logps"], inputs["advantages"].unsqueeze(1), ClipParams(0.2, 0.2, 0.5, 1.0)
         )
         assert per_token.beta1_mask.any() or per_token.beta2_mask.any()
         loss = per_token.per_token_loss * mask

@@ -1,5 +1,6 @@
 """CEGPPOTrainer through real training steps on a tiny local model: learning, checkpoints, LoRA, options, errors."""
 
+import dataclasses
 import math
 import warnings
 
@@ -242,3 +243,26 @@ def test_paper_defaults():
     assert config.loss_type == "dapo" and config.beta == 0.0 and config.entropy_coef == 0.0
     assert config.cegppo_sft_coef == 0.0 and not config.cegppo_exclude_zero_advantage_groups
     assert config.cegppo_entropy_target is None
+
+
+def test_betas_in_force_have_one_owner(
+    tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config, tmp_path
+):
+    from cegppo_trl import ClipParams
+    from cegppo_trl.controller import EntropyController, FixedBetas
+
+    config = make_config(CEGPPOConfig, tmp_path / "fixed", cegppo_beta1=0.75, epsilon_high=0.28, delta=10.0)
+    trainer = make_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, config)
+    assert isinstance(trainer._betas, FixedBetas) and trainer._controller is None
+    assert trainer.clip_params == ClipParams(0.2, 0.28, 0.75, 1.0, 10.0)
+    assert not hasattr(trainer, "cegppo_beta1") and not hasattr(trainer, "cegppo_beta2")
+
+    config = make_config(CEGPPOConfig, tmp_path / "controlled", cegppo_entropy_target=7.0)
+    trainer = make_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, config)
+    assert isinstance(trainer._betas, EntropyController) and trainer._controller is trainer._betas
+    trainer._controller.update(1.0)  # entropy far below target: beta1 falls, beta2 rises
+    params = trainer.clip_params
+    assert (params.beta1, params.beta2) == (trainer._controller.beta1, trainer._controller.beta2)
+    assert params.beta1 < 0.5 < 1.0 < params.beta2
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        params.beta1 = 0.0

@@ -14,7 +14,7 @@ from conftest import contains_answer_reward, cpu_config, make_loss_batch
 from trl import GRPOConfig, GRPOTrainer
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
-from cegppo_trl.core import cegppo_token_mean_loss, ppo_clip_per_token_loss
+from cegppo_trl.core import ClipParams, cegppo_token_mean_loss, ppo_clip_per_token_loss
 
 
 LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "luspo"]  # every TRL 1.16 loss type whose per-token term is PPO-clip
@@ -103,9 +103,7 @@ def test_mirror_of_trl_policy_loss_matches_grpo_trainer(
     def mirrored(model, x):
         logps, entropies = current_logps(trainer, x)
         terms = trainer._policy_term_inputs(x, logps, entropies)
-        per_token = ppo_clip_per_token_loss(
-            terms.log_ratio, terms.advantages, trainer.epsilon_low, trainer.epsilon_high, trainer.args.delta
-        )
+        per_token = ppo_clip_per_token_loss(terms.log_ratio, terms.advantages, trainer.clip_params)
         if terms.token_weight is not None:
             per_token = per_token * terms.token_weight
         return trainer._aggregate_like_trl(per_token, terms.mask, x)
@@ -139,7 +137,10 @@ def test_dapo_loss_is_the_papers_token_mean_objective(tiny_model, tiny_tokenizer
     def paper(model, x):
         logps, _ = current_logps(trainer, x)
         return cegppo_token_mean_loss(
-            logps - x["old_per_token_logps"], x["advantages"].unsqueeze(1), x["completion_mask"], 0.2, 0.2, 0.5, 1.0
+            logps - x["old_per_token_logps"],
+            x["advantages"].unsqueeze(1),
+            x["completion_mask"],
+            ClipParams(0.2, 0.2, 0.5, 1.0),
         )
 
     ref_loss, ref_grad = loss_and_grad(trainer, inputs, paper)
@@ -231,12 +232,13 @@ def test_entropy_bonus_is_kept(extra, tiny_model, tiny_tokenizer, arithmetic_dat
     assert ceg._metrics["train"]["entropy_coef"] == grpo._metrics["train"]["entropy_coef"]
 
 
-def test_moe_aux_loss_is_kept(tiny_tokenizer, arithmetic_dataset, tmp_path):
+def tiny_moe(tokenizer):
+    """A one-layer Mixtral with router logits on, so TRL adds the MoE aux loss."""
     from transformers import MixtralConfig, MixtralForCausalLM
 
     torch.manual_seed(0)
     config = MixtralConfig(
-        vocab_size=len(tiny_tokenizer),
+        vocab_size=len(tokenizer),
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=1,
@@ -246,10 +248,14 @@ def test_moe_aux_loss_is_kept(tiny_tokenizer, arithmetic_dataset, tmp_path):
         num_experts_per_tok=2,
         output_router_logits=True,
         router_aux_loss_coef=0.05,
-        pad_token_id=tiny_tokenizer.pad_token_id,
-        eos_token_id=tiny_tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
     )
-    moe = MixtralForCausalLM(config)
+    return MixtralForCausalLM(config)
+
+
+def test_moe_aux_loss_is_kept(tiny_tokenizer, arithmetic_dataset, tmp_path):
+    moe = tiny_moe(tiny_tokenizer)
     grpo, ceg = _pair("dapo", moe, tiny_tokenizer, arithmetic_dataset, tmp_path, 1.0, 1.0)
     assert grpo.aux_loss_enabled and ceg.aux_loss_enabled
     inputs = add_off_policy(grpo, make_loss_batch(tiny_tokenizer, seed=9))
