@@ -51,7 +51,7 @@ def test_single_step_weight_and_sign(advantage, ratio, beta1, beta2, weight):
         measured, predicted, used = single_step_entropy_change(logits, action, advantage, ratio, 1e-4, beta1, beta2)
         assert used == pytest.approx(weight, rel=1e-12)
         assert measured == pytest.approx(predicted, rel=2e-3)
-    # CEGPPO.md: a positive-advantage rare action raises entropy, a negative-advantage rare action lowers it.
+    # The softmax entropy dynamics: a positive-advantage rare action raises entropy, a negative-advantage rare action lowers it.
     measured, _, _ = single_step_entropy_change(logits, 4, advantage, ratio, 1e-4, beta1, beta2)
     assert (measured > 0) == (advantage > 0)
 

@@ -10,6 +10,7 @@ requirements are met by what it finds, and `cegppo_trl.__file__` proves the whee
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -33,10 +34,12 @@ def _run(argv, cwd, env=None):
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("dist")
+    # A clean copy of the source: setuptools' build/ folder would otherwise carry modules deleted since a last build.
+    src = tmp_path_factory.mktemp("src") / "cegppo-trl"
+    junk = shutil.ignore_patterns(".git", ".venv", "venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache")
+    shutil.copytree(ROOT, src, ignore=junk)
     # --no-isolation: build with this environment's setuptools (the dev extra), no download.
-    _run(
-        [sys.executable, "-m", "build", "--sdist", "--wheel", "--no-isolation", "--outdir", str(out), str(ROOT)], ROOT
-    )
+    _run([sys.executable, "-m", "build", "--sdist", "--wheel", "--no-isolation", "--outdir", str(out), str(src)], src)
     return out
 
 
@@ -70,7 +73,11 @@ def test_wheel_and_sdist_contents(dist):
     wheel = next(dist.glob("*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     source_modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "cegppo_trl").rglob("*.py")}
-    assert source_modules <= names, f"modules missing from the wheel: {sorted(source_modules - names)}"
+    wheel_modules = {n for n in names if n.endswith(".py")}
+    assert wheel_modules == source_modules, (
+        f"missing from the wheel: {sorted(source_modules - wheel_modules)}; "
+        f"not in the source tree: {sorted(wheel_modules - source_modules)}"
+    )
     shipped = {
         f"cegppo_trl/{p.relative_to(ROOT).as_posix()}"
         for folder in ("recipes", "accelerate_configs")
