@@ -348,22 +348,12 @@ class DeltaTimer:
         return statistics.median(self.ms) if self.ms else float("nan")
 
 
-def core_call(fn, log_ratio, advantages, epsilon_low, epsilon_high, beta1, beta2, delta=None):
-    """Call a `cegppo_trl.core` loss function with either calling convention: a `ClipParams` bundle (current) or the
-    scalars positionally (older trees)."""
-    from cegppo_trl import core
-
-    if hasattr(core, "ClipParams"):
-        return fn(log_ratio, advantages, core.ClipParams(epsilon_low, epsilon_high, beta1, beta2, delta))
-    return fn(log_ratio, advantages, epsilon_low, epsilon_high, beta1, beta2, delta)
-
-
 def overhead_only(points, variants, repeats=5):
     """CE-GPPO's own per-micro-batch cost at each point, without the noise of a full-vocabulary step: the time of
     `CEGPPOTrainer._cegppo_loss_delta` (correction + aggregation + SFT term + all `cegppo/` metrics + controller; it
     only touches (B, T) tensors, so it does not depend on hidden size, layers or vocabulary: a tiny model gives the
     same number) and the backward of the correction alone (`core.gradient_preserving_correction` on a (B, T) leaf)."""
-    from cegppo_trl.core import gradient_preserving_correction
+    from cegppo_trl.core import ClipParams, gradient_preserving_correction
 
     device = torch.device("cpu")
     model = build_model(TINY, 1, device)
@@ -383,8 +373,8 @@ def overhead_only(points, variants, repeats=5):
         log_ratio = (batch["old_per_token_logps"] * 0 + 0.3 * torch.randn(b, t_len)).requires_grad_()
         bwd = []
         for _ in range(repeats + 1):
-            corr, _ = core_call(
-                gradient_preserving_correction, log_ratio, batch["advantages"].unsqueeze(1), 0.2, 0.2, 0.5, 1.0
+            corr, _ = gradient_preserving_correction(
+                log_ratio, batch["advantages"].unsqueeze(1), ClipParams(0.2, 0.2, 0.5, 1.0)
             )
             loss = corr.sum()
             t0 = time.perf_counter()

@@ -112,8 +112,8 @@ def eq8_check(trainers, model, params, shape, device, batch_size, completion_len
         batch["completion_mask"],
         cegppo.epsilon_low,
         cegppo.epsilon_high,
-        cegppo.args.cegppo_beta1,  # no entropy controller here: the config's betas are the ones in force
-        cegppo.args.cegppo_beta2,
+        cegppo.clip_params.beta1,  # the betas in force
+        cegppo.clip_params.beta2,
     )
     ref_loss.backward()
     ref_grads = _grads(params)

@@ -49,7 +49,7 @@ def test_gpu_check_smoke_runs_every_case_and_eq8(capsys):
 
 def test_eq8_reference_matches_core():
     """The script's independent Eq. 8 agrees with the package's token-mean loss (values and gradients)."""
-    from cegppo_trl.core import cegppo_per_token_loss
+    from cegppo_trl.core import ClipParams, cegppo_per_token_loss
 
     gen = torch.Generator().manual_seed(0)
     logps = (-2 + torch.randn(3, 7, generator=gen)).requires_grad_()
@@ -59,8 +59,7 @@ def test_eq8_reference_matches_core():
     mask[2, 4:] = 0
     ref, clipped = gpu_check.eq8_reference_loss(logps, old, adv, mask, 0.2, 0.28, 0.5, 1.0)
     (g_ref,) = torch.autograd.grad(ref, logps)
-    core = bench_scaling.core_call(cegppo_per_token_loss, logps - old, adv.unsqueeze(1), 0.2, 0.28, 0.5, 1.0)
-    core = core.per_token_loss
+    core = cegppo_per_token_loss(logps - old, adv.unsqueeze(1), ClipParams(0.2, 0.28, 0.5, 1.0)).per_token_loss
     loss = (core * mask).sum() / mask.sum()
     (g_core,) = torch.autograd.grad(loss, logps)
     assert 0 < float(clipped) < 1
