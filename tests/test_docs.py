@@ -405,25 +405,57 @@ def test_vllm_serve_commands_parse(item):
     assert args.model in HUB_MODELS
 
 
+DEMO_OUTPUT = "cegppo-demo-output"  # `cegppo-demo`'s default --output-dir, as the docs name it
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """`cegppo-demo --quick` once, in a fresh directory with the default output dir; the docs' commands on
+    `cegppo-demo-output/...` run against it."""
+    cwd = tmp_path_factory.mktemp("doc-demo")
+    proc = _run([str(BIN / "cegppo-demo"), "--quick", "--no-progress"], cwd=cwd)
+    return cwd, proc
+
+
 @pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "cegppo-demo"], ids=lambda c: _id(c))
-def test_demo_commands(item, tmp_path):
+def test_demo_commands(item, demo_run, tmp_path):
     """`cegppo-demo` runs as `--quick` (the full run is the README's main job, about 10 minutes on 2 cores)."""
     _, argv = item
     args = [a for a in argv[1:] if a != "--quick"]
-    out = tmp_path / "demo"
-    proc = _run([str(BIN / "cegppo-demo"), *args, "--quick", "--no-progress", "--output-dir", str(out)], cwd=tmp_path)
+    if args:
+        out = tmp_path / "demo"
+        proc = _run([str(BIN / "cegppo-demo"), *args, "--quick", "--no-progress", "--output-dir", str(out)], tmp_path)
+    else:
+        cwd, proc = demo_run
+        out = cwd / DEMO_OUTPUT
     assert "CE-GPPO" in proc.stdout and (out / "results.json").is_file()
 
 
 @pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "cegppo-eval"], ids=lambda c: _id(c))
-def test_eval_commands(item, stand_ins, tmp_path):
+def test_eval_commands(item, stand_ins, tmp_path, request):
+    """Hub ids and placeholders become the tiny checkpoint; `cegppo-demo-output/...` is a quick demo's output, and
+    then the command must reproduce the demo's own held-out figure."""
     _, argv = item
     cmd = _replace(argv[1:], stand_ins)
-    for flag, value in (("--max-problems", "3"), ("--k", "2"), ("--max-new-tokens", "8")):
-        cmd = _set_flag(cmd, flag, value)
+    on_demo = any(word.startswith(DEMO_OUTPUT + "/") for word in cmd)
+    cwd = request.getfixturevalue("demo_run")[0] if on_demo else tmp_path
+    if not on_demo:
+        for flag, value in (("--max-problems", "3"), ("--k", "2"), ("--max-new-tokens", "8")):
+            cmd = _set_flag(cmd, flag, value)
     cmd = _set_flag(cmd, "--output", str(tmp_path / "eval.json"))
-    proc = _run([str(BIN / "cegppo-eval"), *cmd], cwd=tmp_path)
+    proc = _run([str(BIN / "cegppo-eval"), *cmd], cwd=cwd)
     assert "avg@" in proc.stdout
+    if on_demo:
+        import json
+
+        summary = json.loads((cwd / DEMO_OUTPUT / "results.json").read_text())
+        model = Path(cmd[0]).parts  # e.g. cegppo-demo-output/runs/cegppo/final
+        figure = summary["warm_start"]["accuracy"]
+        if model[1] == "runs":
+            figure = next(r["end_accuracy"] for r in summary["runs"] if Path(r["output_dir"]).name == model[2])
+        (metrics,) = json.loads((tmp_path / "eval.json").read_text())["datasets"].values()
+        k = cmd[cmd.index("--k") + 1]
+        assert metrics[f"avg@{k}"] == figure, (cmd, metrics, figure)
 
 
 @pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "cegppo-plot"], ids=lambda c: _id(c))
