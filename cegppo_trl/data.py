@@ -6,6 +6,7 @@ Public API
   / ``"builtin:arithmetic_eval"`` -> ``datasets.Dataset`` with columns ``prompt`` and ``solution``.
 - :func:`build_prompt` -- the prompt convention used for every row.
 - :func:`make_arithmetic_rows` -- the deterministic generator of the built-in arithmetic data set.
+- :func:`load_builtin_rows` -- the raw ``{"problem", "answer"}`` rows of a built-in data set.
 - :data:`DEFAULT_INSTRUCTION`, :data:`BUILTIN_DATASETS`.
 
 Regenerate the shipped files with ``python -m cegppo_trl.data``.
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import numbers
 import os
 import random
@@ -24,12 +24,15 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .rewards.extract import normalize_gold
+
 
 __all__ = [
     "BUILTIN_DATASETS",
     "DEFAULT_INSTRUCTION",
     "DatasetFormatError",
     "build_prompt",
+    "load_builtin_rows",
     "load_math_dataset",
     "make_arithmetic_rows",
 ]
@@ -54,7 +57,7 @@ ANSWER_COLUMNS = (
 style data sets it holds the worked solution while ``answer`` holds the final answer; ``reward_model.ground_truth``
 is the nested verl layout of KlearReasoner-MathSub-30K."""
 
-_DATA_DIR = Path(__file__).resolve().parent / "data"
+_DATA_DIR = Path(__file__).resolve().parent / "builtin_data"
 BUILTIN_DATASETS = {
     "builtin:arithmetic": _DATA_DIR / "arithmetic.jsonl",
     "builtin:arithmetic_eval": _DATA_DIR / "arithmetic_eval.jsonl",
@@ -177,12 +180,16 @@ def _looks_like_path(path_or_id: str) -> bool:
     )
 
 
+def load_builtin_rows(name: str) -> list[dict[str, str]]:
+    """The ``{"problem", "answer"}`` rows of a built-in data set (a key of :data:`BUILTIN_DATASETS`), in file order."""
+    if name not in BUILTIN_DATASETS:
+        raise ValueError(f"unknown built-in data set {name!r}; available: {', '.join(BUILTIN_DATASETS)}.")
+    return _read_jsonl(BUILTIN_DATASETS[name])
+
+
 def _load_columns(path_or_id: str, split: str | None, name: str | None) -> tuple[dict[str, list], str]:
     if path_or_id.startswith("builtin:"):
-        if path_or_id not in BUILTIN_DATASETS:
-            raise ValueError(f"unknown built-in data set {path_or_id!r}; available: {', '.join(BUILTIN_DATASETS)}.")
-        path = BUILTIN_DATASETS[path_or_id]
-        return _rows_to_columns(_read_jsonl(path), path_or_id), path_or_id
+        return _rows_to_columns(load_builtin_rows(path_or_id), path_or_id), path_or_id
     local = Path(path_or_id).expanduser()
     if local.is_file():
         return _rows_to_columns(_read_local(local), str(local)), str(local)
@@ -265,13 +272,9 @@ def _answer_text(value: Any) -> tuple[str | None, str]:
         return None, "answer is missing (None)"
     if isinstance(value, bool):
         return None, "answer is a bool"
-    if isinstance(value, numbers.Integral):
-        return str(int(value)), ""
-    if isinstance(value, numbers.Real):
-        number = float(value)
-        if not math.isfinite(number):
-            return None, f"answer is {number}"
-        return (str(int(number)) if number.is_integer() else repr(number)), ""
+    if isinstance(value, numbers.Real):  # as the reward reads a number gold: 27.0 -> "27"
+        text = normalize_gold(value)
+        return (text, "") if text is not None else (None, f"answer is {float(value)}")
     if not isinstance(value, str):
         return None, f"answer is not a string or number (got {type(value).__name__})"
     if not value.strip():

@@ -51,6 +51,7 @@ __all__ = [
     "evaluate_model",
     "format_summary",
     "generate_completions",
+    "generate_with_entropy",
     "load_eval_settings",
     "main",
     "pass_at_k",
@@ -142,7 +143,7 @@ def evaluate_completions(
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _prompt_ids(tokenizer, prompt: Any) -> list[int]:
+def prompt_token_ids(tokenizer, prompt: Any) -> list[int]:
     """Token ids of a prompt exactly as TRL's GRPOTrainer builds them (chat template for conversational prompts)."""
     if isinstance(prompt, str):
         return list(tokenizer(text=prompt)["input_ids"])
@@ -163,40 +164,32 @@ def _sampling_kwargs(temperature: float, top_p: float) -> dict[str, Any]:
 
 
 @torch.no_grad()
-def generate_completions(
-    model,
-    tokenizer,
-    prompts: Sequence[Any],
-    k: int,
-    *,
-    temperature: float = DEFAULT_TEMPERATURE,
-    top_p: float = DEFAULT_TOP_P,
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-    batch_size: int = DEFAULT_BATCH_SIZE,
-    seed: int = 0,
-    progress: bool | str = False,
-) -> list[list[str]]:
-    """`k` sampled completions (decoded text) for each prompt, with Hugging Face `generate`.
-
-    `prompts` are conversational (lists of messages; rendered with the tokenizer's chat template and generation
-    prompt) or plain strings. `batch_size` counts sequences per `generate` call. Sampling uses `temperature` and
-    `top_p` with no top-k cut (`temperature=0`: greedy). The global RNG is left as it was: sampling runs under
-    `torch.random.fork_rng`, seeded with `seed`. `progress`: a tqdm bar (a string gives its description).
-    """
+def _generate(
+    model, tokenizer, prompts, k, *, temperature, top_p, max_new_tokens, batch_size, seed, progress, with_entropy
+) -> tuple[list[list[str]], float, int]:
+    """(completions, summed entropy, completion tokens): the one generation loop of `generate_completions` and
+    `generate_with_entropy`. The entropy (nats, of the unprocessed next-token distribution) is summed over every
+    generated token up to and including the first eos, as TRL's `entropy` metric counts completion tokens."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}.")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
+    if tokenizer.pad_token_id is None:
+        raise ValueError(
+            "the tokenizer has no pad token; set one first (e.g. tokenizer.pad_token = tokenizer.eos_token)."
+        )
     device = next(model.parameters()).device
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad_id = tokenizer.pad_token_id
     eos_id = model.generation_config.eos_token_id
     if eos_id is None:
         eos_id = tokenizer.eos_token_id
-    encoded = [_prompt_ids(tokenizer, p) for p in prompts]
+    eos_ids = torch.tensor(eos_id if isinstance(eos_id, list) else [eos_id], device=device)
+    encoded = [prompt_token_ids(tokenizer, p) for p in prompts]
     jobs = [(i, j) for i in range(len(prompts)) for j in range(k)]
     # Longest prompts first, so each batch pads little and the first batch shows the worst-case memory.
     jobs.sort(key=lambda job: -len(encoded[job[0]]))
     out: list[list[str | None]] = [[None] * k for _ in prompts]
+    entropy_sum, token_count = 0.0, 0
 
     bar = None
     if progress:
@@ -216,32 +209,81 @@ def generate_completions(
             torch.manual_seed(seed)
             for start in range(0, len(jobs), batch_size):
                 chunk = jobs[start : start + batch_size]
-                ids = [encoded[i] for i, _ in chunk]
-                width = max(map(len, ids))
-                input_ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
-                attention_mask = torch.zeros_like(input_ids)
-                for row, p in enumerate(ids):  # left padding
-                    input_ids[row, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-                    attention_mask[row, width - len(p) :] = 1
+                batch = tokenizer.pad(
+                    {"input_ids": [encoded[i] for i, _ in chunk]}, padding_side="left", return_tensors="pt"
+                ).to(device)
+                width = batch["input_ids"].shape[1]
                 generated = model.generate(
-                    input_ids=input_ids.to(device),
-                    attention_mask=attention_mask.to(device),
+                    **batch,
                     max_new_tokens=max_new_tokens,
                     eos_token_id=eos_id,
                     pad_token_id=pad_id,
                     use_cache=True,
+                    return_dict_in_generate=True,
+                    output_logits=with_entropy,
                     **_sampling_kwargs(temperature, top_p),
                 )
-                texts = tokenizer.batch_decode(generated[:, width:], skip_special_tokens=True)
+                new_tokens = generated.sequences[:, width:]
+                texts = tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
                 for (i, j), text in zip(chunk, texts):
                     out[i][j] = text
+                if with_entropy:
+                    logp = torch.log_softmax(torch.stack(generated.logits, dim=1).float(), dim=-1)
+                    entropy = -(logp.exp() * logp).sum(-1)
+                    is_eos = torch.isin(new_tokens, eos_ids)
+                    in_completion = (is_eos.long().cumsum(1) - is_eos.long()) == 0  # up to the first eos
+                    entropy_sum += float(entropy[in_completion].sum())
+                    token_count += int(in_completion.sum())
                 if bar is not None:
                     bar.update(len(chunk))
     finally:
         model.train(was_training)
         if bar is not None:
             bar.close()
-    return out  # type: ignore[return-value]
+    return out, entropy_sum, token_count  # type: ignore[return-value]
+
+
+def generate_completions(
+    model,
+    tokenizer,
+    prompts: Sequence[Any],
+    k: int,
+    *,
+    temperature: float = DEFAULT_TEMPERATURE,
+    top_p: float = DEFAULT_TOP_P,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    seed: int = 0,
+    progress: bool | str = False,
+) -> list[list[str]]:
+    """`k` sampled completions (decoded text) for each prompt, with Hugging Face `generate`.
+
+    `prompts` are conversational (lists of messages; rendered with the tokenizer's chat template and generation
+    prompt) or plain strings. `batch_size` counts sequences per `generate` call (left-padded with `tokenizer.pad`).
+    Sampling uses `temperature` and `top_p` with no top-k cut (`temperature=0`: greedy). The global RNG is left as it
+    was: sampling runs under `torch.random.fork_rng`, seeded with `seed`. `progress`: a tqdm bar (a string gives its
+    description).
+    """
+    settings = dict(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, batch_size=batch_size)
+    return _generate(model, tokenizer, prompts, k, **settings, seed=seed, progress=progress, with_entropy=False)[0]
+
+
+def generate_with_entropy(
+    model, tokenizer, prompts: Sequence[Any], k: int, **settings: Any
+) -> tuple[list[list[str]], float]:
+    """`generate_completions` (same arguments, the same samples) plus the token-mean entropy, in nats, of the policy
+    along those completions (each token up to and including eos)."""
+    settings = {
+        "temperature": DEFAULT_TEMPERATURE,
+        "top_p": DEFAULT_TOP_P,
+        "max_new_tokens": DEFAULT_MAX_NEW_TOKENS,
+        "batch_size": DEFAULT_BATCH_SIZE,
+        "seed": 0,
+        "progress": False,
+        **settings,
+    }
+    completions, entropy_sum, tokens = _generate(model, tokenizer, prompts, k, **settings, with_entropy=True)
+    return completions, entropy_sum / max(tokens, 1)
 
 
 def _generate_vllm(model_path: str, tokenizer, prompts, k, *, temperature, top_p, max_new_tokens, seed, dtype):
@@ -482,13 +524,6 @@ def _load_model(model_name_or_path: str, dtype: str, device: str):
     return model, tokenizer
 
 
-def _problem_text(prompt: Any) -> str:
-    if isinstance(prompt, str):
-        return prompt
-    users = [m["content"] for m in prompt if m.get("role") == "user"]
-    return users[-1] if users else str(prompt)
-
-
 def evaluate_model(
     model_name_or_path: str,
     datasets: Sequence[str],
@@ -520,7 +555,7 @@ def evaluate_model(
     defaults (`resolve_eval_settings`; ``report["settings"]["from_checkpoint"]`` lists those taken from the
     checkpoint). `instruction="default"` is `load_math_dataset`'s default instruction; None appends none.
     """
-    from .data import load_math_dataset
+    from .data import _problem_text, load_math_dataset
 
     if backend not in ("hf", "vllm"):
         raise ValueError(f"backend must be 'hf' or 'vllm', got {backend!r}.")
@@ -612,7 +647,7 @@ def evaluate_model(
         for i, (prompt, solution) in enumerate(zip(prompts, solutions)):
             entry = {
                 "index": i,
-                "problem": _problem_text(prompt),
+                "problem": _problem_text(prompt)[0],
                 "solution": solution,
                 "num_correct": result["num_correct"][i],
             }

@@ -102,7 +102,7 @@ def load_json(name):
 
 
 def run_toy_part(seeds: int) -> None:
-    from cegppo_trl.toy import TOY_PRESETS, first_order_check, run_toy
+    from cegppo_trl.demo.toy import TOY_PRESETS, first_order_check, run_toy
 
     start = time.perf_counter()
     checks = {}
@@ -165,7 +165,7 @@ def run_lm_part(seeds: int, steps: int, work_dir: str, threads: int, eval_rows_n
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(threads)
-    from cegppo_trl.demo import demo_train_dataset, load_rows, load_tiny, run_rl, warm_start
+    from cegppo_trl.demo.run import demo_train_dataset, load_rows, load_tiny, run_rl, warm_start
 
     warm_dir = os.path.join(work_dir, "warm")
     start = time.perf_counter()
@@ -261,7 +261,7 @@ def _figure(panels, path, suptitle):
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    from cegppo_trl.plotting import style_panel
+    from cegppo_trl.demo.plotting import style_panel
 
     ncols = min(3, len(panels))
     nrows = math.ceil(len(panels) / ncols)

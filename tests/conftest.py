@@ -16,14 +16,14 @@ warnings.filterwarnings("ignore", message=".*gradient_checkpointing.*deprecated.
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
-    from cegppo_trl.tiny import build_tiny_tokenizer
+    from cegppo_trl.demo.tiny import build_tiny_tokenizer
 
     return build_tiny_tokenizer()
 
 
 @pytest.fixture(scope="session")
 def _tiny_base_model(tiny_tokenizer):
-    from cegppo_trl.tiny import build_tiny_model
+    from cegppo_trl.demo.tiny import build_tiny_model
 
     # Smaller than the demo's model: the tests exercise logic, not learning.
     return build_tiny_model(tiny_tokenizer, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, seed=0)

@@ -5,9 +5,9 @@ import json
 import pytest
 import torch
 
-from cegppo_trl import demo
 from cegppo_trl.data import load_math_dataset
-from cegppo_trl.tiny import format_user_message
+from cegppo_trl.demo import run as demo
+from cegppo_trl.demo.tiny import format_user_message
 
 
 @pytest.fixture(autouse=True)

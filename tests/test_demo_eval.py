@@ -10,7 +10,8 @@ import sys
 import pytest
 import torch
 
-from cegppo_trl import demo, evaluation
+from cegppo_trl import evaluation
+from cegppo_trl.demo import run as demo
 
 
 @pytest.fixture(autouse=True)

@@ -150,7 +150,7 @@ def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory) -> Path:
     """A locally built tiny model + tokenizer: the stand-in for every Hub model id in the docs."""
-    from cegppo_trl.tiny import build_tiny_model, build_tiny_tokenizer, save_tiny
+    from cegppo_trl.demo.tiny import build_tiny_model, build_tiny_tokenizer, save_tiny
 
     tokenizer = build_tiny_tokenizer()
     model = build_tiny_model(tokenizer, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, seed=0)

@@ -71,7 +71,7 @@ def test_excluded_groups_equal_physical_removal_for_every_term(
 ):
     """KL (beta > 0), entropy bonus, SFT term and policy term, with gradient accumulation: the option's loss, gradient
     and metrics on the full micro-batch equal those of the micro-batch without the dropped rows."""
-    from cegppo_trl.tiny import save_tiny
+    from cegppo_trl.demo.tiny import save_tiny
 
     model_dir = str(save_tiny(tiny_model, tiny_tokenizer, tmp_path / "tiny"))
     common = dict(

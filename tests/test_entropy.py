@@ -9,7 +9,7 @@ import torch
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer, EntropyController
 from cegppo_trl.core import entropy_change_first_order
-from cegppo_trl.toy import (
+from cegppo_trl.demo.toy import (
     TOY_PRESETS,
     ToyConfig,
     entropy_sensitivity,

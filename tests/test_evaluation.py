@@ -13,7 +13,7 @@ from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
 from cegppo_trl.evaluation import AvgAtKCallback, evaluate_completions, format_summary, main, pass_at_k
 
 
-# The tiny model is SFT-trained on this user message format (cegppo_trl.demo.DEMO_INSTRUCTION).
+# The tiny model is SFT-trained on this user message format (cegppo_trl.demo.run.DEMO_INSTRUCTION).
 TINY_INSTRUCTION = "{problem} Put the final answer in \\boxed{}."
 
 
@@ -66,7 +66,7 @@ def test_evaluate_completions_grades_and_averages():
 
 
 def test_cegppo_eval_writes_json_report(tiny_model, tiny_tokenizer, tmp_path, capsys):
-    from cegppo_trl.tiny import save_tiny
+    from cegppo_trl.demo.tiny import save_tiny
 
     model_dir = save_tiny(tiny_model, tiny_tokenizer, tmp_path / "model")
     data = tmp_path / "probs.jsonl"
@@ -139,7 +139,7 @@ def test_avg_at_k_callback_logs_into_history_without_changing_training(
     tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config, tmp_path
 ):
     from cegppo_trl.data import load_math_dataset
-    from cegppo_trl.plotting import load_log_history, plot_log_histories
+    from cegppo_trl.demo.plotting import load_log_history, plot_log_histories
 
     held_out = load_math_dataset("builtin:arithmetic_eval", instruction=TINY_INSTRUCTION).select(range(3))
     reference_model = copy.deepcopy(tiny_model)
@@ -201,7 +201,7 @@ def test_cegppo_eval_names_a_missing_local_path(name, tmp_path, monkeypatch, cap
 
 
 def test_cegppo_eval_names_a_directory_without_a_model(tiny_model, tiny_tokenizer, tmp_path, capsys):
-    from cegppo_trl.tiny import save_tiny
+    from cegppo_trl.demo.tiny import save_tiny
 
     run = tmp_path / "run"
     save_tiny(tiny_model, tiny_tokenizer, run / "final")
@@ -217,8 +217,8 @@ def test_eval_settings_travel_with_the_checkpoint(tiny_model, tiny_tokenizer, tm
     """`save_eval_settings` writes cegppo_prompt.json + generation_config.json; `cegppo-eval` uses them when no flag
     is given (and says so), explicit flags win, and a model without the file keeps the paper's defaults."""
     from cegppo_trl.data import DEFAULT_INSTRUCTION
+    from cegppo_trl.demo.tiny import load_tiny, save_tiny
     from cegppo_trl.evaluation import PROMPT_FILE, load_eval_settings, resolve_eval_settings, save_eval_settings
-    from cegppo_trl.tiny import load_tiny, save_tiny
 
     plain = save_tiny(tiny_model, tiny_tokenizer, tmp_path / "plain")
     assert load_eval_settings(plain) is None

@@ -80,14 +80,14 @@ def tiny_model_dir(tmp_path_factory):
     """The tiny model exactly as `builtin:tiny` builds it (same seed and SFT steps as the recipe), built once."""
     import yaml
 
-    from cegppo_trl.scripts.train import materialize_tiny_model
+    from cegppo_trl.demo.tiny import materialize_tiny
 
     recipe = yaml.safe_load(RECIPE.read_text())
     path = tmp_path_factory.mktemp("tiny") / "tiny-init"
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a tiny model on a shared 2-core machine: 1 thread is several times faster than 2
     try:
-        materialize_tiny_model(str(path), seed=recipe["seed"], sft_steps=recipe["tiny_sft_steps"])
+        materialize_tiny(str(path), seed=recipe["seed"], sft_steps=recipe["tiny_sft_steps"])
     finally:
         torch.set_num_threads(threads)
     return path

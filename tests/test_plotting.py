@@ -6,7 +6,7 @@ import math
 import matplotlib.image
 import pytest
 
-from cegppo_trl.plotting import DEFAULT_METRICS, load_log_history, main, plot_log_histories
+from cegppo_trl.demo.plotting import DEFAULT_METRICS, load_log_history, main, plot_log_histories
 
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

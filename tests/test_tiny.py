@@ -1,4 +1,4 @@
-"""Tests for cegppo_trl.tiny: local tokenizer/model, save/load through the Auto classes, SFT warm start."""
+"""Tests for cegppo_trl.demo.tiny: local tokenizer/model, save/load through the Auto classes, SFT warm start."""
 
 from __future__ import annotations
 
@@ -7,20 +7,20 @@ import json
 import pytest
 import torch
 
-from cegppo_trl.tiny import (
+from cegppo_trl.data import make_arithmetic_rows
+from cegppo_trl.demo.tiny import (
     CHAT_TEMPLATE,
     PROMPT_INSTRUCTION,
     _encode_example,
-    _make_arithmetic_rows,
     arithmetic_sft_examples,
     build_tiny_model,
     build_tiny_tokenizer,
-    extract_boxed,
     format_user_message,
     greedy_accuracy,
     save_tiny,
     sft_warmstart,
 )
+from cegppo_trl.rewards import extract_answer, math_reward
 
 
 PROBLEM = "What is 23+41?"
@@ -197,14 +197,14 @@ def test_arithmetic_sft_examples():
         "\\boxed{6}",
         "\\boxed{3.5}",
     ]
-    assert extract_boxed(ex[0][1]) == "64" and extract_boxed("no box") is None
+    assert extract_answer(ex[0][1]) == "64" and extract_answer("no box") is None
     with pytest.raises(ValueError):
         arithmetic_sft_examples(rows, style="cot")
 
 
 def test_prompt_masking(tokenizer):
     """Prompt ids are exactly TRL's chat-template prompt; only completion + eos carry labels."""
-    from cegppo_trl.tiny import _collate
+    from cegppo_trl.demo.tiny import _collate
 
     prompt, completion = arithmetic_sft_examples([{"problem": PROBLEM, "answer": "64"}])[0]
     p, c = _encode_example(tokenizer, prompt, completion)
@@ -223,7 +223,7 @@ def test_prompt_masking(tokenizer):
 
 def test_sft_warmstart_lowers_loss_and_prompt_loss_is_ignored(tokenizer):
     # num_threads=1: on a busy 2-core machine two intra-op threads are several times slower.
-    rows = _make_arithmetic_rows(256, seed=0)
+    rows = make_arithmetic_rows(256, seed=0)
     examples = arithmetic_sft_examples(rows)
     m = build_tiny_model(tokenizer, seed=0)
     stats = sft_warmstart(m, tokenizer, examples, steps=30, batch_size=32, progress=False, num_threads=1)
@@ -242,7 +242,7 @@ def test_sft_warmstart_lowers_loss_and_prompt_loss_is_ignored(tokenizer):
 
 
 def test_sft_deterministic_dicts_and_accuracy_helper(tokenizer):
-    rows = _make_arithmetic_rows(8, seed=5)
+    rows = make_arithmetic_rows(8, seed=5)
     dict_examples = [{"prompt": p, "completion": c} for p, c in arithmetic_sft_examples(rows)]
     kw = dict(steps=3, batch_size=4, progress=False, num_threads=1)
     m1, m2 = build_tiny_model(tokenizer, seed=0), build_tiny_model(tokenizer, seed=0)
@@ -253,7 +253,25 @@ def test_sft_deterministic_dicts_and_accuracy_helper(tokenizer):
     sd1, sd2 = m1.state_dict(), m2.state_dict()
     assert all(torch.equal(sd1[k], sd2[k]) for k in sd1)
     acc, samples = greedy_accuracy(m1, tokenizer, rows, n=4, max_new_tokens=4, return_samples=True)
-    assert 0.0 <= acc <= 1.0 and len(samples) == 4
+    assert len(samples) == 4 and acc == sum(s["correct"] for s in samples) / 4
     assert set(samples[0]) == {"problem", "answer", "completion", "pred", "correct"}
-    acc_t = greedy_accuracy(m1, tokenizer, rows, n=4, max_new_tokens=4, temperature=1.0)
-    assert 0.0 <= acc_t <= 1.0
+    acc_t, sampled = greedy_accuracy(m1, tokenizer, rows, n=4, max_new_tokens=4, temperature=1.0, return_samples=True)
+    assert (acc_t, sampled) == greedy_accuracy(
+        m1, tokenizer, rows, n=4, max_new_tokens=4, temperature=1.0, return_samples=True
+    )  # seeded
+    assert [s["completion"] for s in sampled] != [s["completion"] for s in samples]  # sampled, not greedy
+
+
+def test_accuracy_is_the_rewards_verdict(tokenizer, monkeypatch):
+    """The tiny model's accuracy grades with the math reward's own grading: the two cannot disagree, also where an
+    exact string match of the box would (64.0, a spaced box, an unboxed final answer)."""
+    import cegppo_trl.demo.tiny as tiny
+
+    texts = ["23+41=64. \\boxed{64}", "\\boxed{64.0}", "\\boxed{ 64 }", "so the answer is 64", "\\boxed{65}", "64+"]
+    monkeypatch.setattr(tiny, "generate_completions", lambda model, tok, prompts, k, **kw: [[t] for t in texts])
+    rows = [{"problem": PROBLEM, "answer": "64"}] * len(texts)
+    acc, samples = greedy_accuracy(None, tokenizer, rows, return_samples=True)
+    rewards = math_reward(texts, ["64"] * len(texts))
+    assert [s["correct"] for s in samples] == [r == 1.0 for r in rewards] == [True, True, True, True, False, False]
+    assert acc == 4 / 6
+    assert [s["pred"] for s in samples] == [extract_answer(t) for t in texts]

@@ -200,7 +200,7 @@ def test_on_policy_ratio_one_is_grpo_exactly(loss_type, tiny_model, tiny_tokeniz
 
 def test_kl_term_is_kept(tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path):
     # With beta > 0 TRL loads a reference model by name, so hand it a saved local directory.
-    from cegppo_trl.tiny import save_tiny
+    from cegppo_trl.demo.tiny import save_tiny
 
     model_dir = save_tiny(tiny_model, tiny_tokenizer, tmp_path / "tiny")
     grpo, ceg = _pair("dapo", model_dir, tiny_tokenizer, arithmetic_dataset, tmp_path, 1.0, 1.0, beta=0.1)

@@ -112,7 +112,7 @@ def test_installed_package_is_the_wheel(venv, tmp_path):
 
 def test_quick_start_from_the_wheel(venv, tmp_path):
     """The README's first python block, with the harness's stand-ins, in the wheel's environment."""
-    from cegppo_trl.tiny import build_tiny_model, build_tiny_tokenizer, save_tiny
+    from cegppo_trl.demo.tiny import build_tiny_model, build_tiny_tokenizer, save_tiny
 
     tokenizer = build_tiny_tokenizer()
     model_dir = tmp_path / "tiny"

@@ -15,7 +15,7 @@ Examples::
     accelerate launch --config_file accelerate_configs/zero2.yaml \\
         examples/train_cegppo.py --config recipes/DeepSeek-R1-Distill-Qwen-1.5B/cegppo/config_paper.yaml
 
-``model_name_or_path: builtin:tiny`` builds the ~1M-parameter Qwen2-style model of `cegppo_trl.tiny` locally, in
+``model_name_or_path: builtin:tiny`` builds the ~1M-parameter Qwen2-style model of `cegppo_trl.demo.tiny` locally, in
 ``<output_dir>/tiny-init`` (with ``tiny_sft_steps > 0`` it is first warm-started on ``builtin:arithmetic``), and then
 trains it like any local checkpoint. At the end the model (or LoRA adapter), ``trainer_state.json`` and a model card
 (``README.md``) are written to ``output_dir``.
@@ -188,16 +188,6 @@ def load_datasets(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfi
     return train, evaluation
 
 
-def materialize_tiny_model(path: str, seed: int = 0, sft_steps: int = 0, progress: bool = False) -> str:
-    """Build the tiny model + tokenizer of `cegppo_trl.tiny` in `path`, SFT-warm-started for `sft_steps` steps on
-    ``builtin:arithmetic`` (0: random weights). Deterministic in `seed`; a `path` that already holds the same build
-    is reused (`cegppo_trl.demo.warm_start`'s cache)."""
-    from ..demo import warm_start
-
-    warm_start(seed=seed, sft_steps=sft_steps, progress=progress, cache_dir=path, evaluate=False)
-    return path
-
-
 def resolve_model(model_args: ModelConfig, script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig) -> str:
     """`model_name_or_path`, with ``builtin:tiny`` replaced by a local directory built once per node."""
     name = model_args.model_name_or_path
@@ -211,9 +201,11 @@ def resolve_model(model_args: ModelConfig, script_args: CEGPPOScriptArguments, t
 
     path = os.path.join(training_args.output_dir, "tiny-init")
     state = PartialState()
+    from ..demo.tiny import materialize_tiny  # the demo's tiny model; the only demo module this script uses
+
     with state.local_main_process_first():  # the first process of each node builds it, the others load it
         if state.is_local_main_process:
-            materialize_tiny_model(path, seed=training_args.seed, sft_steps=script_args.tiny_sft_steps)
+            materialize_tiny(path, seed=training_args.seed, sft_steps=script_args.tiny_sft_steps)
     return path
 
 

@@ -20,7 +20,7 @@ and the entropy change of every update splits (to first order) into the parts ca
 and the unclipped tokens (`ToyRun.dH_beta1`, `dH_beta2`, `dH_unclipped`): the mechanism by which beta1 lowers
 entropy and beta2 raises it.
 
-Everything is float64 and deterministic for a given seed; a run takes about a second on one CPU thread.
+Everything is float64 and deterministic for a given seed.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .core import ClipParams, cegppo_per_token_loss, entropy_change_first_order
+from ..core import ClipParams, cegppo_per_token_loss, entropy_change_first_order
 
 
 #: The (beta1, beta2) settings compared in the experiments: GRPO / PPO-clip, beta1-heavy, the paper's
@@ -41,7 +41,7 @@ BETA_GRID = ((0.0, 0.0), (1.0, 0.5), (0.5, 1.0), (0.0, 1.0), (1.0, 1.0))
 
 @dataclass
 class ToyConfig:
-    """Settings of one toy run. The defaults are the "sequence" toy of `docs/entropy_results.md` (~1 s per run).
+    """Settings of one toy run. The defaults are the "sequence" toy of `docs/entropy_results.md`.
 
     A "prompt" (`num_states` of them) is answered by a sequence of `seq_len` tokens, one per position; each position
     has its own row of logits (a tabular policy, positions independent). Only the first `num_key_positions`
@@ -114,14 +114,16 @@ def softmax_entropy(logits: torch.Tensor) -> torch.Tensor:
 
 
 def entropy_sensitivity(probs: torch.Tensor) -> torch.Tensor:
-    """`s_a = p_a (log p_a + H) - sum_b p_b^2 (log p_b + H)` for every action `a` (last dimension).
+    """`s_a` for every action `a` (last dimension): a policy-gradient step `logits += eta * c * (e_a - p)` changes the
+    entropy by `-eta * c * s_a` to first order.
 
-    A policy-gradient step `logits += eta * c * (e_a - p)` changes the entropy by `-eta * c * s_a` to first order
-    (the softmax entropy dynamics of the paper's section 3); `core.entropy_change_first_order` is the same formula for one action.
+    Computed by autograd, `s_a = -grad_logits H . (e_a - p)`, not from the closed form, which lives once in
+    `core.entropy_change_first_order` (the tests check the two agree).
     """
-    log_p = torch.log(probs)
-    entropy = -(probs * log_p).sum(-1, keepdim=True)
-    return probs * (log_p + entropy) - (probs**2 * (log_p + entropy)).sum(-1, keepdim=True)
+    logits = torch.log(probs).detach().requires_grad_(True)
+    with torch.enable_grad():
+        (grad,) = torch.autograd.grad(softmax_entropy(logits).sum(), logits)
+    return (grad * probs).sum(-1, keepdim=True) - grad
 
 
 def group_advantages(rewards: torch.Tensor) -> torch.Tensor:
@@ -270,7 +272,7 @@ def _run_toy(beta1: float, beta2: float, seed: int, config: ToyConfig) -> ToyRun
 
 @contextlib.contextmanager
 def _single_thread():
-    """Tabular updates are tiny; intra-op threads only add contention on a shared CPU (20x slower measured)."""
+    """Tabular updates are tiny: intra-op threads only add contention."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -1,34 +1,15 @@
-"""`cegppo-demo`: CE-GPPO next to GRPO on a tiny arithmetic model, on a CPU, offline, in under ten minutes.
+"""`cegppo-demo`: CE-GPPO next to GRPO on the tiny arithmetic model, on a CPU, offline.
 
-What it does, with nothing downloaded:
+It warm-starts the tiny model (`.tiny`) so that it solves some but not all held-out problems, trains two copies with
+the same seed, data and budget, CE-GPPO (beta1 = 0.5, beta2 = 1) and GRPO (beta1 = beta2 = 0), off-policy with the
++1 / -1 math-verify reward, and reports reward, held-out accuracy and entropy at start and end (``results.md``,
+``results.json``, ``cegppo_vs_grpo.png``). Every model it trains is saved with its prompt format and sampling
+settings, and the held-out figures are computed with `cegppo-eval`'s code, so the printed ``cegppo-eval`` commands
+give them again. `warm_start`, `run_rl` and `evaluate_policy` are the building blocks of other experiments::
 
-1. builds the ~1M-parameter Qwen2-style model and its tokenizer locally (`cegppo_trl.tiny`) and warm-starts it with a
-   short SFT on the built-in arithmetic problems (``builtin:arithmetic``; by default its "What is a+b?" problems,
-   ``--problems all`` adds differences and one-line word problems), so that it solves some but not all of the
-   held-out problems (``builtin:arithmetic_eval``) when sampling at temperature 1;
-2. saves the warm-started weights, then trains two copies of them with the same seed, data order and budget:
-   CE-GPPO (paper: beta1 = 0.5, beta2 = 1) and GRPO (the same trainer with beta1 = beta2 = 0, which has PPO-clip's
-   gradient), with the paper's +1 / -1 math-verify reward (`cegppo_trl.math_reward`) and off-policy updates (each
-   generation batch is used for ``steps_per_generation x num_iterations`` optimizer steps; on-policy, CE-GPPO would
-   equal GRPO);
-3. prints a table of training reward, held-out accuracy (sampled, temperature 1) and policy entropy at the start and
-   end of each run, and writes ``results.md``, ``results.json`` and ``cegppo_vs_grpo.png`` (reward, entropy and the
-   beta1 / beta2 token fractions and gradient shares over steps) to the output directory;
-4. saves every model it trains (``warm_start/``, ``runs/cegppo/final/``, ``runs/grpo/final/``), each with the prompt
-   format it is trained on and the sampling of the held-out evaluation (``cegppo_prompt.json``,
-   ``generation_config.json``; `cegppo_trl.evaluation.save_eval_settings`), and the held-out problems
-   (``heldout.jsonl``), and prints the ``cegppo-eval`` command for each model. The held-out figures are computed with
-   `cegppo-eval`'s own code (`generate_completions`, math-verify grading in `evaluate_completions`), so the printed
-   command gives the demo's figure again, to the sample with the same torch thread count.
-
-``cegppo-demo --quick`` runs a reduced version (a smoke test: too short to learn anything). The functions
-`warm_start`, `run_rl` and `evaluate_policy` are the building blocks, importable by other experiments::
-
-    from cegppo_trl.demo import warm_start, run_rl, load_tiny
     model, tokenizer, info = warm_start(seed=0, cache_dir="out/warm")
     cegppo = run_rl(model, tokenizer, beta1=0.5, beta2=1.0, seed=0, max_steps=160, output_dir="out/cegppo")
-    model, tokenizer = load_tiny("out/warm")            # the same starting weights again
-    grpo = run_rl(model, tokenizer, beta1=0.0, beta2=0.0, seed=0, max_steps=160, output_dir="out/grpo")
+    grpo = run_rl("out/warm", None, beta1=0.0, beta2=0.0, seed=0, max_steps=160, output_dir="out/grpo")
 """
 
 from __future__ import annotations
@@ -38,7 +19,6 @@ import hashlib
 import json
 import math
 import os
-import re
 import sys
 import time
 from collections.abc import Sequence
@@ -46,16 +26,23 @@ from typing import Any
 
 import torch
 
-from .data import BUILTIN_DATASETS, build_prompt, load_math_dataset
-from .evaluation import DEFAULT_BATCH_SIZE, evaluate_completions, generate_completions, save_eval_settings
+from ..data import build_prompt, load_builtin_rows, load_math_dataset
+from ..evaluation import (
+    DEFAULT_BATCH_SIZE,
+    evaluate_completions,
+    generate_completions,
+    generate_with_entropy,
+    save_eval_settings,
+)
 from .tiny import (
+    DEFAULT_PROBLEMS,
+    PROBLEM_SETS,
     PROMPT_INSTRUCTION,
-    arithmetic_sft_examples,
-    build_tiny_model,
-    build_tiny_tokenizer,
+    load_rows,
     load_tiny,
+    problem_indices,
     save_tiny,
-    sft_warmstart,
+    warm_tiny,
 )
 
 
@@ -80,11 +67,7 @@ __all__ = [
 #: on (`tiny.format_user_message`): "What is 3+4? Put the final answer in \boxed{}."
 DEMO_INSTRUCTION = "{problem} " + PROMPT_INSTRUCTION
 
-# Sized for <= 10 minutes on 2 CPU cores (measured: ~75 s of SFT, ~180 s per RL run). On the "sums" problems, 300 SFT
-# steps sit on the steep part of the SFT curve: held-out accuracy 0.43 sampled / 0.55 greedy on one machine (250 steps:
-# 0.40 / 0.58; 350: 0.84 / 0.91), 0.706 / 0.832 on another (AMD EPYC, AVX2; the same with 1 or 2 torch threads, bit for
-# bit). Float kernels differ by CPU (torch's AVX2 / AVX-512 code, MKL's code paths) in the 7th digit, and 300 steps of
-# training amplify that, so the warm start, and everything after it, varies from machine to machine.
+# Sized for a ten-minute run on 2 CPU cores; docs/entropy_results.md has the measurements behind these numbers.
 DEFAULT_SFT_STEPS = 300
 DEFAULT_RL_STEPS = 160
 DEFAULT_EVAL_SAMPLES = 2  # sampled completions per held-out problem
@@ -104,10 +87,8 @@ RL_DEFAULTS: dict[str, Any] = dict(
     per_device_train_batch_size=128,  # completions per optimizer step: 16 prompts x 8 completions
     num_generations=8,
     gradient_accumulation_steps=1,
-    # Off-policy, as in the paper: one generation batch (128 prompts x 8) feeds 8 mini-batches, each used once, so
-    # 8 optimizer steps per generation batch and the ratio moves away from 1 on 7 of them. (Re-using each mini-batch
-    # twice, steps_per_generation=4 x num_iterations=2, costs less generation but made CE-GPPO (0.5, 1) unstable on
-    # this model: held-out accuracy 0.43 -> 0.36 in 230 steps where GRPO reached 0.64.)
+    # Off-policy, as in the paper: one generation batch feeds 8 mini-batches, each used once, so the ratio moves away
+    # from 1 on 7 of every 8 optimizer steps (docs/entropy_results.md: why not 4 x 2 re-use).
     steps_per_generation=8,
     num_iterations=1,
     max_completion_length=20,  # the warm-started answer "49-27=22. \boxed{22}" + eos is 16 tokens
@@ -119,7 +100,7 @@ RL_DEFAULTS: dict[str, Any] = dict(
     beta=0.0,  # no KL term (paper)
     epsilon=0.2,
     loss_type="dapo",
-    activation_checkpointing=False,  # no memory to save on a 1M-parameter model; ~20% faster
+    activation_checkpointing=False,  # nothing to save on a 1M-parameter model
     report_to="none",
     save_strategy="no",
     disable_tqdm=True,  # run_rl draws its own progress bar instead of printing every log line
@@ -131,42 +112,11 @@ RL_DEFAULTS: dict[str, Any] = dict(
 # --------------------------------------------------------------------------------------------------------------
 
 
-#: Which built-in problems the demo uses: "sums" ("What is a+b?", a, b < 50: short sequences, so the demo fits in ten
-#: minutes on 2 cores; `DEFAULT_SFT_STEPS` leaves the model solving about half of them) or "all" (sums, differences
-#: and one-line word problems, ~40% longer sequences; `cegppo_trl.tiny.sft_warmstart`'s 800-step default is tuned on
-#: them, ~6 minutes of SFT on 2 cores).
-PROBLEM_SETS = {
-    "sums": re.compile(r"What is \d+\+\d+\?"),
-    "all": re.compile(r".*", re.DOTALL),
-}
-DEFAULT_PROBLEMS = "sums"
-
-
-def _selected(rows: Sequence[dict], problems: str) -> list[int]:
-    if problems not in PROBLEM_SETS:
-        raise ValueError(f"problems must be one of {sorted(PROBLEM_SETS)}, got {problems!r}.")
-    pattern = PROBLEM_SETS[problems]
-    return [i for i, row in enumerate(rows) if pattern.fullmatch(str(row["problem"]))]
-
-
-def load_rows(
-    name: str = "builtin:arithmetic_eval", n: int | None = None, problems: str = DEFAULT_PROBLEMS
-) -> list[dict[str, str]]:
-    """The ``{"problem", "answer"}`` rows of a built-in arithmetic data set: those of the `problems` set (see
-    `PROBLEM_SETS`), the first `n` of them (or all)."""
-    if name not in BUILTIN_DATASETS:
-        raise ValueError(f"unknown built-in data set {name!r}; available: {', '.join(BUILTIN_DATASETS)}.")
-    with open(BUILTIN_DATASETS[name], encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    rows = [rows[i] for i in _selected(rows, problems)]
-    return rows[:n] if n is not None else rows
-
-
 def demo_train_dataset(problems: str = DEFAULT_PROBLEMS):
     """``builtin:arithmetic`` as a TRL data set (``prompt``, ``solution``), restricted to `problems`, with exactly the
     user message the tiny model is warm-started on (`DEMO_INSTRUCTION`)."""
     dataset = load_math_dataset("builtin:arithmetic", instruction=DEMO_INSTRUCTION)
-    keep = _selected(load_rows("builtin:arithmetic", problems="all"), problems)
+    keep = problem_indices(load_builtin_rows("builtin:arithmetic"), problems)
     return dataset if len(keep) == len(dataset) else dataset.select(keep)
 
 
@@ -188,42 +138,6 @@ def _prompt_and_solution(row: dict) -> tuple[list[dict[str, str]], str]:
     return build_prompt(str(row["problem"]).strip(), instruction=DEMO_INSTRUCTION), str(row["answer"]).strip()
 
 
-@torch.no_grad()
-def _mean_completion_entropy(
-    model, tokenizer, prompts: Sequence[Any], completions: Sequence[str], batch_size: int = 128
-) -> float:
-    """Token-mean entropy (nats) of the policy along sampled completions (+ eos), as TRL's `entropy` metric is
-    computed: at each completion position, the entropy of the next-token distribution given the prefix."""
-    was_training = model.training
-    model.eval()
-    total, count = 0.0, 0
-    try:
-        for start in range(0, len(prompts), batch_size):
-            encoded = []
-            for prompt, text in zip(prompts[start : start + batch_size], completions[start : start + batch_size]):
-                prompt_ids = tokenizer.apply_chat_template(
-                    list(prompt), add_generation_prompt=True, tokenize=True, return_dict=True
-                )["input_ids"]
-                completion = tokenizer(text, add_special_tokens=False)["input_ids"]
-                encoded.append((list(prompt_ids), completion + [tokenizer.eos_token_id]))
-            width = max(len(p) + len(c) for p, c in encoded)
-            input_ids = torch.full((len(encoded), width), tokenizer.pad_token_id, dtype=torch.long)
-            # positions whose next token is a completion token
-            targets = torch.zeros((len(encoded), width), dtype=torch.bool)
-            for i, (p, c) in enumerate(encoded):
-                input_ids[i, : len(p) + len(c)] = torch.tensor(p + c)
-                targets[i, len(p) - 1 : len(p) + len(c) - 1] = True
-            # Right padding + causal attention: real tokens never attend to the padding after them.
-            logits = model(input_ids=input_ids.to(model.device), use_cache=False).logits.float()
-            logp = torch.log_softmax(logits, dim=-1)
-            entropy = -(logp.exp() * logp).sum(-1).cpu()
-            total += entropy[targets].sum().item()
-            count += int(targets.sum())
-    finally:
-        model.train(was_training)
-    return total / max(count, 1)
-
-
 def evaluate_policy(
     model,
     tokenizer,
@@ -239,11 +153,13 @@ def evaluate_policy(
     """Sample `samples_per_row` completions per held-out row; return ``{"accuracy", "entropy", "greedy_accuracy"}``.
 
     `accuracy`: avg@`samples_per_row`, the fraction of samples the math-verify reward grades correct, sampling at
-    `temperature` (1.0 = what RL trains on); `entropy`: token-mean entropy (nats) of the policy along those samples;
+    `temperature` (1.0 = what RL trains on); `entropy`: token-mean entropy (nats) of the policy along those samples
+    (each generated token up to and including eos, as TRL's `entropy` metric);
     `greedy_accuracy`: the same check with greedy decoding (once per row). `rows` are ``{"problem", "answer"}``
     (prompted as the tiny model is trained, `DEMO_INSTRUCTION`) or ``{"prompt", "solution"}``.
 
-    This is `cegppo-eval`'s code path (`generate_completions`, `evaluate_completions`), so ``cegppo-eval MODEL_DIR
+    This is `cegppo-eval`'s code path (`generate_completions`, `evaluate_completions`; `generate_with_entropy` draws
+    the same samples), so ``cegppo-eval MODEL_DIR
     --datasets ROWS.jsonl --k samples_per_row --seed seed`` on a model saved with `save_demo_model` gives the same
     `accuracy` (see `eval_command`).
     """
@@ -252,17 +168,15 @@ def evaluate_policy(
         raise ValueError("no held-out rows")
     prompts, solutions = [p for p, _ in pairs], [s for _, s in pairs]
     generation = dict(max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed)
-    sampled = generate_completions(
+    sampled, entropy = generate_with_entropy(
         model, tokenizer, prompts, samples_per_row, temperature=temperature, top_p=top_p, **generation
     )
     report = evaluate_completions(sampled, solutions)
     greedy = generate_completions(model, tokenizer, prompts, 1, temperature=0.0, **generation)
     greedy_report = evaluate_completions(greedy, solutions)
-    flat_prompts = [p for p, group in zip(prompts, sampled) for _ in group]
-    flat_completions = [text for group in sampled for text in group]
     return {
         "accuracy": float(report[f"avg@{samples_per_row}"]),
-        "entropy": _mean_completion_entropy(model, tokenizer, flat_prompts, flat_completions),
+        "entropy": entropy,
         "greedy_accuracy": float(greedy_report["avg@1"]),
     }
 
@@ -280,6 +194,11 @@ def save_demo_model(model, tokenizer, path: str | os.PathLike, *, max_new_tokens
     """Save a demo model with its prompt format and held-out sampling settings (`save_eval_settings`), so that
     `cegppo-eval path` prompts and samples it as the demo does."""
     save_tiny(model, tokenizer, path)
+    _save_demo_settings(path, max_new_tokens)
+    return os.fspath(path)
+
+
+def _save_demo_settings(path: str | os.PathLike, max_new_tokens: int = 20) -> None:
     save_eval_settings(
         path,
         instruction=DEMO_INSTRUCTION,
@@ -290,7 +209,6 @@ def save_demo_model(model, tokenizer, path: str | os.PathLike, *, max_new_tokens
         "sampling at temperature 1 (top_p 1, no top-k), 20 new tokens; cegppo-eval uses these unless flags say "
         "otherwise.",
     )
-    return os.fspath(path)
 
 
 def eval_command(
@@ -329,68 +247,43 @@ def warm_start(
     evaluate: bool = True,
     eval_samples: int = DEFAULT_EVAL_SAMPLES,
 ):
-    """Build the tiny model + tokenizer and SFT it on arithmetic so that it solves some of the problems.
+    """`tiny.warm_tiny` (build, SFT, cache) plus the held-out figures of the warm-started model.
 
     Returns ``(model, tokenizer, info)``; `info` has the SFT statistics (``sft``), the held-out ``accuracy`` (sampled,
     temperature 1), ``greedy_accuracy`` and ``entropy`` (see `evaluate_policy`; left out with ``evaluate=False``),
-    ``seconds``, ``num_parameters`` and ``cached``.
-
-    `train_rows` / `eval_rows` default to the rows of ``builtin:arithmetic`` / ``builtin:arithmetic_eval`` (`load_rows`);
-    `sft_steps` to `DEFAULT_SFT_STEPS`. With `cache_dir`, the
-    model, tokenizer and info are saved there, and a later call with the same arguments loads them instead of
-    training again; `load_tiny(cache_dir)` gives the same weights to start every RL run from.
+    ``seconds``, ``num_parameters`` and ``cached``. `train_rows` / `eval_rows` default to the "sums" of
+    ``builtin:arithmetic`` / ``builtin:arithmetic_eval``. With `cache_dir` the model is saved there with its prompt
+    format (`save_demo_model`) and a later call with the same arguments loads it and its figures.
     """
-    train_rows = list(train_rows) if train_rows is not None else load_rows("builtin:arithmetic")
     eval_rows = list(eval_rows) if eval_rows is not None else load_rows("builtin:arithmetic_eval")
-    examples = arithmetic_sft_examples(train_rows)
-    model_kwargs = dict(model_kwargs or {})
+    model, tokenizer, build = warm_tiny(
+        seed, sft_steps, train_rows=train_rows, cache_dir=cache_dir, batch_size=batch_size, lr=lr,
+        model_kwargs=model_kwargs, progress=progress, num_threads=num_threads,
+    )  # fmt: skip
     key = {
-        "seed": seed,
-        "sft_steps": sft_steps,
-        "batch_size": batch_size,
-        "lr": lr,
-        "model_kwargs": model_kwargs,
+        **build["key"],
         "evaluate": evaluate,
         "eval_samples": eval_samples,
-        "examples": hashlib.sha256(json.dumps(examples).encode()).hexdigest(),
         "eval_rows": hashlib.sha256(json.dumps(eval_rows, sort_keys=True).encode()).hexdigest(),
     }
-    tokenizer = build_tiny_tokenizer()
-    key["tokenizer"] = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()
     info_path = os.path.join(os.fspath(cache_dir), _WARM_START_FILE) if cache_dir is not None else None
-    if info_path is not None and os.path.isfile(info_path):
+    if build["cached"] and info_path is not None and os.path.isfile(info_path):
         with open(info_path) as f:
             saved = json.load(f)
         if saved.get("key") == key:
-            model, tokenizer = load_tiny(cache_dir)
-            if not os.path.isfile(os.path.join(os.fspath(cache_dir), "cegppo_prompt.json")):  # older cache
-                save_demo_model(model, tokenizer, cache_dir)
-            return model, tokenizer, {**saved["info"], "cached": True, "path": os.fspath(cache_dir)}
+            return model, tokenizer, {**saved["info"], "cached": True, "path": build["path"]}
 
     start = time.perf_counter()
-    model = build_tiny_model(tokenizer, seed=seed, **model_kwargs)
-    sft = sft_warmstart(
-        model,
-        tokenizer,
-        examples,
-        steps=sft_steps,
-        batch_size=batch_size,
-        lr=lr,
-        seed=seed,
-        progress=progress,
-        num_threads=num_threads,
-    )
+    info = {"sft": build["sft"]}
     if evaluate:
-        info = {"sft": sft, **evaluate_policy(model, tokenizer, eval_rows, seed=seed, samples_per_row=eval_samples)}
-    else:
-        info = {"sft": sft}
-    info["seconds"] = time.perf_counter() - start
-    info["num_parameters"] = sum(p.numel() for p in model.parameters())
+        info.update(evaluate_policy(model, tokenizer, eval_rows, seed=seed, samples_per_row=eval_samples))
+    info["seconds"] = build["seconds"] + time.perf_counter() - start
+    info["num_parameters"] = build["num_parameters"]
     if info_path is not None:
-        save_demo_model(model, tokenizer, cache_dir)
+        _save_demo_settings(cache_dir)
         with open(info_path, "w") as f:
             json.dump({"key": key, "info": info}, f, indent=2)
-    return model, tokenizer, {**info, "cached": False, "path": None if cache_dir is None else os.fspath(cache_dir)}
+    return model, tokenizer, {**info, "cached": False, "path": build["path"]}
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -479,9 +372,9 @@ def run_rl(
     model in ``output_dir/final`` (`save_demo_model`: with its prompt format and held-out sampling settings, so that
     ``cegppo-eval output_dir/final`` evaluates it as this function does; None without `save_final`).
     """
-    from .config import CEGPPOConfig
-    from .rewards import math_reward
-    from .trainer import CEGPPOTrainer
+    from ..config import CEGPPOConfig
+    from ..rewards import math_reward
+    from ..trainer import CEGPPOTrainer
 
     if isinstance(model, (str, os.PathLike)):
         model, loaded_tokenizer = load_tiny(model)
@@ -653,8 +546,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--threads",
         type=int,
         default=0,
-        help="torch intra-op threads (default 0: torch's default, one per core; on an idle 2-core machine two threads "
-        "ran SFT 1.5x faster than one. On a machine busy with other jobs, 1 can be several times faster)",
+        help="torch intra-op threads (default 0: torch's default, one per core)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parser

@@ -1,36 +1,15 @@
-"""A tiny, fully local tokenizer + causal LM for CPU demos and tests.
+"""The demo's tiny model: a local byte-level BPE tokenizer and ~1M-parameter Qwen2-style causal LM, its SFT warm
+start on the built-in arithmetic problems, and `materialize_tiny`, which builds ``builtin:tiny`` for `cegppo-train`.
 
-Nothing here touches the Hugging Face Hub: the tokenizer is trained in about a second with the
-`tokenizers` library and the model is randomly initialised from a `Qwen2Config`.
-
-Typical use::
-
-    from cegppo_trl.tiny import build_tiny_tokenizer, build_tiny_model, arithmetic_sft_examples, sft_warmstart
-
-    tokenizer = build_tiny_tokenizer()
-    model = build_tiny_model(tokenizer)
-    sft_warmstart(model, tokenizer, arithmetic_sft_examples(rows))  # 800 steps
-    save_tiny(model, tokenizer, "outputs/tiny")  # == model.save_pretrained(p); tokenizer.save_pretrained(p)
-
-    # later, offline (e.g. `GRPOTrainer(model="outputs/tiny", ...)`):
-    AutoModelForCausalLM.from_pretrained("outputs/tiny"); AutoTokenizer.from_pretrained("outputs/tiny")
-
-Design notes
-------------
-* The tokenizer uses exactly Qwen2's pipeline (NFC normaliser, Qwen2's split regex, byte-level BPE without
-  prefix space, byte-level decoder). transformers 5 maps ``model_type="qwen2"`` to ``Qwen2Tokenizer`` and
-  *rebuilds* the pre-tokenizer/normaliser from its own hard-coded definition on load; using the identical
-  pipeline makes the save/load round trip lossless. Qwen2's regex splits numbers into single digits
-  (``\\p{N}``), so every digit 0-9 is its own token.
-* Special tokens: ``<|endoftext|>`` (id 0; pad and bos, never added automatically), ``<|im_start|>`` (id 1),
-  ``<|im_end|>`` (id 2; eos, so generation stops at the end of the assistant turn). ``unk_token`` is None:
-  byte-level BPE can encode any string.
-* The chat template is ChatML without a default system prompt.
+Nothing here touches the Hugging Face Hub. The tokenizer is Qwen2's pipeline (NFC, Qwen2's split regex, byte-level BPE)
+with ChatML, so it round-trips through `AutoTokenizer`; digits are single tokens. Special tokens: ``<|endoftext|>``
+(pad / bos, never added automatically), ``<|im_start|>``, ``<|im_end|>`` (eos, ends the assistant turn).
 """
 
 from __future__ import annotations
 
-import math
+import hashlib
+import json
 import os
 import random
 import re
@@ -42,6 +21,11 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedModel, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
+from ..data import load_builtin_rows
+from ..evaluation import generate_completions, prompt_token_ids
+from ..rewards import grade_completions
+from ..rewards.extract import completion_text
+
 
 __all__ = [
     "PROMPT_INSTRUCTION",
@@ -50,15 +34,20 @@ __all__ = [
     "IM_START",
     "IM_END",
     "CHAT_TEMPLATE",
+    "DEFAULT_PROBLEMS",
+    "PROBLEM_SETS",
     "format_user_message",
     "build_tiny_tokenizer",
     "build_tiny_model",
     "save_tiny",
     "load_tiny",
+    "load_rows",
+    "problem_indices",
     "arithmetic_sft_examples",
     "sft_warmstart",
-    "extract_boxed",
     "greedy_accuracy",
+    "warm_tiny",
+    "materialize_tiny",
 ]
 
 #: Instruction appended (after one space) to every arithmetic problem in the user message.
@@ -70,8 +59,8 @@ IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 SPECIAL_TOKENS = [PAD_TOKEN, IM_START, IM_END]
 
-# Qwen2's pre-tokenisation regex (transformers/models/qwen2/tokenization_qwen2.py); it must stay identical,
-# see the module docstring.
+# Qwen2's pre-tokenisation regex (transformers/models/qwen2/tokenization_qwen2.py). transformers rebuilds a qwen2
+# tokenizer's pre-tokenizer from its own definition on load, so any other regex would not survive the round trip.
 _QWEN2_SPLIT_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 
 #: ChatML, no default system prompt. `add_generation_prompt` appends the assistant header.
@@ -248,8 +237,35 @@ def load_tiny(path: str | os.PathLike) -> tuple[PreTrainedModel, PreTrainedToken
 
 
 # --------------------------------------------------------------------------------------------------------------
-# SFT warm start
+# Data and SFT warm start
 # --------------------------------------------------------------------------------------------------------------
+
+#: Which built-in problems the demo trains and evaluates on: "sums" ("What is a+b?": short sequences) or "all" (also
+#: differences and one-line word problems).
+PROBLEM_SETS = {
+    "sums": re.compile(r"What is \d+\+\d+\?"),
+    "all": re.compile(r".*", re.DOTALL),
+}
+DEFAULT_PROBLEMS = "sums"
+
+
+def load_rows(
+    name: str = "builtin:arithmetic_eval", n: int | None = None, problems: str = DEFAULT_PROBLEMS
+) -> list[dict[str, str]]:
+    """The ``{"problem", "answer"}`` rows of a built-in data set that belong to `problems` (a key of
+    `PROBLEM_SETS`), the first `n` of them (or all)."""
+    rows = load_builtin_rows(name)
+    rows = [rows[i] for i in problem_indices(rows, problems)]
+    return rows[:n] if n is not None else rows
+
+
+def problem_indices(rows: Sequence[dict], problems: str) -> list[int]:
+    """Indices of the `rows` whose problem belongs to `problems` (a key of `PROBLEM_SETS`)."""
+    if problems not in PROBLEM_SETS:
+        raise ValueError(f"problems must be one of {sorted(PROBLEM_SETS)}, got {problems!r}.")
+    pattern = PROBLEM_SETS[problems]
+    return [i for i, row in enumerate(rows) if pattern.fullmatch(str(row["problem"]))]
+
 
 _EXPR_RE = re.compile(r"what\s+is\s+(-?\d+)\s*([+\-*])\s*(-?\d+)\s*\?", re.IGNORECASE)
 _INT_RE = re.compile(r"(?<!\d)(?<!\d\.)-?\d+(?!\d)(?!\.\d)")  # integers, not parts of decimals
@@ -282,8 +298,8 @@ def arithmetic_sft_examples(rows: Iterable[dict], style: str = "equation") -> li
     the equation first, ``"23+41=64. \\boxed{64}"`` (15 tokens + eos for two-digit numbers); for other problems
     (e.g. "Ann has 49 cards and gives away 27. ...") the equation is the first of a+b, a-b, a*b over the
     problem's two integers that equals the answer (``"49-27=22. \\boxed{22}"``), and just ``"\\boxed{22}"`` when
-    none does. ``style="boxed"`` always gives only ``"\\boxed{64}"``; on the mixed shipped data set it does not
-    learn within 800 SFT steps (held-out accuracy ~0.1), while the equation style does.
+    none does. ``style="boxed"`` always gives only ``"\\boxed{64}"`` (docs/entropy_results.md: it learns far more
+    slowly).
     """
     if style not in ("equation", "boxed"):
         raise ValueError(f"unknown style {style!r}")
@@ -315,28 +331,18 @@ def _as_pair(example: Any) -> tuple[Any, str]:
 def _encode_example(tokenizer, prompt: Any, completion: Any) -> tuple[list[int], list[int]]:
     """Prompt ids exactly as TRL's GRPOTrainer builds them, completion ids + eos."""
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-    prompt_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)[
-        "input_ids"
-    ]
-    if not isinstance(completion, str):  # conversational completion: [{"role": "assistant", "content": ...}]
-        completion = "".join(m["content"] for m in completion)
-    completion_ids = tokenizer(completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-    return list(prompt_ids), completion_ids
+    completion_ids = tokenizer(completion_text(completion), add_special_tokens=False)["input_ids"]
+    return prompt_token_ids(tokenizer, messages), completion_ids + [tokenizer.eos_token_id]
 
 
 def _collate(tokenizer, encoded: Sequence[tuple[list[int], list[int]]]) -> dict[str, torch.Tensor]:
     """Right-padded input_ids / attention_mask / labels (-100 on prompt and padding)."""
-    max_len = max(len(p) + len(c) for p, c in encoded)
-    n = len(encoded)
-    input_ids = torch.full((n, max_len), tokenizer.pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((n, max_len), dtype=torch.long)
-    labels = torch.full((n, max_len), -100, dtype=torch.long)
-    for i, (p, c) in enumerate(encoded):
-        ids = p + c
-        input_ids[i, : len(ids)] = torch.tensor(ids)
-        attention_mask[i, : len(ids)] = 1
-        labels[i, len(p) : len(ids)] = torch.tensor(c)
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+    batch = tokenizer.pad({"input_ids": [p + c for p, c in encoded]}, padding_side="right", return_tensors="pt")
+    labels = tokenizer.pad(
+        {"input_ids": [[-100] * len(p) + c for p, c in encoded]}, padding_side="right", return_tensors="pt"
+    )["input_ids"]
+    labels[batch["attention_mask"] == 0] = -100
+    return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "labels": labels}
 
 
 def sft_warmstart(
@@ -353,38 +359,22 @@ def sft_warmstart(
     max_grad_norm: float = 1.0,
     num_threads: int | None = None,
 ) -> dict[str, float]:
-    """Supervised fine-tune `model` in place on (user prompt, completion) examples.
+    """Supervised fine-tune `model` in place on (user prompt, completion) examples, formatted as TRL's GRPOTrainer
+    formats them at RL time (chat-template prompt; completion + eos), so that RL starts from the same format.
 
-    Each example is formatted as TRL's GRPOTrainer does at RL time: the prompt is
-    ``apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)`` (a prompt
-    may also be a list of messages), the completion is the completion text followed by eos. The loss is the
-    token-mean cross-entropy over completion + eos tokens only (prompt and padding are masked).
-    Plain torch loop: AdamW, linear warmup then cosine decay to 10% of `lr`, batches drawn with replacement.
-
-    The defaults give a model that solves some but not all problems, as the RL demo needs. Measured (seed 0) on
-    the shipped arithmetic data (3000 train rows: "What is a+b?", "What is a-b?", word problems; 300 held-out)
-    with `arithmetic_sft_examples`' equation style: 800 steps -> held-out accuracy 0.71 greedy / 0.63 sampled at
-    temperature 1 (550 steps: 0.54 / 0.41). On "What is a+b?" alone (a, b < 50) 800 steps give ~0.98 / 0.98.
-    Accuracy moves steeply with `steps`, `lr` and `batch_size`.
-
-    `num_threads` sets torch's intra-op threads for the duration of the call (restored afterwards); None leaves
-    them alone. On a busy 2-core machine ``num_threads=1`` can be several times faster than 2 (thread spinning).
+    The loss is the token-mean cross-entropy over completion + eos tokens. AdamW, linear warmup then cosine decay to
+    10% of `lr` (`transformers.get_cosine_with_min_lr_schedule_with_warmup`), batches drawn with replacement.
+    `num_threads` sets torch's intra-op threads for the call (restored afterwards); None leaves them alone.
 
     Returns ``{"initial_loss", "final_loss" (mean of the last 20 steps), "seconds", "steps", "examples"}``.
     """
+    from transformers import get_cosine_with_min_lr_schedule_with_warmup
+
     if not examples:
         raise ValueError("no examples")
-    encoded = [_encode_example(tokenizer, *_as_pair(ex)) for ex in examples]
-    data = _collate(tokenizer, encoded)
+    data = _collate(tokenizer, [_encode_example(tokenizer, *_as_pair(ex)) for ex in examples])
     n = data["input_ids"].shape[0]
     warmup = warmup_steps if warmup_steps is not None else max(1, min(50, steps // 10))
-
-    def lr_lambda(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        t = (step - warmup) / max(1, steps - warmup)
-        return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(1.0, t)))
-
     decay = [p for name, p in model.named_parameters() if p.requires_grad and p.ndim >= 2]
     no_decay = [p for name, p in model.named_parameters() if p.requires_grad and p.ndim < 2]
     optimizer = torch.optim.AdamW(
@@ -392,7 +382,7 @@ def sft_warmstart(
         lr=lr,
         betas=(0.9, 0.98),
     )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
+    scheduler = get_cosine_with_min_lr_schedule_with_warmup(optimizer, warmup, max(steps, 1), min_lr_rate=0.1)
     gen = torch.Generator().manual_seed(seed)
     was_training = model.training
     model.train()
@@ -409,14 +399,12 @@ def sft_warmstart(
     try:
         for step in range(steps):
             idx = torch.randint(0, n, (batch_size,), generator=gen)  # with replacement
-            mask = data["attention_mask"][idx]
-            width = int(mask.sum(1).max())
+            width = int(data["attention_mask"][idx].sum(1).max())
             input_ids = data["input_ids"][idx, :width]
             labels = data["labels"][idx, :width]
             # Right padding + causal attention: real tokens never attend to the padding after them, so no
             # attention mask is needed (padding carries no labels).
             logits = model(input_ids=input_ids, use_cache=False).logits
-            # token-mean CE over completion tokens (shifted)
             loss = torch.nn.functional.cross_entropy(
                 logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1), ignore_index=-100
             )
@@ -447,20 +435,6 @@ def sft_warmstart(
     }
 
 
-# --------------------------------------------------------------------------------------------------------------
-# Quick accuracy check (exact string match of the last \boxed{...}); the real reward uses math-verify elsewhere.
-# --------------------------------------------------------------------------------------------------------------
-
-_BOXED_RE = re.compile(r"\\boxed\{([^{}]*)\}")
-
-
-def extract_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` (no nested braces) in `text`, stripped; None if absent."""
-    found = _BOXED_RE.findall(text)
-    return found[-1].strip() if found else None
-
-
-@torch.no_grad()
 def greedy_accuracy(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerFast,
@@ -472,76 +446,96 @@ def greedy_accuracy(
     seed: int = 0,
     return_samples: bool = False,
 ) -> float | tuple[float, list[dict]]:
-    """Fraction of the first `n` rows (all if None) whose generated ``\\boxed{}`` equals ``str(row["answer"])``.
+    """Fraction of the first `n` rows (all if None) whose completion the math reward grades correct.
 
-    `temperature=None` decodes greedily; otherwise samples at that temperature with top_k=0, top_p=1 (as TRL's
-    GRPOTrainer does by default), seeded by `seed`. Prompts are formatted with `format_user_message`.
-    With `return_samples=True` also returns ``[{"problem", "answer", "completion", "pred", "correct"}]``.
+    Generation is `generate_completions` (greedy with `temperature=None`, else sampled with top_p 1, no top-k) and
+    grading is `grade_completions`, the reward's own, so this figure and the reward cannot disagree. With
+    `return_samples=True` also returns ``[{"problem", "answer", "completion", "pred", "correct"}]``.
     """
     rows = list(rows)[: n if n is not None else None]
     if not rows:
         raise ValueError("no rows")
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    gen_kwargs: dict[str, Any] = dict(
-        max_new_tokens=max_new_tokens,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    if temperature is None:
-        gen_kwargs.update(do_sample=False)
-    else:
-        gen_kwargs.update(do_sample=True, temperature=float(temperature), top_k=0, top_p=1.0)
-    samples = []
-    try:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            for start in range(0, len(rows), batch_size):
-                chunk = rows[start : start + batch_size]
-                prompt_ids = [_encode_example(tokenizer, format_user_message(str(r["problem"])), "")[0] for r in chunk]
-                width = max(map(len, prompt_ids))
-                input_ids = torch.full((len(chunk), width), tokenizer.pad_token_id, dtype=torch.long)
-                attention_mask = torch.zeros_like(input_ids)
-                for i, p in enumerate(prompt_ids):  # left padding
-                    input_ids[i, width - len(p) :] = torch.tensor(p)
-                    attention_mask[i, width - len(p) :] = 1
-                out = model.generate(
-                    input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), **gen_kwargs
-                )
-                texts = tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
-                for r, text in zip(chunk, texts):
-                    pred = extract_boxed(text)
-                    answer = str(r["answer"]).strip()
-                    samples.append(
-                        {
-                            "problem": r["problem"],
-                            "answer": answer,
-                            "completion": text,
-                            "pred": pred,
-                            "correct": pred == answer,
-                        }
-                    )
-    finally:
-        model.train(was_training)
+    prompts = [[{"role": "user", "content": format_user_message(str(r["problem"]))}] for r in rows]
+    texts = generate_completions(
+        model, tokenizer, prompts, 1, temperature=temperature or 0.0, top_p=1.0,
+        max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed,
+    )  # fmt: skip
+    texts = [group[0] for group in texts]
+    graded = grade_completions(texts, [r["answer"] for r in rows])
+    samples = [
+        {"problem": r["problem"], "answer": str(r["answer"]).strip(), "completion": text, "pred": g.answer,
+         "correct": g.status == "correct"}
+        for r, text, g in zip(rows, texts, graded)
+    ]  # fmt: skip
     acc = sum(s["correct"] for s in samples) / len(samples)
     return (acc, samples) if return_samples else acc
 
 
-def _make_arithmetic_rows(n: int, seed: int = 0, max_operand: int = 50, exclude: Iterable[str] = ()) -> list[dict]:
-    """Private test/measurement helper: `n` distinct rows ``{"problem": "What is a+b?", "answer": "a+b"}`` with
-    ``0 <= a, b < max_operand``, skipping problems in `exclude`. The shipped data set lives in
-    `cegppo_trl.data`."""
-    rng = random.Random(seed)
-    skip = set(exclude)
-    pairs = [(a, b) for a in range(max_operand) for b in range(max_operand)]
-    rng.shuffle(pairs)
-    rows = []
-    for a, b in pairs:
-        problem = f"What is {a}+{b}?"
-        if problem in skip:
-            continue
-        rows.append({"problem": problem, "answer": str(a + b)})
-        if len(rows) == n:
-            break
-    return rows
+# --------------------------------------------------------------------------------------------------------------
+# Built, warm-started and cached: the demo's starting point and builtin:tiny
+# --------------------------------------------------------------------------------------------------------------
+
+BUILD_FILE = "tiny_build.json"
+
+
+def warm_tiny(
+    seed: int = 0,
+    sft_steps: int = 0,
+    *,
+    train_rows: Sequence[dict] | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    batch_size: int = 64,
+    lr: float = 3e-3,
+    model_kwargs: dict[str, Any] | None = None,
+    progress: bool = False,
+    num_threads: int | None = None,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerFast, dict[str, Any]]:
+    """Build the tokenizer and model and SFT the model for `sft_steps` steps on `train_rows` (default: the "sums" of
+    ``builtin:arithmetic``). Returns ``(model, tokenizer, info)``; `info` has ``key`` (every input of the build),
+    ``sft``, ``seconds``, ``num_parameters``, ``cached`` and ``path``.
+
+    With `cache_dir` the result is saved there (`save_tiny` plus ``tiny_build.json``), and a later call with the
+    same inputs loads it instead of training again. Deterministic in its inputs.
+    """
+    train_rows = list(train_rows) if train_rows is not None else load_rows("builtin:arithmetic")
+    examples = arithmetic_sft_examples(train_rows)
+    model_kwargs = dict(model_kwargs or {})
+    tokenizer = build_tiny_tokenizer()
+    key = {
+        "seed": seed,
+        "sft_steps": sft_steps,
+        "batch_size": batch_size,
+        "lr": lr,
+        "model_kwargs": model_kwargs,
+        "examples": hashlib.sha256(json.dumps(examples).encode()).hexdigest(),
+        "tokenizer": hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest(),
+    }
+    path = os.fspath(cache_dir) if cache_dir is not None else None
+    build_path = os.path.join(path, BUILD_FILE) if path is not None else None
+    if build_path is not None and os.path.isfile(build_path):
+        with open(build_path) as f:
+            saved = json.load(f)
+        if saved.get("key") == key:
+            model, tokenizer = load_tiny(path)
+            return model, tokenizer, {**saved["info"], "key": key, "cached": True, "path": path}
+
+    start = time.perf_counter()
+    model = build_tiny_model(tokenizer, seed=seed, **model_kwargs)
+    sft = sft_warmstart(
+        model, tokenizer, examples, steps=sft_steps, batch_size=batch_size, lr=lr, seed=seed, progress=progress,
+        num_threads=num_threads,
+    )  # fmt: skip
+    info = {"sft": sft, "seconds": time.perf_counter() - start, "num_parameters": model.num_parameters()}
+    if build_path is not None:
+        save_tiny(model, tokenizer, path)
+        with open(build_path, "w") as f:
+            json.dump({"key": key, "info": info}, f, indent=2)
+    return model, tokenizer, {**info, "key": key, "cached": False, "path": path}
+
+
+def materialize_tiny(path: str | os.PathLike, seed: int = 0, sft_steps: int = 0, progress: bool = False) -> str:
+    """``builtin:tiny`` as `cegppo-train` uses it: the tiny model and tokenizer in `path`, SFT-warm-started for
+    `sft_steps` steps on the "sums" of ``builtin:arithmetic`` (0: random weights); a `path` that already holds the
+    same build is reused."""
+    warm_tiny(seed=seed, sft_steps=sft_steps, cache_dir=path, progress=progress)
+    return os.fspath(path)

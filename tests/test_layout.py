@@ -1,0 +1,96 @@
+"""The layout: the library never imports the demo package (`cegppo_trl.demo`: demo, tiny model, toy, plots), and the
+launch script imports only its tiny-model builder. Every import is read with `ast`, also those inside functions."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import cegppo_trl
+
+
+PACKAGE = Path(cegppo_trl.__file__).resolve().parent
+DEMO = "cegppo_trl.demo"
+LAUNCH_SCRIPT = PACKAGE / "scripts" / "train.py"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(source: str, name: str, is_package: bool = False) -> set[str]:
+    """Absolute names of every module the code of module `name` imports (``from a import b`` counts as ``a`` and
+    ``a.b``)."""
+    package = name if is_package else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module
+            found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def imports_of(path: Path) -> set[str]:
+    return imported_modules(path.read_text(), _module_name(path), path.name == "__init__.py")
+
+
+def _is_demo(module: str) -> bool:
+    return module == DEMO or module.startswith(DEMO + ".")
+
+
+LIBRARY = sorted(p for p in PACKAGE.rglob("*.py") if p.relative_to(PACKAGE).parts[0] != "demo")
+
+
+def test_the_walk_sees_every_kind_of_import():
+    """The walker itself: absolute, relative (one and two levels), `from package import module`, inside functions."""
+    code = (
+        "import cegppo_trl.demo.run\nfrom ..demo import tiny\nfrom . import helper\n"
+        "def f():\n    from ..demo.toy import run_toy\n    from cegppo_trl import demo\n"
+    )
+    modules = imported_modules(code, "cegppo_trl.scripts.train")
+    assert {"cegppo_trl.demo.run", "cegppo_trl.demo.tiny", "cegppo_trl.scripts.helper"} <= modules
+    assert {"cegppo_trl.demo.toy", "cegppo_trl.demo.toy.run_toy", "cegppo_trl.demo"} <= modules
+    assert imported_modules("from .demo import run", "cegppo_trl", is_package=True) >= {"cegppo_trl.demo.run"}
+    assert not any(_is_demo(m) for m in imported_modules("from .demonstration import x", "cegppo_trl.data"))
+
+
+def test_library_modules_are_found():
+    names = {_module_name(p) for p in LIBRARY}
+    assert {"cegppo_trl", "cegppo_trl.core", "cegppo_trl.trainer", "cegppo_trl.data", "cegppo_trl.evaluation"} <= names
+    assert {"cegppo_trl.rewards.reward", "cegppo_trl.scripts.train"} <= names
+    assert not any(_is_demo(n) for n in names)
+
+
+@pytest.mark.parametrize("path", [p for p in LIBRARY if p != LAUNCH_SCRIPT], ids=lambda p: _module_name(p))
+def test_library_does_not_import_the_demo(path):
+    demo_imports = sorted(m for m in imports_of(path) if _is_demo(m))
+    assert not demo_imports, f"{_module_name(path)} imports {demo_imports}"
+
+
+def test_launch_script_imports_only_the_tiny_model_builder():
+    demo_imports = {m for m in imports_of(LAUNCH_SCRIPT) if _is_demo(m)}
+    assert demo_imports and all(m.startswith("cegppo_trl.demo.tiny") for m in demo_imports), demo_imports
+
+
+def test_lazy_public_names_are_library_names():
+    assert not any(_is_demo(f"cegppo_trl.{module}") for module in cegppo_trl._PUBLIC_NAMES.values())
+
+
+def test_builtin_data_folder_shadows_no_module():
+    from cegppo_trl.data import BUILTIN_DATASETS
+
+    folders = {path.parent for path in BUILTIN_DATASETS.values()}
+    assert folders == {PACKAGE / "builtin_data"}
+    modules = {p.stem for p in PACKAGE.glob("*.py")} | {
+        p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()
+    }
+    assert not {folder.name for folder in folders} & modules
