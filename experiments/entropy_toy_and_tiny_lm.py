@@ -2,8 +2,8 @@
 
 Reproduces every number and figure of `docs/entropy_results.md`:
 
-    python experiments/entropy_toy_and_tiny_lm.py --part toy          # ~2-4 min on one CPU core
-    python experiments/entropy_toy_and_tiny_lm.py --part lm           # ~1 h on 2 shared CPU cores
+    python experiments/entropy_toy_and_tiny_lm.py --part toy          # the exact toy
+    python experiments/entropy_toy_and_tiny_lm.py --part lm           # the tiny language model (the long part)
     python experiments/entropy_toy_and_tiny_lm.py --part report       # tables + figures from the saved JSON
 
 `--part all` runs the three in order. Results go to `docs/entropy_results/*.json` and the figures to
@@ -79,7 +79,7 @@ TOY_SERIES = ("entropy", "filler_entropy", "key_entropy", "correct_mass", "beta1
 
 
 def compact_toy_run(run) -> dict:
-    """The traces the report needs, rounded (the full traces are recomputed in ~1 s by `cegppo_trl.toy.run_toy`)."""
+    """The traces the report needs, rounded (`cegppo_trl.demo.toy.run_toy` recomputes the full traces)."""
     out = {name: rounded(getattr(run, name)) for name in TOY_SERIES}
     out.update(
         seed=run.seed,
@@ -171,8 +171,8 @@ def run_lm_part(seeds: int, steps: int, work_dir: str, threads: int, eval_rows_n
     start = time.perf_counter()
     info_path = os.path.join(warm_dir, "warm_start.json")
     if os.path.exists(os.path.join(warm_dir, "model.safetensors")) and os.path.exists(info_path):
-        # Reuse the saved warm start as is (warm_start's own cache key changes whenever demo.py gains an option,
-        # and an SFT costs ~1 h on a busy 2-core machine).
+        # Reuse the saved warm start as is: warm_start's own cache key changes whenever the demo gains an option,
+        # and the SFT is the slowest step of this part.
         with open(info_path) as f:
             info = {**json.load(f)["info"], "cached": True}
     else:
@@ -500,7 +500,7 @@ def main(argv=None) -> int:
     parser.add_argument("--lm-eval-rows", type=int, default=150, help="held-out problems evaluated per run")
     parser.add_argument("--sft-steps", type=int, default=800)
     parser.add_argument(
-        "--threads", type=int, default=1, help="torch threads for the LM part (1 is fastest on a busy 2-core machine)"
+        "--threads", type=int, default=1, help="torch threads for the LM part (docs/entropy_results.md)"
     )
     parser.add_argument("--work-dir", default=os.path.join(REPO, "outputs", "entropy_exp"))
     args = parser.parse_args(argv)

@@ -72,10 +72,10 @@ def test_demo_end_to_end(tmp_path, capsys):
     for run in runs.values():
         assert run["max_steps"] == 4 and run["seed"] == 0
         for key in ("start_accuracy", "end_accuracy", "start_greedy_accuracy", "end_greedy_accuracy"):
-            assert 0.0 <= run[key] <= 1.0
+            assert 0.0 <= run[key] <= 1.0 and (16 * run[key]).is_integer()  # 16 held-out problems, 1 sample each
         assert run["start_entropy"] > 0 and run["end_entropy"] > 0
-        assert -1.0 <= run["start_reward"] <= 1.0 and -1.0 <= run["end_reward"] <= 1.0
-    cegppo, grpo = runs["CE-GPPO (beta1=0.5, beta2=1)"], runs["GRPO (beta1=beta2=0)"]
+    cegppo_label, grpo_label = "CE-GPPO (beta1=0.5, beta2=1)", "GRPO (beta1=beta2=0)"
+    cegppo, grpo = runs[cegppo_label], runs[grpo_label]
     assert (cegppo["beta1"], cegppo["beta2"], grpo["beta1"], grpo["beta2"]) == (0.5, 1.0, 0.0, 0.0)
     # Both runs start from the same cached weights with the same seed: same held-out start, same first batch.
     assert cegppo["start_accuracy"] == grpo["start_accuracy"]
@@ -100,6 +100,10 @@ def test_demo_end_to_end(tmp_path, capsys):
             for metric in demo.PLOT_METRICS[1:]:
                 assert metric in entry, metric
         histories[name] = steps
+        rewards = [e["reward"] for e in state["log_history"] if "reward" in e]  # once per generation batch
+        result = runs[cegppo_label if name == "cegppo" else grpo_label]
+        assert (result["start_reward"], result["end_reward"]) == (rewards[0], rewards[-1])  # first / last 10%
+        assert all(-1.0 <= r <= 1.0 for r in rewards)
     assert histories["cegppo"][0]["reward"] == histories["grpo"][0]["reward"]
     assert histories["cegppo"][0]["entropy"] == pytest.approx(histories["grpo"][0]["entropy"])
     assert {e["cegppo/beta1"] for e in histories["cegppo"]} == {0.5}

@@ -106,8 +106,11 @@ def test_cegppo_eval_writes_json_report(tiny_model, tiny_tokenizer, tmp_path, ca
     for name, n in (("builtin:arithmetic_eval", 4), (str(data), 3)):
         metrics = report["datasets"][name]
         assert metrics["num_problems"] == n and len(metrics["problems"]) == n
-        for key in ("avg@3", "pass@1", "pass@2", "pass@3"):
-            assert 0.0 <= metrics[key] <= 1.0
+        counts = [p["num_correct"] for p in metrics["problems"]]
+        assert metrics["avg@3"] == pytest.approx(sum(counts) / (3 * n))
+        for j in (1, 2, 3):
+            assert metrics[f"pass@{j}"] == pytest.approx(sum(pass_at_k(3, c, j) for c in counts) / n)
+        assert metrics["status_counts"].get("correct", 0) == sum(counts)
         assert metrics["pass@1"] == pytest.approx(metrics["avg@3"])
         assert all(len(p["completions"]) == 3 and 0 <= p["num_correct"] <= 3 for p in metrics["problems"])
         assert sum(metrics["status_counts"].values()) == 3 * n

@@ -103,6 +103,8 @@ def _check_logs(output_dir: Path, world_size: int) -> list[dict]:
         assert not missing, f"step {entry['step']} lacks {missing}"
         assert 0.0 <= entry["cegppo/beta1_token_frac"] <= 1.0 and 0.0 <= entry["cegppo/beta2_token_frac"] <= 1.0
         assert (entry["cegppo/beta1"], entry["cegppo/beta2"]) == (0.5, 1.0)
+    # The first optimizer step of a generation batch is on-policy: nothing is clipped there.
+    assert steps[0]["cegppo/beta1_token_frac"] == 0.0 == steps[0]["cegppo/beta2_token_frac"]
     assert "reward" in steps[0] and "rewards/math_reward/mean" in steps[0] and "rewards/format_reward/mean" in steps[0]
     # Each of the `world_size` processes consumed its own share of the data: 8 completions = 2 prompts per step each.
     rows = 256  # max_train_samples

@@ -4,12 +4,14 @@ import json
 import math
 
 import matplotlib.image
+import numpy as np
 import pytest
 
-from cegppo_trl.demo.plotting import DEFAULT_METRICS, load_log_history, main, plot_log_histories
+from cegppo_trl.demo.plotting import DEFAULT_METRICS, _series, load_log_history, main, plot_log_histories
 
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+RUN_COLOURS = {"C0": (31, 119, 180), "C1": (255, 127, 14)}  # matplotlib's first two cycle colours: run 1, run 2
 
 
 def fake_history(steps=20, scale=1.0, quadrants=True):
@@ -46,6 +48,12 @@ def png_shape(path):
     return matplotlib.image.imread(path).shape
 
 
+def run_colours(path):
+    """Which runs' line colours the image shows (pixels within a small distance of each colour)."""
+    pixels = (matplotlib.image.imread(path)[..., :3] * 255).astype(float)
+    return {name for name, rgb in RUN_COLOURS.items() if (np.abs(pixels - np.array(rgb)).max(-1) < 12).sum() > 20}
+
+
 def test_load_log_history_accepts_run_checkpoint_and_file(tmp_path):
     h2, h6, h10 = fake_history(2), fake_history(6), fake_history(10)
     run = tmp_path / "run"
@@ -76,6 +84,7 @@ def test_plot_one_and_two_runs(tmp_path):
     for path in (one, two):
         height, width = png_shape(path)[:2]
         assert height > 100 and width > 100
+    assert run_colours(one) == {"C0"} and run_colours(two) == {"C0", "C1"}  # one line colour per run
     # Default metrics present: 5 + 4 quadrant token fractions = 9 panels (3 rows); absent metrics are skipped.
     assert len(DEFAULT_METRICS) > 9
     only_reward = plot_log_histories({"a": fake_history()}, tmp_path / "reward.png", metrics=["reward", "missing"])
@@ -92,7 +101,8 @@ def test_plot_skips_non_finite_and_non_numeric_values(tmp_path):
     history[2]["reward"] = "n/a"
     history[3]["reward"] = True
     path = plot_log_histories({"a": history}, tmp_path / "p.png", metrics=["reward"])
-    assert png_shape(path)[0] > 0
+    assert png_shape(path)[0] > 0 and run_colours(path) == {"C0"}
+    assert _series(history, "reward") == ([1, 5], [math.tanh(0.1), math.tanh(0.5)])
 
 
 def test_cli_one_and_two_runs(tmp_path, capsys):
@@ -100,7 +110,7 @@ def test_cli_one_and_two_runs(tmp_path, capsys):
     run_b = write_state(tmp_path / "b" / "checkpoint-4", fake_history(4, 2.0))
     out = tmp_path / "plot.png"
     assert main([str(run_a), "--out", str(out)]) == 0
-    assert out.stat().st_size > 0 and png_shape(out)[0] > 0
+    assert out.stat().st_size > 0 and png_shape(out)[0] > 0 and run_colours(out) == {"C0"}
     out2 = tmp_path / "plot2.png"
     assert (
         main(
@@ -121,7 +131,8 @@ def test_cli_one_and_two_runs(tmp_path, capsys):
         )
         == 0
     )
-    assert out2.stat().st_size > 0
+    assert out2.stat().st_size > 0 and run_colours(out2) == {"C0", "C1"}
+    assert png_shape(out2)[0] < png_shape(out)[0]  # two panels (one row) instead of the default nine (three rows)
     assert "wrote" in capsys.readouterr().out
     assert run_b.exists()
     with pytest.raises(SystemExit):  # one label for two runs

@@ -67,7 +67,7 @@ __all__ = [
 #: on (`tiny.format_user_message`): "What is 3+4? Put the final answer in \boxed{}."
 DEMO_INSTRUCTION = "{problem} " + PROMPT_INSTRUCTION
 
-# Sized for a ten-minute run on 2 CPU cores; docs/entropy_results.md has the measurements behind these numbers.
+# The measurements behind these sizes: docs/entropy_results.md, section 4.
 DEFAULT_SFT_STEPS = 300
 DEFAULT_RL_STEPS = 160
 DEFAULT_EVAL_SAMPLES = 2  # sampled completions per held-out problem
@@ -509,7 +509,7 @@ QUICK = {
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cegppo-demo",
-        description="CE-GPPO vs GRPO on a tiny arithmetic model: CPU only, nothing downloaded, < 10 minutes.",
+        description="CE-GPPO vs GRPO on a tiny arithmetic model: CPU only, nothing downloaded.",
     )
     parser.add_argument("--output-dir", default="cegppo-demo-output", help="where results, plot and runs go")
     parser.add_argument(

@@ -11,7 +11,7 @@ command line or in a YAML recipe passed with ``--config`` (command-line values o
 
 Examples::
 
-    cegppo-train --config recipes/tiny/cegppo/config_cpu.yaml          # CPU, a few seconds, nothing downloaded
+    cegppo-train --config recipes/tiny/cegppo/config_cpu.yaml          # CPU, nothing downloaded
     accelerate launch --config_file accelerate_configs/zero2.yaml \\
         examples/train_cegppo.py --config recipes/DeepSeek-R1-Distill-Qwen-1.5B/cegppo/config_paper.yaml
 
