@@ -14,6 +14,16 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 warnings.filterwarnings("ignore", message=".*gradient_checkpointing.*deprecated.*")
 
 
+@pytest.fixture
+def one_torch_thread():
+    """One torch thread for in-process runs of the tiny model (the demo's own setting): on a shared 2-core machine one
+    thread is faster, and the demo's figures are defined with it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
     from cegppo_trl.demo.tiny import build_tiny_tokenizer

@@ -10,13 +10,7 @@ from cegppo_trl.demo import run as demo
 from cegppo_trl.demo.tiny import format_user_message
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """The demo's default (`--threads 1`) for the in-process helpers too: a tiny model on a shared 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 QUICK_ARGS = ["--quick", "--sft-steps", "30", "--steps", "4", "--eval-size", "16", "--no-progress"]

@@ -14,12 +14,7 @@ from cegppo_trl import evaluation
 from cegppo_trl.demo import run as demo
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # The quick demo (its 150 SFT steps leave the warm start solving ~10% of the held-out sums, so the figures are not
