@@ -34,6 +34,7 @@ __all__ = [
     "build_prompt",
     "load_builtin_rows",
     "load_math_dataset",
+    "write_jsonl",
     "make_arithmetic_rows",
 ]
 
@@ -439,14 +440,19 @@ def _builtin_arithmetic() -> dict[str, list[dict[str, str]]]:
     return {"builtin:arithmetic": train, "builtin:arithmetic_eval": held_out}
 
 
+def write_jsonl(rows: Iterable[dict], path: str | os.PathLike) -> str:
+    """Write rows as JSON lines (UTF-8, `\\n` line ends): the format `load_math_dataset` and `cegppo-eval` read."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8", newline="\n") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return str(path)
+
+
 def _write_builtin_files() -> None:
     for builtin, rows in _builtin_arithmetic().items():
-        path = BUILTIN_DATASETS[builtin]
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("w", encoding="utf-8", newline="\n") as f:
-            for row in rows:
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
-        print(f"wrote {len(rows)} rows to {path}")
+        print(f"wrote {len(rows)} rows to {write_jsonl(rows, BUILTIN_DATASETS[builtin])}")
 
 
 if __name__ == "__main__":

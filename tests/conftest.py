@@ -3,6 +3,7 @@
 import copy
 import os
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -117,3 +118,28 @@ def make_loss_batch(tokenizer, batch_size=6, prompt_len=5, completion_len=7, see
         "advantages": advantages,
         "num_items_in_batch": completion_mask.sum(),
     }
+
+
+# The docs name Hub ids; tests run them on local stand-ins (tests/test_docs.py, tests/test_wheel.py).
+HUB_MODELS = ("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B")
+HUB_TRAIN_SETS = ("Kwai-Klear/KlearReasoner-MathSub-30K",)
+HUB_EVAL_SETS = ("HuggingFaceH4/MATH-500", "math-ai/aime24", "math-ai/aime25", "math-ai/amc23")
+PLACEHOLDER_MODELS = ("MODEL", "CHECKPOINT")  # placeholders the docs use in commands
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(_tiny_base_model, tiny_tokenizer, tmp_path_factory) -> Path:
+    """The tests' tiny model + tokenizer saved to a folder: the stand-in for every Hub model id in the docs."""
+    from cegppo_trl.demo.tiny import save_tiny
+
+    path = tmp_path_factory.mktemp("doc-model") / "tiny"
+    save_tiny(_tiny_base_model, tiny_tokenizer, path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def stand_ins(tiny_checkpoint) -> dict[str, str]:
+    values = {name: str(tiny_checkpoint) for name in (*HUB_MODELS, *PLACEHOLDER_MODELS)}
+    values.update(dict.fromkeys(HUB_TRAIN_SETS, "builtin:arithmetic"))
+    values.update(dict.fromkeys(HUB_EVAL_SETS, "builtin:arithmetic_eval"))
+    return values

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import HUB_MODELS
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,12 +32,7 @@ BIN = Path(sys.executable).parent
 SKIP_RE = re.compile(r"<!--\s*doc-test:\s*skip\s*\((?P<reason>[^)]+)\)\s*-->")
 FENCE_RE = re.compile(r"^```(?P<lang>[\w-]*)\n(?P<body>.*?)^```", re.S | re.M)
 
-# Hub ids in the docs -> what the harness uses instead (filled with local paths by the `stand_ins` fixture).
-HUB_MODELS = ("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B")
-HUB_TRAIN_SETS = ("Kwai-Klear/KlearReasoner-MathSub-30K",)
-HUB_EVAL_SETS = ("HuggingFaceH4/MATH-500", "math-ai/aime24", "math-ai/aime25", "math-ai/amc23")
 # Placeholders the docs use in commands.
-PLACEHOLDER_MODELS = ("MODEL", "CHECKPOINT")
 PLACEHOLDER_RUNS = ("RUN_DIR",)
 
 FAST_CONFIG = dict(
@@ -145,26 +141,6 @@ def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
         f"--- stderr ---\n{proc.stderr[-6000:]}"
     )
     return proc
-
-
-@pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory) -> Path:
-    """A locally built tiny model + tokenizer: the stand-in for every Hub model id in the docs."""
-    from cegppo_trl.demo.tiny import build_tiny_model, build_tiny_tokenizer, save_tiny
-
-    tokenizer = build_tiny_tokenizer()
-    model = build_tiny_model(tokenizer, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, seed=0)
-    path = tmp_path_factory.mktemp("doc-model") / "tiny"
-    save_tiny(model, tokenizer, path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def stand_ins(tiny_checkpoint) -> dict[str, str]:
-    values = {name: str(tiny_checkpoint) for name in (*HUB_MODELS, *PLACEHOLDER_MODELS)}
-    values.update(dict.fromkeys(HUB_TRAIN_SETS, "builtin:arithmetic"))
-    values.update(dict.fromkeys(HUB_EVAL_SETS, "builtin:arithmetic_eval"))
-    return values
 
 
 # ----------------------------------------------------------------------------------------------------------------

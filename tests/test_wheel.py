@@ -110,20 +110,9 @@ def test_installed_package_is_the_wheel(venv, tmp_path):
         assert (venv / "bin" / command).is_file(), f"console script {command} not installed"
 
 
-def test_quick_start_from_the_wheel(venv, tmp_path):
-    """The README's first python block, with the harness's stand-ins, in the wheel's environment."""
-    from cegppo_trl.demo.tiny import build_tiny_model, build_tiny_tokenizer, save_tiny
-
-    tokenizer = build_tiny_tokenizer()
-    model_dir = tmp_path / "tiny"
-    save_tiny(
-        build_tiny_model(tokenizer, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2), tokenizer, model_dir
-    )
+def test_quick_start_from_the_wheel(venv, stand_ins, tmp_path):
+    """The README's first python block, with the doc harness's stand-ins, in the wheel's environment."""
     block = next(b for b in code_blocks(ROOT / "README.md") if b.lang == "python")
-    stand_ins = {
-        "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B": str(model_dir),
-        "Kwai-Klear/KlearReasoner-MathSub-30K": "builtin:arithmetic",
-    }
     script = tmp_path / "quick_start.py"
     script.write_text(
         "import cegppo_trl\n"

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ..data import build_prompt, load_builtin_rows, load_math_dataset
+from ..data import build_prompt, load_builtin_rows, load_math_dataset, write_jsonl
 from ..evaluation import (
     DEFAULT_BATCH_SIZE,
     evaluate_completions,
@@ -183,11 +183,7 @@ def evaluate_policy(
 
 def write_rows(rows: Sequence[dict], path: str | os.PathLike) -> str:
     """Write ``{"problem", "answer"}`` rows as JSON lines (a data set for `cegppo-eval --datasets`)."""
-    path = os.fspath(path)
-    with open(path, "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps({"problem": row["problem"], "answer": row["answer"]}) + "\n")
-    return path
+    return write_jsonl(({"problem": row["problem"], "answer": row["answer"]} for row in rows), path)
 
 
 def save_demo_model(model, tokenizer, path: str | os.PathLike, *, max_new_tokens: int = 20) -> str:
