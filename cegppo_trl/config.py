@@ -87,8 +87,12 @@ class CEGPPOConfig(GRPOConfig):
             advantages (which keep a float residue): with `multi_objective_aggregation="sum_then_normalize"` on the
             `reward_weights`-weighted total, with `"normalize_then_sum"` on every reward function's column; values
             within `1e-6 * max(1, |reward|)` count as equal (`cegppo_trl.core.EQUAL_REWARD_RTOL`). A micro-batch
-            whose rows are all dropped contributes a zero loss and zero gradient. Not available for multimodal
-            inputs.
+            left with no rows on a process counts as absent: the optimizer step averages over the (process,
+            micro-batch) pairs that kept rows, and a micro-batch left empty on every process logs no metrics. This
+            holds on any number of processes and under DDP, DeepSpeed ZeRO and FSDP2 (docs/method.md, "Dynamic
+            sampling"). Needs `steps_per_generation` to be a multiple of `gradient_accumulation_steps`, advantages
+            normalised per group (`scale_rewards` "group" or "none", `multi_objective_aggregation=
+            "sum_then_normalize"`), and text-only inputs; other settings are refused.
 
         > Diagnostics
 
@@ -174,12 +178,23 @@ def _require(condition: bool, message: str) -> None:
         raise ValueError(message)
 
 
+# What to do about a field that must be a finite number >= 0: each message names its own field and its own fix.
+_NON_NEGATIVE_FIXES = {
+    "cegppo_beta1": "Set it to the paper's 0.5 (0.75 for 7B), or 0 to give the beta1 set PPO-clip's zero gradient.",
+    "cegppo_beta2": "Set it to the paper's 1.0, or 0 to give the beta2 set PPO-clip's zero gradient.",
+    "cegppo_sft_coef": "Set it to 0.0 to disable the NLL (SFT) term, or to the authors' 0.1 to enable it.",
+    "cegppo_entropy_kp": "Set the controller's proportional gain to its default 1.0, or 0 for a pure I controller.",
+    "cegppo_entropy_ki": "Set the controller's integral gain to its default 0.05, or 0 for a pure P controller.",
+    "cegppo_beta1_min": "Set the controller's lower bound of beta1 to its default 0.0 (or any value <= cegppo_beta1).",
+    "cegppo_beta2_min": "Set the controller's lower bound of beta2 to its default 0.5 (or any value <= cegppo_beta2).",
+}
+
+
 def _finite_non_negative(args, name: str) -> None:
     value = getattr(args, name)
     _require(
         isinstance(value, (int, float)) and math.isfinite(value) and value >= 0,
-        f"`{name}` must be a finite number >= 0, got {value!r}. Set it to a value such as the paper's "
-        "beta1=0.5, beta2=1.0 (or 0 to disable that set's gradient).",
+        f"`{name}` must be a finite number >= 0, got {value!r}. {_NON_NEGATIVE_FIXES[name]}",
     )
 
 
@@ -240,3 +255,32 @@ def validate_cegppo_config(args) -> None:
                 f"The entropy controller needs `{low}` <= `{start}` <= `{high}`, got {lo} <= {b0} <= {hi}. "
                 f"Widen the bounds or move `{start}` inside them.",
             )
+    if args.cegppo_exclude_zero_advantage_groups:
+        _validate_dynamic_sampling(args)
+
+
+def _validate_dynamic_sampling(args) -> None:
+    """Settings under which dropping groups could not equal removing them from the batch are refused."""
+    flag = "cegppo_exclude_zero_advantage_groups=True"
+    _require(
+        args.scale_rewards in ("group", "none"),
+        f"{flag} with `scale_rewards={args.scale_rewards!r}`: TRL scales advantages by the standard deviation of the "
+        "whole batch, dropped groups included, so the kept rows would not get the advantages they would have had "
+        "with those groups removed. Set scale_rewards='group' (the paper's) or 'none', or set "
+        "cegppo_exclude_zero_advantage_groups=False.",
+    )
+    _require(
+        args.multi_objective_aggregation == "sum_then_normalize",
+        f"{flag} with `multi_objective_aggregation={args.multi_objective_aggregation!r}`: TRL normalises the summed "
+        "rewards over the whole batch, dropped groups included, so the kept rows would not get the advantages they "
+        "would have had with those groups removed. Use multi_objective_aggregation='sum_then_normalize', or set "
+        "cegppo_exclude_zero_advantage_groups=False.",
+    )
+    spg, accumulation = args.steps_per_generation, args.gradient_accumulation_steps
+    _require(
+        spg is None or spg % accumulation == 0,
+        f"{flag} needs every optimizer step to lie inside one generation batch (to count the micro-batches that "
+        f"kept rows), but `steps_per_generation={spg}` is not a multiple of `gradient_accumulation_steps="
+        f"{accumulation}`. Set steps_per_generation to a multiple of it (the paper: 8 x gradient_accumulation_steps "
+        f"= {8 * accumulation}).",
+    )

@@ -10,6 +10,7 @@ which mirrored piece: `docs/method.md`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -81,6 +82,89 @@ class _PolicyTermInputs:
     advantages: torch.Tensor  # (B, 1) or (B, T)
     mask: torch.Tensor  # (B, T) completion mask x tool mask
     token_weight: torch.Tensor | None  # off-policy mask x entropy mask x vLLM IS ratio, or None
+
+
+@dataclass
+class _KeptUnit:
+    """One micro-batch on one process, under dynamic sampling (see `CEGPPOTrainer._kept_unit`)."""
+
+    scale: float  # (process, micro-batch) pairs of the optimizer step / pairs that kept rows; 0 when none did
+    kept_processes: int  # processes on which this micro-batch kept rows
+    local_empty: bool  # this process dropped every row of it
+
+
+@dataclass
+class _KeptUnitWindow:
+    """The keep counts of one optimizer step's micro-batches, summed over processes, consumed in order."""
+
+    kept_per_micro_batch: list[float]
+    position: int = 0
+
+    def next(self, num_processes: int, local_empty: bool) -> _KeptUnit:
+        kept_pairs = sum(self.kept_per_micro_batch)
+        pairs = num_processes * len(self.kept_per_micro_batch)
+        kept_processes = int(self.kept_per_micro_batch[self.position])
+        self.position += 1
+        return _KeptUnit(pairs / kept_pairs if kept_pairs else 0.0, kept_processes, local_empty)
+
+    @property
+    def done(self) -> bool:
+        return self.position >= len(self.kept_per_micro_batch)
+
+
+# Metrics appended once per optimizer step (at the accumulation boundary), not once per micro-batch.
+STEP_METRICS = ("entropy_coef", "cegppo/beta1", "cegppo/beta2", "cegppo/entropy_error", "cegppo/entropy_integral")
+
+
+def _truncate_metrics(metrics: dict[str, list], lengths: dict[str, int]) -> None:
+    """Forget the per-micro-batch metrics appended since `lengths` was taken (TRL averages each list at log time)."""
+    for name in list(metrics):
+        if name in STEP_METRICS:
+            continue
+        del metrics[name][lengths.get(name, 0) :]
+        if not metrics[name]:
+            del metrics[name]  # TRL 1.16's `log` divides by the list's length
+
+
+def _rescale_token_counts(inputs: dict, scale: float) -> dict:
+    """Divide the token-mean terms by `scale` ahead of the whole loss being multiplied by it.
+
+    dapo's policy term and the SFT term are normalised by token counts of the whole generation batch on all
+    processes, so an absent micro-batch does not change them; the rest of the loss is scaled (`_kept_unit`).
+    """
+    if scale not in (0.0, 1.0):
+        for key in ("num_items_in_batch", "cegppo_num_sft_tokens"):
+            if key in inputs:
+                inputs[key] = inputs[key] * scale
+    return inputs
+
+
+@contextlib.contextmanager
+def _nan_padded_row_gather(accelerator, active: bool, placeholder_only: bool):
+    """Let TRL gather per-row metric tensors from processes that hold different numbers of rows.
+
+    TRL 1.16's `_compute_loss` gathers one value per row for `clip_ratio/low_min` and `clip_ratio/high_max`, then
+    takes `nanmin` / `nanmax`. After dropped rows are removed the processes hold different numbers of rows, which a
+    gather cannot take (gloo aborts with "op.preamble.length <= op.nbytes", NCCL hangs). Rows are padded with NaN,
+    which `nanmin` / `nanmax` skip, and a process holding only the placeholder row sends NaN for it.
+    """
+    if not active:
+        yield
+        return
+    gather = accelerator.gather
+
+    def padded_gather(tensor):
+        if isinstance(tensor, torch.Tensor) and tensor.ndim > 0 and tensor.is_floating_point():
+            if placeholder_only:
+                tensor = torch.full_like(tensor, math.nan)
+            tensor = accelerator.pad_across_processes(tensor, dim=0, pad_index=math.nan)
+        return gather(tensor)
+
+    accelerator.gather = padded_gather
+    try:
+        yield
+    finally:
+        del accelerator.gather  # the instance attribute; the class's method is back
 
 
 class CEGPPOTrainer(GRPOTrainer):
@@ -167,6 +251,7 @@ class CEGPPOTrainer(GRPOTrainer):
             else FixedBetas.from_config(args)
         )
         self._controller_window = None
+        self._kept_unit_window: _KeptUnitWindow | None = None
 
         # TRL 1.16 `_generate_and_score_completions`: old log-probs exist only when this condition holds; otherwise the
         # loss uses `per_token_logps.detach()`, r == 1 and CE-GPPO is GRPO.
@@ -266,41 +351,86 @@ class CEGPPOTrainer(GRPOTrainer):
             inputs, clamped = self._loss_inputs, None
             if inputs.get("old_per_token_logps") is not None:
                 inputs["old_per_token_logps"], clamped = clamp_old_log_probs(logps, inputs["old_per_token_logps"])
-            self._captured = (logps, entropies, clamped)
+            self._captured = (logps, entropies, clamped, aux_loss)
         return logps, entropies, aux_loss
 
     def _compute_loss(self, model, inputs):
         # A shallow copy: TRL reuses the buffered batch over num_iterations, so it must never be modified.
         inputs = dict(inputs)
-        all_dropped = False
+        mode = "train" if self.model.training else "eval"
+        unit = None
         if "cegppo_keep" in inputs:
-            inputs, all_dropped = self._drop_excluded_rows(inputs)
+            unit = self._kept_unit(inputs, mode)
+            inputs = self._drop_excluded_rows(inputs)
+            inputs = _rescale_token_counts(inputs, unit.scale)
+            metric_lengths = {name: len(values) for name, values in self._metrics[mode].items()}
         self._loss_inputs = inputs
         self._capture_logps, self._captured = True, None
         try:
-            loss = super()._compute_loss(model, inputs)  # TRL's PPO-clip loss + KL + entropy bonus + aux loss
+            with _nan_padded_row_gather(self.accelerator, unit is not None, unit is not None and unit.local_empty):
+                loss = super()._compute_loss(model, inputs)  # TRL's PPO-clip loss + KL + entropy bonus + aux loss
         finally:
             self._capture_logps, self._loss_inputs = False, None
-        per_token_logps, entropies, clamped = self._captured
+        per_token_logps, entropies, clamped, aux_loss = self._captured
         self._captured = None
-        loss = loss + self._cegppo_loss_delta(inputs, per_token_logps, entropies, clamped, all_dropped)
-        if all_dropped:
-            # Every row was dropped: one placeholder row with an empty loss mask ran through the model so that the
-            # backward pass (and DDP's gradient all-reduce) still happens; only the MoE aux loss is non-zero there.
-            loss = loss * 0.0
-        return loss
+        loss = loss + self._cegppo_loss_delta(inputs, per_token_logps, entropies, clamped, unit)
+        if unit is None:
+            return loss
+        if self.aux_loss_enabled and unit.kept_processes < self.accelerator.num_processes:
+            self._drop_placeholder_aux_metric(mode, aux_loss, unit)  # a collective: every process calls it
+        if unit.kept_processes == 0:  # no process kept a row: the micro-batch is absent, so are its metrics
+            _truncate_metrics(self._metrics[mode], metric_lengths)
+        if unit.local_empty:
+            # Every row of this micro-batch was dropped on this process: one placeholder row with an empty loss mask
+            # ran through the model so that the backward pass (and the collectives of DDP / ZeRO / FSDP) still
+            # happen; only the MoE aux loss is non-zero there.
+            return loss * 0.0
+        return loss * unit.scale
+
+    def _kept_unit(self, inputs: dict, mode: str) -> _KeptUnit:
+        """Where this micro-batch stands among the (process, micro-batch) pairs of its optimizer step that kept rows.
+
+        A pair left with no rows counts as absent ("removed" in docs/method.md): TRL divides each micro-batch's loss by
+        the `gradient_accumulation_steps` micro-batches of the step (TRL 1.16, grpo / bnpo / dr_grpo / luspo, the
+        entropy bonus and the aux loss) and DDP / ZeRO / FSDP average over the processes, so the kept pairs' losses are
+        scaled by `pairs / kept pairs`. The count needs the keep masks of the whole optimizer step on all processes:
+        TRL 1.16's `_prepare_inputs` buffers the generation batch as `steps_per_generation` micro-batches and serves
+        `_buffered_inputs[_step % steps_per_generation]`; the step's micro-batches are the next
+        `current_gradient_accumulation_steps` of them (`steps_per_generation` is a multiple of the accumulation, checked
+        by the config). One all-reduce per optimizer step.
+        """
+        if mode == "eval" or self._kept_unit_window is None:
+            micro_batches = [inputs]
+            if mode == "train" and self._buffered_inputs:
+                first = self._step % self.args.steps_per_generation
+                window = self._buffered_inputs[first : first + self.current_gradient_accumulation_steps]
+                # Outside TRL's training loop (a direct `_compute_loss` call) the micro-batch is a window of its own.
+                if window and window[0].get("cegppo_keep") is inputs["cegppo_keep"]:
+                    micro_batches = window
+            device = inputs["cegppo_keep"].device
+            local = torch.tensor([float(bool(b["cegppo_keep"].any())) for b in micro_batches], device=device)
+            kept = self.accelerator.reduce(local, reduction="sum").tolist()
+            window = _KeptUnitWindow(kept_per_micro_batch=kept)
+            if len(micro_batches) == 1:
+                return window.next(self.accelerator.num_processes, local_empty=not bool(local[0]))
+            self._kept_unit_window = window
+        window = self._kept_unit_window
+        unit = window.next(self.accelerator.num_processes, local_empty=not bool(inputs["cegppo_keep"].any()))
+        if window.done:
+            self._kept_unit_window = None
+        return unit
 
     @staticmethod
-    def _drop_excluded_rows(inputs: dict) -> tuple[dict, bool]:
+    def _drop_excluded_rows(inputs: dict) -> dict:
         """The micro-batch without the rows of dropped groups: the batch TRL would see had they been removed.
 
         Mirrors TRL 1.16's `split_tensor_dict` / `shuffle_sequence_dict`, which treat every tensor with `ndim > 0`
         and every list in the batch as indexed by row (multimodal keys are refused at generation). When every row is
-        dropped, row 0 is kept with an empty loss mask and `(inputs, True)` is returned.
+        dropped, row 0 is kept with an empty loss mask (the caller zeroes its loss).
         """
         keep = inputs.pop("cegppo_keep").bool()
         if bool(keep.all()):
-            return inputs, False
+            return inputs
         all_dropped = not bool(keep.any())
         if all_dropped:
             keep = torch.zeros_like(keep)
@@ -314,7 +444,15 @@ class CEGPPOTrainer(GRPOTrainer):
                 inputs[key] = [value[i] for i in rows.tolist()]
         if all_dropped:
             inputs["completion_mask"] = torch.zeros_like(inputs["completion_mask"])
-        return inputs, all_dropped
+        return inputs
+
+    def _drop_placeholder_aux_metric(self, mode: str, aux_loss, unit: _KeptUnit) -> None:
+        """TRL 1.16 logs `aux_loss` as the mean over processes; leave out those that ran only the placeholder row."""
+        kept = torch.tensor(0.0 if unit.local_empty else 1.0, device=aux_loss.device)
+        gathered = self.accelerator.gather(torch.stack([aux_loss.detach().float() * kept, kept]).unsqueeze(0))
+        gathered = gathered.view(-1, 2)
+        if gathered[:, 1].sum() > 0 and self._metrics[mode]["aux_loss"]:
+            self._metrics[mode]["aux_loss"][-1] = (gathered[:, 0].sum() / gathered[:, 1].sum()).item()
 
     def _policy_term_inputs(self, inputs, per_token_logps, entropies) -> _PolicyTermInputs:
         """Rebuild the ratio and the per-token multipliers exactly as TRL 1.16's `_compute_loss` does."""
@@ -377,7 +515,7 @@ class CEGPPOTrainer(GRPOTrainer):
         return normalizer
 
     def _cegppo_loss_delta(
-        self, inputs, per_token_logps, entropies, clamped=None, all_dropped: bool = False
+        self, inputs, per_token_logps, entropies, clamped=None, unit: _KeptUnit | None = None
     ) -> torch.Tensor:
         """CE-GPPO loss minus TRL's PPO-clip loss (plus the optional SFT term), with metrics and controller update."""
         mode = "train" if self.model.training else "eval"
@@ -388,7 +526,7 @@ class CEGPPOTrainer(GRPOTrainer):
             correction = correction * terms.token_weight
         loss_delta = self._aggregate_like_trl(correction, terms.mask, inputs)
         if self._entropy_bonus_enabled:
-            self._correct_policy_loss_metric(mode, loss_delta, all_dropped)
+            self._correct_policy_loss_metric(mode, loss_delta, unit)
 
         if self.args.cegppo_sft_coef > 0:
             sft_mask = inputs["cegppo_sft_mask"].unsqueeze(1) * terms.mask
@@ -419,21 +557,25 @@ class CEGPPOTrainer(GRPOTrainer):
         for name, (num, den) in zip(ratios, totals.tolist()):
             self._metrics[mode][name].append(_share(num, den))
 
-    def _correct_policy_loss_metric(self, mode: str, loss_delta: torch.Tensor, all_dropped: bool) -> None:
+    def _correct_policy_loss_metric(self, mode: str, loss_delta: torch.Tensor, unit: _KeptUnit | None) -> None:
         """Make TRL's `policy_loss` metric the CE-GPPO policy term (plus KL, as in TRL) instead of PPO-clip's.
 
         TRL 1.16 logs `policy_loss` only with the entropy bonus on, as `gather(policy_loss).nanmean()`, where
         `policy_loss` is the aggregated policy + KL term before the division by gradient accumulation (grpo, bnpo,
         dr_grpo, luspo) or dapo's normalised value. The correction is added at the same scale. A process whose rows
-        were all dropped logged an exact 0 (empty mask) and is left out of the mean.
+        were all dropped logged an exact 0 (empty mask) and is left out of the mean; under dynamic sampling dapo's
+        token count was divided by the unit's scale (`_rescale_token_counts`), which is undone here.
         """
         scale = 1.0 if self.loss_type == "dapo" else self._accumulation(mode)
+        all_dropped = unit is not None and unit.local_empty
         real = torch.tensor(0.0 if all_dropped else 1.0, device=loss_delta.device)
         local = torch.stack([loss_delta.detach().float() * scale, real])
         gathered = self.accelerator.gather(local.unsqueeze(0)).view(-1, 2)
         num_processes, num_real = gathered.size(0), gathered[:, 1].sum().item()
         trl_total = self._metrics[mode]["policy_loss"][-1] * num_processes  # TRL's mean, the dropped ones count 0
         corrected = (trl_total + (gathered[:, 0] * gathered[:, 1]).sum().item()) / num_real if num_real else math.nan
+        if self.loss_type == "dapo" and unit is not None and unit.scale > 0:
+            corrected *= unit.scale
         self._metrics[mode]["policy_loss"][-1] = corrected
 
     def _log_token_metrics(
@@ -486,7 +628,9 @@ class CEGPPOTrainer(GRPOTrainer):
         if self.accelerator.sync_gradients:
             totals = self.accelerator.reduce(self._controller_window, reduction="sum")
             self._controller_window = None
-            world_entropy = (totals[0] / totals[1].clamp(min=1.0)).item()
+            if totals[1] == 0:  # every row of the step was dropped (dynamic sampling): nothing was measured
+                return
+            world_entropy = (totals[0] / totals[1]).item()
             self._controller.update(world_entropy)
             self._metrics["train"]["cegppo/entropy_error"].append(self._controller.last_error)
             self._metrics["train"]["cegppo/entropy_integral"].append(self._controller.integral)

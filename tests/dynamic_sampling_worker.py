@@ -1,0 +1,111 @@
+"""Worker of tests/test_dynamic_sampling.py: train CEGPPOTrainer with dynamic sampling for two optimizer steps (one
+generation batch) per scenario and record what each micro-batch saw, the metrics it logged, and the parameters.
+
+Run as `python dynamic_sampling_worker.py MODEL_DIR OUT_DIR SCENARIOS_JSON` on one process, or under
+`torch.distributed.run --nproc_per_node 2` (gloo) on two. Rewards depend only on the prompt's `kind` and the row's
+position, never on the sampled text, so which groups are dropped is the same on every machine: a "flat" prompt's
+group scores 1.0 everywhere (dropped), a "varied" prompt's alternates 0 / 1 (kept, and its 1s get the SFT term).
+"""
+
+import json
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+from datasets import Dataset
+
+from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
+
+
+warnings.filterwarnings("ignore")
+
+
+def position_reward(completions, kind, **kwargs):
+    return [1.0 if k == "flat" else float(i % 2) for i, k in enumerate(kind)]
+
+
+class RecordingTrainer(CEGPPOTrainer):
+    """Records every micro-batch before the drop and the per-micro-batch metric lists at each log."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.recorded, self.logged = [], []
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        # Move the old log-probs away from the current ones so that both clipped sets (beta1, beta2) are populated
+        # from the first step on; the same values reach the loss under test and the reference (recorded below).
+        generator = torch.Generator().manual_seed(1000 + self.accelerator.process_index)
+        old = output["old_per_token_logps"]
+        output["old_per_token_logps"] = old + 0.5 * torch.randn(old.shape, generator=generator)
+        return output
+
+    def _compute_loss(self, model, inputs):
+        self.recorded.append({k: v.detach().clone() if torch.is_tensor(v) else v for k, v in inputs.items()})
+        return super()._compute_loss(model, inputs)
+
+    def log(self, logs, start_time=None):
+        if "loss" in logs:
+            self.logged.append({name: list(values) for name, values in self._metrics["train"].items()})
+        return super().log(logs, start_time)
+
+
+def make_dataset(scenario: dict) -> Dataset:
+    kinds = scenario["kinds"]
+    return Dataset.from_dict({"prompt": [f"What is {i} + {i}?" for i in range(len(kinds))], "kind": kinds})
+
+
+def make_config(output_dir: Path, scenario: dict, exclude: bool = True) -> CEGPPOConfig:
+    return CEGPPOConfig(
+        output_dir=str(output_dir),
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        seed=0,
+        data_seed=0,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        gradient_accumulation_steps=2,
+        steps_per_generation=4,  # two optimizer steps per generation batch: both windows are checked
+        max_steps=2,
+        max_completion_length=6,
+        temperature=1.0,
+        optim="sgd",  # plain SGD, constant lr, no clipping, no decay: the update is lr x gradient, so scale shows
+        learning_rate=2.0,
+        lr_scheduler_type="constant",
+        weight_decay=0.0,
+        max_grad_norm=0.0,
+        cegppo_exclude_zero_advantage_groups=exclude,
+        **scenario["config"],
+    )
+
+
+def run(model_dir: str, out_dir: Path, scenario: dict) -> None:
+    args = make_config(out_dir / scenario["name"], scenario)
+    trainer = RecordingTrainer(
+        model=model_dir, reward_funcs=position_reward, args=args, train_dataset=make_dataset(scenario)
+    )
+    trainer.train()
+    rank = trainer.accelerator.process_index
+    torch.save(
+        {
+            "recorded": trainer.recorded,
+            "logged": trainer.logged,
+            "final": {n: p.detach().clone() for n, p in trainer.model.named_parameters()},
+            "betas": [trainer.clip_params.beta1, trainer.clip_params.beta2],
+        },
+        out_dir / f"{scenario['name']}.rank{rank}.pt",
+    )
+
+
+def main() -> None:
+    model_dir, out_dir, scenarios = sys.argv[1], Path(sys.argv[2]), json.loads(Path(sys.argv[3]).read_text())
+    for scenario in scenarios:
+        run(model_dir, out_dir, scenario)
+
+
+if __name__ == "__main__":
+    main()
