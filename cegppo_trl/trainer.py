@@ -112,6 +112,47 @@ class _KeptUnitWindow:
         return self.position >= len(self.kept_per_micro_batch)
 
 
+@dataclass
+class _Forward:
+    """What TRL's `_compute_loss` computed in its forward pass, reused by the correction (no second forward)."""
+
+    logps: torch.Tensor  # (B, T) log pi_theta of the completion tokens
+    entropies: torch.Tensor  # (B, T)
+    clamped: torch.Tensor | None  # (B, T) tokens whose old log-prob was clamped, None without old log-probs
+    aux_loss: torch.Tensor | None  # MoE router loss, None for dense models
+
+
+class _ForwardCapture:
+    """Holds the micro-batch TRL's `_compute_loss` is working on and the forward pass it computes, for one call.
+
+    TRL 1.16's `_compute_loss` calls `_get_per_token_logps_and_entropies` once, at its top, and reads
+    `inputs["old_per_token_logps"]` only afterwards, so clamping the (copied) batch's old log-probs in `record` bounds
+    TRL's log-ratio and the correction's alike.
+    """
+
+    def __init__(self):
+        self._inputs: dict | None = None
+        self.forward: _Forward | None = None
+
+    @contextlib.contextmanager
+    def around(self, inputs: dict):
+        self._inputs, self.forward = inputs, None
+        try:
+            yield self
+        finally:
+            self._inputs = None
+
+    def record(self, logps, entropies, aux_loss) -> None:
+        if self._inputs is None:  # a call outside `_compute_loss` (generation, reference log-probs)
+            return
+        clamped = None
+        if self._inputs.get("old_per_token_logps") is not None:
+            self._inputs["old_per_token_logps"], clamped = clamp_old_log_probs(
+                logps, self._inputs["old_per_token_logps"]
+            )
+        self.forward = _Forward(logps, entropies, clamped, aux_loss)
+
+
 # Metrics appended once per optimizer step (at the accumulation boundary), not once per micro-batch.
 STEP_METRICS = ("entropy_coef", "cegppo/beta1", "cegppo/beta2", "cegppo/entropy_error", "cegppo/entropy_integral")
 
@@ -241,9 +282,7 @@ class CEGPPOTrainer(GRPOTrainer):
         validate_cegppo_config(args)
         super().__init__(model, reward_funcs, args, *pargs, **kwargs)
 
-        self._capture_logps = False
-        self._captured = None
-        self._loss_inputs = None
+        self._capture = _ForwardCapture()
         # The one owner of the betas in force: the entropy controller when it is on, else the config's values.
         self._betas: EntropyController | FixedBetas = (
             EntropyController.from_config(args)
@@ -288,97 +327,105 @@ class CEGPPOTrainer(GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
-        args = self.args
-        loss_mask = _loss_mask(output)
+        rewards_per_func = self._last_rewards_per_func  # gathered over processes, (N_total, num_funcs)
+        rewards = self._total_rewards(rewards_per_func)
         local_size = output["completion_ids"].size(0)
-        process_slice = slice(
+        local_rows = slice(
             self.accelerator.process_index * local_size, (self.accelerator.process_index + 1) * local_size
         )
-
-        rewards_per_func = self._last_rewards_per_func  # gathered over processes, (N_total, num_funcs)
-        # Total reward exactly as TRL 1.16 computes it for "sum_then_normalize" and for its logged `reward`:
-        # reward_weights-weighted nansum over reward functions, NaN where every function returned None.
-        weights = self.reward_weights.to(rewards_per_func.device).unsqueeze(0)
-        unscorable = torch.isnan(rewards_per_func).all(dim=1)
-        rewards = (rewards_per_func * weights).nansum(dim=1)
-        rewards[unscorable] = torch.nan
-
         keep = None
-        if args.cegppo_exclude_zero_advantage_groups:
+        if self.args.cegppo_exclude_zero_advantage_groups:
             mode = "train" if self.model.training else "eval"
-            present = [key for key in MULTIMODAL_KEYS if key in output]
-            if present:
-                raise ValueError(
-                    f"`cegppo_exclude_zero_advantage_groups=True` drops rows of each micro-batch, but this batch has "
-                    f"multimodal inputs {present} that are not indexed by row. Set "
-                    "cegppo_exclude_zero_advantage_groups=False for vision-language models."
-                )
-            group_size = self.num_generations if mode == "train" else self.num_generations_eval
-            # The authors' filter_groups: drop a group when all its rewards are equal. Decided on the rewards, not on
-            # the advantages, which keep a float residue of TRL's group mean. "normalize_then_sum" normalises each
-            # reward function separately, so a group carries signal unless every (weighted) function is constant.
-            if self.multi_objective_aggregation == "normalize_then_sum":
-                scored = rewards_per_func[:, self.reward_weights.to(rewards_per_func.device) != 0]
-                uninformative = equal_reward_groups(scored, group_size)
-            else:
-                uninformative = equal_reward_groups(rewards, group_size)
-            informative = (~uninformative).repeat_interleave(group_size)
-            keep = informative[process_slice]
-            output["cegppo_keep"] = keep
-            # dapo's token-mean denominator: the kept tokens of the generation batch on all processes (TRL 1.16
-            # computes `num_items_in_batch = gather(loss_mask.sum()).sum()` in `_generate_and_score_completions`).
-            output["num_items_in_batch"] = self.accelerator.gather((loss_mask * keep.unsqueeze(1)).sum()).sum()
-            self._metrics[mode]["cegppo/informative_group_frac"].append((~uninformative).float().mean().item())
-
-        if args.cegppo_sft_coef > 0:
-            is_top = (rewards >= args.cegppo_sft_reward_threshold) & ~unscorable
-            sft_mask = is_top[process_slice]
-            if keep is not None:  # dropped groups get no SFT term either (the authors' pipeline never sees them)
-                sft_mask = sft_mask & keep
-            sft_mask = sft_mask.to(loss_mask.dtype)
-            output["cegppo_sft_mask"] = sft_mask
-            output["cegppo_num_sft_tokens"] = self.accelerator.gather((loss_mask * sft_mask.unsqueeze(1)).sum()).sum()
+            informative = self._informative_groups(rewards_per_func, rewards, mode)
+            self._metrics[mode]["cegppo/informative_group_frac"].append(informative.float().mean().item())
+            keep = self._attach_keep_mask(output, informative, local_rows, mode)
+        if self.args.cegppo_sft_coef > 0:
+            self._attach_sft_mask(output, rewards, local_rows, keep)
         return output
+
+    def _total_rewards(self, rewards_per_func: torch.Tensor) -> torch.Tensor:
+        """Total reward exactly as TRL 1.16 computes it for "sum_then_normalize" and for its logged `reward`:
+        `reward_weights`-weighted nansum over reward functions, NaN where every function returned None."""
+        weights = self.reward_weights.to(rewards_per_func.device).unsqueeze(0)
+        rewards = (rewards_per_func * weights).nansum(dim=1)
+        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+        return rewards
+
+    def _informative_groups(self, rewards_per_func: torch.Tensor, rewards: torch.Tensor, mode: str) -> torch.Tensor:
+        """The authors' filter_groups: a group is informative unless all its rewards are equal (one bool per group).
+
+        Decided on the rewards, not on the advantages, which keep a float residue of TRL's group mean.
+        "normalize_then_sum" normalises each reward function separately, so a group carries signal unless every
+        (weighted) function is constant in it.
+        """
+        group_size = self.num_generations if mode == "train" else self.num_generations_eval
+        if self.multi_objective_aggregation == "normalize_then_sum":
+            scored = rewards_per_func[:, self.reward_weights.to(rewards_per_func.device) != 0]
+            return ~equal_reward_groups(scored, group_size)
+        return ~equal_reward_groups(rewards, group_size)
+
+    def _attach_keep_mask(self, output: dict, informative: torch.Tensor, local_rows: slice, mode: str) -> torch.Tensor:
+        """Mark this process's kept rows (`cegppo_keep`) and make dapo's token count cover the kept tokens only."""
+        present = [key for key in MULTIMODAL_KEYS if key in output]
+        if present:
+            raise ValueError(
+                f"`cegppo_exclude_zero_advantage_groups=True` drops rows of each micro-batch, but this batch has "
+                f"multimodal inputs {present} that are not indexed by row. Set "
+                "cegppo_exclude_zero_advantage_groups=False for vision-language models."
+            )
+        group_size = self.num_generations if mode == "train" else self.num_generations_eval
+        keep = informative.repeat_interleave(group_size)[local_rows]
+        output["cegppo_keep"] = keep
+        # dapo's token-mean denominator: the kept tokens of the generation batch on all processes (TRL 1.16 computes
+        # `num_items_in_batch = gather(loss_mask.sum()).sum()` in `_generate_and_score_completions`).
+        output["num_items_in_batch"] = self.accelerator.gather((_loss_mask(output) * keep.unsqueeze(1)).sum()).sum()
+        return keep
+
+    def _attach_sft_mask(self, output: dict, rewards: torch.Tensor, local_rows: slice, keep) -> None:
+        """Mark the completions that get the SFT term (`cegppo_sft_mask`) and count their tokens on all processes."""
+        loss_mask = _loss_mask(output)
+        scored_top = (rewards >= self.args.cegppo_sft_reward_threshold) & ~torch.isnan(rewards)
+        sft_mask = scored_top[local_rows]
+        if keep is not None:  # dropped groups get no SFT term either (the authors' pipeline never sees them)
+            sft_mask = sft_mask & keep
+        sft_mask = sft_mask.to(loss_mask.dtype)
+        output["cegppo_sft_mask"] = sft_mask
+        output["cegppo_num_sft_tokens"] = self.accelerator.gather((loss_mask * sft_mask.unsqueeze(1)).sum()).sum()
 
     # ------------------------------------------------------------------------------------------------------------
     # Loss
     # ------------------------------------------------------------------------------------------------------------
     def _get_per_token_logps_and_entropies(self, *pargs, **kwargs):
         logps, entropies, aux_loss = super()._get_per_token_logps_and_entropies(*pargs, **kwargs)
-        if self._capture_logps:
-            # Called once, at the top of TRL 1.16's `_compute_loss`, which reads `inputs["old_per_token_logps"]` only
-            # afterwards: clamping the (copied) batch's old log-probs here bounds TRL's log-ratio and ours alike.
-            inputs, clamped = self._loss_inputs, None
-            if inputs.get("old_per_token_logps") is not None:
-                inputs["old_per_token_logps"], clamped = clamp_old_log_probs(logps, inputs["old_per_token_logps"])
-            self._captured = (logps, entropies, clamped, aux_loss)
+        self._capture.record(logps, entropies, aux_loss)
         return logps, entropies, aux_loss
 
     def _compute_loss(self, model, inputs):
         # A shallow copy: TRL reuses the buffered batch over num_iterations, so it must never be modified.
         inputs = dict(inputs)
         mode = "train" if self.model.training else "eval"
-        unit = None
+        unit = metric_lengths = None
         if "cegppo_keep" in inputs:
             unit = self._kept_unit(inputs, mode)
-            inputs = self._drop_excluded_rows(inputs)
-            inputs = _rescale_token_counts(inputs, unit.scale)
+            inputs = _rescale_token_counts(self._drop_excluded_rows(inputs), unit.scale)
             metric_lengths = {name: len(values) for name, values in self._metrics[mode].items()}
-        self._loss_inputs = inputs
-        self._capture_logps, self._captured = True, None
-        try:
-            with _nan_padded_row_gather(self.accelerator, unit is not None, unit is not None and unit.local_empty):
-                loss = super()._compute_loss(model, inputs)  # TRL's PPO-clip loss + KL + entropy bonus + aux loss
-        finally:
-            self._capture_logps, self._loss_inputs = False, None
-        per_token_logps, entropies, clamped, aux_loss = self._captured
-        self._captured = None
-        loss = loss + self._cegppo_loss_delta(inputs, per_token_logps, entropies, clamped, unit)
+        with (
+            self._capture.around(inputs) as capture,
+            _nan_padded_row_gather(self.accelerator, unit is not None, unit is not None and unit.local_empty),
+        ):
+            loss = super()._compute_loss(model, inputs)  # TRL's PPO-clip loss + KL + entropy bonus + aux loss
+        forward = capture.forward
+        loss = loss + self._cegppo_loss_delta(inputs, forward, unit)
         if unit is None:
             return loss
+        return self._weigh_kept_unit(loss, unit, mode, forward.aux_loss, metric_lengths)
+
+    def _weigh_kept_unit(self, loss, unit: _KeptUnit, mode: str, aux_loss, metric_lengths: dict) -> torch.Tensor:
+        """Dynamic sampling: scale the loss of a micro-batch that kept rows, zero one that kept none, and forget the
+        metrics of a micro-batch that no process kept a row of (docs/method.md, "Dynamic sampling")."""
         if self.aux_loss_enabled and unit.kept_processes < self.accelerator.num_processes:
             self._drop_placeholder_aux_metric(mode, aux_loss, unit)  # a collective: every process calls it
-        if unit.kept_processes == 0:  # no process kept a row: the micro-batch is absent, so are its metrics
+        if unit.kept_processes == 0:
             _truncate_metrics(self._metrics[mode], metric_lengths)
         if unit.local_empty:
             # Every row of this micro-batch was dropped on this process: one placeholder row with an empty loss mask
@@ -514,38 +561,45 @@ class CEGPPOTrainer(GRPOTrainer):
             normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
         return normalizer
 
-    def _cegppo_loss_delta(
-        self, inputs, per_token_logps, entropies, clamped=None, unit: _KeptUnit | None = None
-    ) -> torch.Tensor:
-        """CE-GPPO loss minus TRL's PPO-clip loss (plus the optional SFT term), with metrics and controller update."""
+    def _cegppo_loss_delta(self, inputs, forward: _Forward, unit: _KeptUnit | None = None) -> torch.Tensor:
+        """Everything CE-GPPO adds to TRL's loss for one micro-batch: the correction (plus the SFT term), its metrics
+        and the controller's measurement. `benchmarks/bench_scaling.py` times this method as CE-GPPO's own cost."""
         mode = "train" if self.model.training else "eval"
-        terms = self._policy_term_inputs(inputs, per_token_logps, entropies)
+        terms = self._policy_term_inputs(inputs, forward.logps, forward.entropies)
         params = self.clip_params
+        correction, sets = self._correction_loss(inputs, terms, params)
+        if self._entropy_bonus_enabled:
+            self._correct_policy_loss_metric(mode, correction, unit)
+        loss_delta = correction
+        if self.args.cegppo_sft_coef > 0:
+            loss_delta = loss_delta + self._sft_loss(inputs, forward.logps, terms.mask, mode)
+        self._log_token_metrics(mode, terms, sets, params, forward.logps, forward.clamped)
+        if self._controller is not None and mode == "train":
+            self._controller_step(forward.entropies, terms.mask)
+        return loss_delta
+
+    def _correction_loss(
+        self, inputs, terms: _PolicyTermInputs, params: ClipParams
+    ) -> tuple[torch.Tensor, ClippedSets]:
+        """CE-GPPO's policy loss minus TRL's PPO-clip loss, aggregated as TRL aggregates its loss."""
         correction, sets = gradient_preserving_correction(terms.log_ratio, terms.advantages, params)
         if terms.token_weight is not None:
             correction = correction * terms.token_weight
-        loss_delta = self._aggregate_like_trl(correction, terms.mask, inputs)
-        if self._entropy_bonus_enabled:
-            self._correct_policy_loss_metric(mode, loss_delta, unit)
+        return self._aggregate_like_trl(correction, terms.mask, inputs), sets
 
-        if self.args.cegppo_sft_coef > 0:
-            sft_mask = inputs["cegppo_sft_mask"].unsqueeze(1) * terms.mask
-            nll = -(per_token_logps * sft_mask).sum() / self._token_mean_normalizer(
-                inputs["cegppo_num_sft_tokens"], mode
-            )
-            loss_delta = loss_delta + self.args.cegppo_sft_coef * nll
-            self._log_sums(
-                mode,
-                {
-                    "cegppo/sft_nll": (-(per_token_logps.detach() * sft_mask).sum(), sft_mask.sum()),
-                    "cegppo/sft_token_frac": (sft_mask.sum(), terms.mask.sum()),
-                },
-            )
-
-        self._log_token_metrics(mode, terms, sets, params, per_token_logps, clamped)
-        if self._controller is not None and mode == "train":
-            self._controller_step(entropies, terms.mask)
-        return loss_delta
+    def _sft_loss(self, inputs, per_token_logps, mask, mode: str) -> torch.Tensor:
+        """`cegppo_sft_coef` x token-mean NLL of the SFT completions (the authors' scripts), and its two metrics."""
+        sft_mask = inputs["cegppo_sft_mask"].unsqueeze(1) * mask
+        normalizer = self._token_mean_normalizer(inputs["cegppo_num_sft_tokens"], mode)
+        nll = -(per_token_logps * sft_mask).sum() / normalizer
+        self._log_sums(
+            mode,
+            {
+                "cegppo/sft_nll": (-(per_token_logps.detach() * sft_mask).sum(), sft_mask.sum()),
+                "cegppo/sft_token_frac": (sft_mask.sum(), mask.sum()),
+            },
+        )
+        return self.args.cegppo_sft_coef * nll
 
     # ------------------------------------------------------------------------------------------------------------
     # Metrics
