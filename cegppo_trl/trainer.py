@@ -1,11 +1,12 @@
 """`CEGPPOTrainer`: TRL's `GRPOTrainer` with CE-GPPO's gradient-preserving clipping (paper Eq. 8).
 
-Two overrides: `_compute_loss` adds `aggregate(correction)` (`core.gradient_preserving_correction`, zero outside the
-clipped sets) to TRL's own loss from the same forward pass, on a copy of the micro-batch whose old log-probs are
-clamped and whose dropped groups are removed; `_generate_and_score_completions` attaches the optional extras of the
-authors' scripts (dynamic-sampling rows, SFT mask). The code that mirrors TRL 1.16 is marked "TRL 1.16" and pinned by
-`tests/test_trl_parity.py` and `tests/test_edges.py`; why the sum is CE-GPPO's loss exactly, and which test covers
-which mirrored piece: `docs/method.md`.
+Two overrides do the work. `_compute_loss` adds `aggregate(correction)` (`core.gradient_preserving_correction`,
+zero outside the clipped sets) to TRL's own loss from the same forward pass (`_ForwardCapture`), on a copy of the
+micro-batch whose old log-probs are clamped and, under dynamic sampling, whose dropped rows are removed
+(`_drop_excluded_rows`, weighed by `_kept_unit`). `_generate_and_score_completions` attaches the optional extras of
+the authors' scripts: the keep mask of dynamic sampling and the SFT mask. The code that mirrors TRL 1.16 is marked
+"TRL 1.16" and pinned by `tests/test_trl_parity.py`, `tests/test_edges.py` and `tests/test_dynamic_sampling.py`; why
+the sum is CE-GPPO's loss exactly, what "removed" means, and which test covers which mirrored piece: `docs/method.md`.
 """
 
 from __future__ import annotations
