@@ -2,7 +2,7 @@
 generation batch) per scenario and record what each micro-batch saw, the metrics it logged, and the parameters.
 
 Run as `python dynamic_sampling_worker.py MODEL_DIR OUT_DIR SCENARIOS_JSON` on one process, or under
-`torch.distributed.run --nproc_per_node 2` (gloo) on two. Rewards depend only on the prompt's `kind` and the row's
+`torch.distributed.run --nproc_per_node 2` (DDP over gloo) or `accelerate launch` with a ZeRO / FSDP2 config on two. Rewards depend only on the prompt's `kind` and the row's
 position, never on the sampled text, so which groups are dropped is the same on every machine: a "flat" prompt's
 group scores 1.0 everywhere (dropped), a "varied" prompt's alternates 0 / 1 (kept, and its 1s get the SFT term).
 """
@@ -90,11 +90,13 @@ def run(model_dir: str, out_dir: Path, scenario: dict) -> None:
     )
     trainer.train()
     rank = trainer.accelerator.process_index
+    # The full parameters also under ZeRO-3 / FSDP2, where each process holds a shard (ZeRO-3 gives them to rank 0).
+    full_state = trainer.accelerator.get_state_dict(trainer.model_wrapped) or {}
     torch.save(
         {
             "recorded": trainer.recorded,
             "logged": trainer.logged,
-            "final": {n: p.detach().clone() for n, p in trainer.model.named_parameters()},
+            "final": {n: p.detach().float().clone() for n, p in full_state.items()},
             "betas": [trainer.clip_params.beta1, trainer.clip_params.beta2],
         },
         out_dir / f"{scenario['name']}.rank{rank}.pt",

@@ -10,7 +10,8 @@ populated) with plain SGD, so that any change of scale moves the parameters, and
 the drop. The reference here replays the same micro-batches on one process through `CEGPPOTrainer` with the option
 off: the dropped rows sliced away by the test, empty pairs skipped, the step's accumulation set to the number of
 pairs that kept rows, then the same SGD step. Every supported loss type, at token and sequence level, with KL, the
-entropy bonus, the SFT term and the entropy controller on. The rewards fix which groups are dropped independently of
+entropy bonus, the SFT term and the entropy controller on, under DDP (every loss type) and under the shipped
+DeepSpeed ZeRO-2 / ZeRO-3 and FSDP2 accelerate configs (grpo and dapo). The rewards fix which groups are dropped independently of
 the sampled text, and the test asserts that the runs cover: processes keeping different numbers of rows, a process
 keeping none, and a micro-batch left empty on every process.
 """
@@ -48,9 +49,9 @@ METRICS_SUMMED = (
 TIMEOUT_S = 1800
 
 
-def _scenarios(world: int) -> list[dict]:
+def _scenarios(world: int, loss_types=LOSS_TYPES) -> list[dict]:
     scenarios = []
-    for loss_type in LOSS_TYPES:
+    for loss_type in loss_types:
         for level in ("token", "sequence"):
             if world == 1:
                 kinds = ONE_KEPT_OF_4
@@ -67,16 +68,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(world: int, model_dir: Path, out_dir: Path) -> None:
+def _launch(world: int, backend: str, scenarios: list[dict], model_dir: Path, out_dir: Path) -> None:
     scenarios_file = out_dir / "scenarios.json"
-    scenarios_file.write_text(json.dumps(_scenarios(world)))
+    scenarios_file.write_text(json.dumps(scenarios))
     worker = [str(HERE / "dynamic_sampling_worker.py"), str(model_dir), str(out_dir), str(scenarios_file)]
     if world == 1:
         cmd = [sys.executable, *worker]
-    else:
+    elif backend == "ddp":
         cmd = [
             sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world),
             "--master_port", str(_free_port()), *worker,
+        ]  # fmt: skip
+    else:  # the shipped accelerate config, as the recipes launch it
+        cmd = [
+            sys.executable, "-m", "accelerate.commands.launch",
+            "--config_file", str(HERE.parent / "accelerate_configs" / f"{backend}.yaml"),
+            "--num_processes", str(world), "--mixed_precision", "no", "--main_process_port", str(_free_port()),
+            *worker,
         ]  # fmt: skip
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
@@ -168,14 +176,27 @@ def _coverage(records: list[list[dict]]) -> set[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world", [1, 2])
-def test_dynamic_sampling_equals_physical_removal(world, tiny_checkpoint, tmp_path):
+@pytest.mark.parametrize(
+    "world, backend, loss_types",
+    [
+        (1, "single", LOSS_TYPES),
+        (2, "ddp", LOSS_TYPES),
+        # Sharded: the same check on two loss types (one normalised per micro-batch, one per token), every option on.
+        (2, "zero2", ("grpo", "dapo")),
+        (2, "zero3", ("grpo", "dapo")),
+        (2, "fsdp2", ("grpo", "dapo")),
+    ],
+)
+def test_dynamic_sampling_equals_physical_removal(world, backend, loss_types, tiny_checkpoint, tmp_path):
     from transformers import AutoModelForCausalLM
 
+    if backend.startswith("zero"):
+        pytest.importorskip("deepspeed", reason="the `deepspeed` extra is not installed")
     initial = dict(AutoModelForCausalLM.from_pretrained(tiny_checkpoint).named_parameters())
-    _launch(world, tiny_checkpoint, tmp_path)
+    scenarios = _scenarios(world, loss_types)
+    _launch(world, backend, scenarios, tiny_checkpoint, tmp_path)
     covered = set()
-    for scenario in _scenarios(world):
+    for scenario in scenarios:
         ranks = [torch.load(tmp_path / f"{scenario['name']}.rank{r}.pt", weights_only=False) for r in range(world)]
         records = [r["recorded"] for r in ranks]
         covered |= _coverage(records)
@@ -186,7 +207,7 @@ def test_dynamic_sampling_equals_physical_removal(world, tiny_checkpoint, tmp_pa
         assert reference_update.norm() > 0, name
         error = ((run_update - reference_update).norm() / reference_update.norm()).item()
         assert error < 1e-4, f"{name}: the update differs from physical removal by {error:.2e} (relative)"
-        assert ranks[0]["betas"] == pytest.approx(betas, rel=1e-6), name  # the controller saw the kept tokens only
+        assert ranks[0]["betas"] == pytest.approx(betas, rel=1e-5), name  # the controller saw the kept tokens only
         for step, expected in enumerate(expected_metrics):
             logged = ranks[0]["logged"][step]
             for metric, values in expected.items():
