@@ -702,6 +702,14 @@ class CEGPPOTrainer(GRPOTrainer):
         super()._load_optimizer_and_scheduler(checkpoint)
         if self._controller is not None and checkpoint is not None:
             path = os.path.join(checkpoint, CONTROLLER_STATE_FILE)
-            if os.path.exists(path):
-                with open(path) as f:
-                    self._betas = EntropyController.from_state_dict(json.load(f))
+            if not os.path.exists(path):
+                # Restarting the controller from the config's betas on this process only would train the processes
+                # with different betas.
+                raise FileNotFoundError(
+                    f"Resuming with the entropy controller on (cegppo_entropy_target={self.args.cegppo_entropy_target}) "
+                    f"needs its state, {path}, which process {self.accelerator.process_index} cannot see. The main "
+                    "process writes it into every checkpoint: on several nodes put output_dir on a file system all "
+                    "nodes share, or copy the checkpoint folder to every node (docs/launch.md)."
+                )
+            with open(path) as f:
+                self._betas = EntropyController.from_state_dict(json.load(f))
