@@ -20,7 +20,7 @@ from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
-from cegppo_trl.demo.tiny import build_tiny_model, build_tiny_tokenizer
+from cegppo_trl.tiny_model import build_tiny_model, build_tiny_tokenizer
 
 
 warnings.filterwarnings("ignore")

@@ -217,28 +217,3 @@ def gradient_preserving_correction(
         beta = torch.where(sets.beta1_mask, p.beta1, p.beta2).to(log_ratio.dtype)
     correction = clipped_objective * (1 - beta * torch.exp(log_ratio - log_ratio.detach()))
     return correction, sets
-
-
-def entropy_change_first_order(probs: torch.Tensor, action: int, advantage: float, weight: float, lr: float) -> float:
-    """First-order entropy change of a softmax policy after one policy-gradient step on action `action`.
-
-    The logits move by `lr * weight * A * (e_a - p)`; then `dH = -lr * weight * A * s_a` with
-    `s_a = p_a (log p_a + H) - sum_b p_b^2 (log p_b + H)` (the softmax entropy dynamics the paper's section 3 builds
-    on). Positive-advantage rare actions raise entropy, negative-advantage rare actions lower it.
-    """
-    log_p = torch.log(probs)
-    entropy = -(probs * log_p).sum()
-    s_a = probs[action] * (log_p[action] + entropy) - (probs**2 * (log_p + entropy)).sum()
-    return float(-lr * weight * advantage * s_a)
-
-
-def cegppo_token_mean_loss(
-    log_ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, params: ClipParams
-) -> torch.Tensor:
-    """The paper's full objective as a loss: `-J = -sum_{i,t} l_t / sum_i |y_i|` over the tokens where `mask` is 1.
-
-    What [`CEGPPOTrainer`] computes with `loss_type="dapo"` for one generation batch on one process (TRL
-    additionally splits the denominator over processes and gradient-accumulation steps).
-    """
-    per_token = cegppo_per_token_loss(log_ratio, advantages, params)
-    return (per_token.per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)

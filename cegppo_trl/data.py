@@ -15,10 +15,13 @@ Regenerate the shipped files with ``python -m cegppo_trl.data``.
 from __future__ import annotations
 
 import csv
+import difflib
+import io
 import json
 import numbers
 import os
 import random
+import re
 import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -102,21 +105,35 @@ def build_prompt(
 # ----------------------------------------------------------------------------------------------------------------
 
 
+def _read_text(path: Path) -> str:
+    """The file as UTF-8 text; a byte that is not UTF-8 is reported with its line and the fix."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise DatasetFormatError(
+            f"{path}: line {line} is not UTF-8 (byte 0x{data[e.start]:02x} at column {column}: {e.reason}). Data files "
+            "are read as UTF-8: re-save the file as UTF-8 (for a Latin-1 / Windows-1252 file: "
+            f"`iconv -f WINDOWS-1252 -t UTF-8 {path.name} > fixed{path.suffix}`)."
+        ) from None
+
+
 def _read_jsonl(path: Path) -> list[Any]:
     rows = []
-    with path.open(encoding="utf-8") as f:
-        for line_number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise DatasetFormatError(f"{path}: line {line_number} is not valid JSON ({e.msg}).") from None
+    for line_number, line in enumerate(_read_text(path).splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise DatasetFormatError(f"{path}: line {line_number} is not valid JSON ({e.msg}).") from None
     return rows
 
 
 def _read_json(path: Path) -> list[Any]:
-    text = path.read_text(encoding="utf-8")
+    text = _read_text(path)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
@@ -148,8 +165,7 @@ def _read_local(path: Path) -> list[Any]:
         return _read_json(path)
     if suffix == ".csv":
         # csv keeps every cell a string, so answers like "007" or "0.50" reach the reward exactly as written.
-        with path.open(encoding="utf-8", newline="") as f:
-            return list(csv.DictReader(f))
+        return list(csv.DictReader(io.StringIO(_read_text(path), newline="")))
     if suffix == ".parquet":
         import pyarrow.parquet as pq
 
@@ -173,11 +189,47 @@ def _rows_to_columns(rows: Sequence[Any], source: str) -> dict[str, list]:
     return {name: [row.get(name) for row in rows] for name in names}
 
 
+# The stem of a data file's extension, as a typo keeps it: `.json1`, `.jsonl.gz`, `.cvs`, `.parq`, `.txt`.
+_FILE_EXTENSION_RE = re.compile(r"\.(jsonl?|ndjson|csv|cvs|tsv|txt|parq\w*|pq|arrow|gz|zip|xz|bz2|zst)\w*$", re.I)
+
+
+def _can_be_hub_id(path_or_id: str) -> bool:
+    """Whether the Hub would accept `path_or_id` as a data set id (`name` or `namespace/name`), by huggingface_hub's
+    own validation (a dependency of `datasets`; imported here only)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(path_or_id)
+    except HFValidationError:
+        return False
+    return True
+
+
 def _looks_like_path(path_or_id: str) -> bool:
+    """A name that cannot be a Hub id, or that ends in a data file's extension (even a typo'd one), names a file."""
     return (
         path_or_id.lower().endswith(_LOCAL_FORMATS)
         or path_or_id.startswith((".", "/", "~"))
-        or os.sep in path_or_id.strip("/").replace("/", "", 1)
+        or bool(_FILE_EXTENSION_RE.search(path_or_id))
+        or not _can_be_hub_id(path_or_id)
+    )
+
+
+def _missing_file_message(path_or_id: str, local: Path) -> str:
+    folder = local.parent
+    hint = ""
+    if folder.is_dir():
+        names = [p.name for p in folder.iterdir() if p.is_file()]
+        close = difflib.get_close_matches(local.name, names, n=3, cutoff=0.6)
+        if close:
+            hint = " Did you mean " + " or ".join(repr(str(folder / name)) for name in close) + "?"
+    else:
+        hint = f" The folder {str(folder)!r} does not exist either."
+    return (
+        f"no such file: {path_or_id!r}.{hint} It names a local file (a Hub data set id has no file extension or "
+        f"folders: 'namespace/name'), so it was not looked up on the Hub. Pass an existing "
+        f"{'/'.join(_LOCAL_FORMATS)} file, a Hub data set id such as 'HuggingFaceH4/MATH-500', or one of "
+        f"{', '.join(BUILTIN_DATASETS)}."
     )
 
 
@@ -197,10 +249,7 @@ def _load_columns(path_or_id: str, split: str | None, name: str | None) -> tuple
     if local.is_dir():
         raise ValueError(f"{path_or_id} is a directory; pass the data file itself ({', '.join(_LOCAL_FORMATS)}).")
     if _looks_like_path(path_or_id):
-        raise FileNotFoundError(
-            f"no such file: {path_or_id!r}. Pass an existing {'/'.join(_LOCAL_FORMATS)} file, a Hub data set id "
-            f"such as 'HuggingFaceH4/MATH-500', or one of {', '.join(BUILTIN_DATASETS)}."
-        )
+        raise FileNotFoundError(_missing_file_message(path_or_id, local))
     import datasets
 
     loaded = datasets.load_dataset(path_or_id, name, split=split)
@@ -358,7 +407,13 @@ def load_math_dataset(
             f"(problem column {p_col!r}, answer column {a_col!r}; 0-based row indices): {details}."
         )
         if not drop_invalid:
-            raise DatasetFormatError(message + " Fix the data, or pass drop_invalid=True to drop these rows.")
+            raise DatasetFormatError(
+                message + " Fix the data: complete or remove these rows, or name the right columns (problem_column= "
+                "/ answer_column=; `--problem_column` / `--answer_column` in cegppo-train recipes and flags, "
+                "`--problem-column` / `--answer-column` in cegppo-eval). The command-line tools have no option to "
+                "skip bad rows: write a cleaned copy of the file and pass that. From Python, "
+                "load_math_dataset(..., drop_invalid=True) drops these rows with a warning."
+            )
         warnings.warn(message + " They were dropped (drop_invalid=True).", stacklevel=2)
     if not keep:
         raise DatasetFormatError(f"{source}: no usable rows remain.")

@@ -1,8 +1,16 @@
-"""Shared fixtures: a tiny model and tokenizer built locally (nothing from the Hub), and CPU trainer configs."""
+"""Shared fixtures: a tiny model and tokenizer built locally (nothing from the Hub), CPU trainer configs, and the
+end-to-end runs that several slow tests read (the wheel, one quick demo, one tiny-recipe run), each made once per
+session."""
 
 import copy
+import json
 import os
+import shutil
+import subprocess
+import sys
+import sysconfig
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -12,13 +20,21 @@ from datasets import Dataset
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One torch thread for the session, and (through the environment) for the processes tests start, unless
+# OMP_NUM_THREADS says otherwise: the models here are tiny, and on a 2-core machine that also runs other work two
+# intra-op threads spin waiting for each other (measured: 35 s instead of 11 s for the same three tests). Results do
+# not depend on it (1 or 2 threads give bit-identical runs).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 warnings.filterwarnings("ignore", message=".*gradient_checkpointing.*deprecated.*")
 
 
 @pytest.fixture
 def one_torch_thread():
-    """One torch thread for in-process runs of the tiny model (the demo's own setting): on a shared 2-core machine one
-    thread is faster, and the demo's figures are defined with it."""
+    """One torch thread for in-process runs of the tiny model, as the tests' subprocesses get (`OMP_NUM_THREADS=1`).
+    On a 2-core machine busy with other work one thread runs the 1M-parameter model several times faster than two
+    (they spin waiting for each other; idle, two are about 1.5x faster: docs/entropy_results.md, section 4). Results
+    do not depend on it: 1 or 2 threads give bit-identical runs (README, *The offline demo*)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -27,14 +43,14 @@ def one_torch_thread():
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
-    from cegppo_trl.demo.tiny import build_tiny_tokenizer
+    from cegppo_trl.tiny_model import build_tiny_tokenizer
 
     return build_tiny_tokenizer()
 
 
 @pytest.fixture(scope="session")
 def _tiny_base_model(tiny_tokenizer):
-    from cegppo_trl.demo.tiny import build_tiny_model
+    from cegppo_trl.tiny_model import build_tiny_model
 
     # Smaller than the demo's model: the tests exercise logic, not learning.
     return build_tiny_model(tiny_tokenizer, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, seed=0)
@@ -130,7 +146,7 @@ PLACEHOLDER_MODELS = ("MODEL", "CHECKPOINT")  # placeholders the docs use in com
 @pytest.fixture(scope="session")
 def tiny_checkpoint(_tiny_base_model, tiny_tokenizer, tmp_path_factory) -> Path:
     """The tests' tiny model + tokenizer saved to a folder: the stand-in for every Hub model id in the docs."""
-    from cegppo_trl.demo.tiny import save_tiny
+    from cegppo_trl.tiny_model import save_tiny
 
     path = tmp_path_factory.mktemp("doc-model") / "tiny"
     save_tiny(_tiny_base_model, tiny_tokenizer, path)
@@ -143,3 +159,106 @@ def stand_ins(tiny_checkpoint) -> dict[str, str]:
     values.update(dict.fromkeys(HUB_TRAIN_SETS, "builtin:arithmetic"))
     values.update(dict.fromkeys(HUB_EVAL_SETS, "builtin:arithmetic_eval"))
     return values
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# End-to-end runs shared by the slow tests: the built wheel installed in a fresh environment, one quick demo and one
+# tiny-recipe training run, both through the wheel's console scripts from a directory outside the checkout. Each
+# runs once per session, on first use; only `slow` tests use them.
+# ----------------------------------------------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN_TIMEOUT_S = 900  # generous: the machine may be shared; a normal run takes well under a minute
+TINY_RECIPE = "recipes/tiny/cegppo/config_cpu.yaml"
+# The quick demo as the docs' `cegppo-demo` runs in the tests: `--quick` with 4 RL steps, and 2 samples per held-out
+# problem as the full demo (so the README's `cegppo-eval ... --k 2` command applies to it as written).
+QUICK_DEMO_ARGS = ("--quick", "--steps", "4", "--eval-samples", "2", "--no-progress")
+DEMO_OUTPUT = "cegppo-demo-output"  # `cegppo-demo`'s default --output-dir, as the docs name it
+
+
+def run_checked(argv, cwd, env=None, timeout=RUN_TIMEOUT_S) -> subprocess.CompletedProcess:
+    """Run a command; fail the test with the command's output tails if it exits non-zero."""
+    proc = subprocess.run([str(a) for a in argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, (
+        f"`{' '.join(map(str, argv))}` failed ({proc.returncode})\n--- stdout ---\n{proc.stdout[-3000:]}\n"
+        f"--- stderr ---\n{proc.stderr[-6000:]}"
+    )
+    return proc
+
+
+@pytest.fixture(scope="session")
+def wheel_dist(tmp_path_factory) -> Path:
+    """The sdist and wheel, built from a clean copy of the source (setuptools' build/ folder would otherwise carry
+    modules deleted since a last build), with this environment's setuptools (`--no-isolation`: no download)."""
+    out = tmp_path_factory.mktemp("dist")
+    src = tmp_path_factory.mktemp("src") / "cegppo-trl"
+    junk = shutil.ignore_patterns(".git", ".venv", "venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache")
+    shutil.copytree(ROOT, src, ignore=junk)
+    run_checked([sys.executable, "-m", "build", "--sdist", "--wheel", "--no-isolation", "--outdir", out, src], src)
+    return out
+
+
+@pytest.fixture(scope="session")
+def wheel_venv(wheel_dist, tmp_path_factory) -> Path:
+    """A fresh virtual environment with the wheel installed (`--no-deps --no-index`); its third-party packages come
+    from the environment running the tests through a `.pth` line, so nothing is downloaded, and the checkout's own
+    editable install is not visible there (`.pth` files of that environment are not processed)."""
+    env_dir = tmp_path_factory.mktemp("wheel-venv") / "venv"
+    run_checked([sys.executable, "-m", "venv", env_dir], cwd=env_dir.parent)
+    python = env_dir / "bin" / "python"
+    purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    site = Path(run_checked([python, "-c", purelib], env_dir).stdout.strip())
+    (site / "_test_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    wheel = next(wheel_dist.glob("*.whl"))
+    run_checked([python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", wheel], env_dir)
+    return env_dir
+
+
+def wheel_env(venv: Path) -> dict:
+    """The environment of a user of the installed wheel: its `bin/` first on PATH, offline, one torch thread."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(
+        PATH=f"{venv / 'bin'}:{env.get('PATH', '')}",
+        HF_HUB_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+@dataclass
+class DemoRun:
+    cwd: Path  # where `cegppo-demo` ran; the printed eval commands are relative to it
+    out: Path  # cwd / DEMO_OUTPUT
+    proc: subprocess.CompletedProcess
+    summary: dict  # results.json
+
+
+@pytest.fixture(scope="session")
+def quick_demo(wheel_venv, tmp_path_factory) -> DemoRun:
+    """`cegppo-demo` + `QUICK_DEMO_ARGS` once, through the installed wheel's console script, in a fresh directory
+    outside the checkout, with the default output directory: what tests/test_demo.py, test_demo_eval.py, test_docs.py
+    and test_wheel.py check."""
+    cwd = tmp_path_factory.mktemp("quick-demo")
+    proc = run_checked(["cegppo-demo", *QUICK_DEMO_ARGS], cwd, wheel_env(wheel_venv))
+    out = cwd / DEMO_OUTPUT
+    return DemoRun(cwd, out, proc, json.loads((out / "results.json").read_text()))
+
+
+@dataclass
+class RecipeRun:
+    cwd: Path  # a directory without a recipes/ folder: the recipe was found in the wheel
+    out: Path  # --output_dir; builtin:tiny was built in out / "tiny-init"
+    proc: subprocess.CompletedProcess
+
+
+@pytest.fixture(scope="session")
+def tiny_recipe_run(wheel_venv, tmp_path_factory) -> RecipeRun:
+    """`cegppo-train --config recipes/tiny/cegppo/config_cpu.yaml` once, through the installed wheel's console script,
+    from a directory with no recipes/ folder (so the wheel's shipped recipe is used): what tests/test_launch.py,
+    test_docs.py (the docs' `cegppo-train` and `cegppo-plot` commands) and test_wheel.py check."""
+    cwd = tmp_path_factory.mktemp("tiny-recipe")
+    assert not (cwd / "recipes").exists()
+    proc = run_checked(["cegppo-train", "--config", TINY_RECIPE, "--output_dir", "run"], cwd, wheel_env(wheel_venv))
+    return RecipeRun(cwd, cwd / "run", proc)

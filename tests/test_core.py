@@ -5,12 +5,12 @@ import math
 
 import pytest
 import torch
+from oracles import cegppo_token_mean_loss
 
 from cegppo_trl.core import (
     LOG_RATIO_CLAMP,
     ClipParams,
     cegppo_per_token_loss,
-    cegppo_token_mean_loss,
     clamp_old_log_probs,
     equal_reward_groups,
     gradient_preserving_correction,

@@ -245,6 +245,11 @@ def test_unusable_rows_are_reported_with_indices(tmp_path):
         "answer is nan in rows [7]",
         "problem is not a string (got int) in rows [9]",
         "drop_invalid=True",
+        # what a command-line user can do: no CLI has drop_invalid
+        "--problem_column",
+        "--answer-column",
+        "command-line tools have no option to skip bad rows",
+        "cleaned copy",
     ):
         assert fragment in message, (fragment, message)
 
@@ -286,3 +291,83 @@ def test_file_errors(tmp_path):
         load_math_dataset(str(tmp_path / "empty.jsonl"))
     with pytest.raises(ValueError, match="directory"):
         load_math_dataset(str(tmp_path))
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json", ".csv"])
+def test_a_file_that_is_not_utf8_is_named_with_its_line_and_the_fix(tmp_path, suffix):
+    """A Latin-1 byte on line 2 is reported as such (not as a bare UnicodeDecodeError): the file, the line, the byte,
+    and how to re-save the file as UTF-8."""
+    path = tmp_path / f"latin1{suffix}"
+    if suffix == ".csv":
+        text = "problem,answer\nWhat is caf\u00e9+1?,2\n"
+    elif suffix == ".json":
+        text = '[{"problem": "1+1", "answer": "2"},\n {"problem": "caf\u00e9", "answer": "1"}]\n'
+    else:
+        text = '{"problem": "1+1", "answer": "2"}\n{"problem": "caf\u00e9", "answer": "1"}\n'
+    path.write_bytes(text.encode("latin-1"))
+    with pytest.raises(DatasetFormatError) as err:
+        load_math_dataset(str(path))
+    message = str(err.value)
+    assert isinstance(err.value, ValueError) and not isinstance(err.value, UnicodeDecodeError)
+    for fragment in (str(path), "line 2 is not UTF-8", "byte 0xe9", "re-save the file as UTF-8", "iconv"):
+        assert fragment in message, (fragment, message)
+    assert err.value.__cause__ is None and err.value.__suppress_context__  # the message is the whole story
+
+
+def _no_hub(monkeypatch):
+    """Fail the test if anything reaches `datasets.load_dataset` (which would go to the Hub)."""
+    import datasets
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"looked up on the Hub: {args}")
+
+    monkeypatch.setattr(datasets, "load_dataset", refuse)
+
+
+GOOD_HINT = "Did you mean 'data/good.jsonl'?"
+NO_FOLDER = "The folder 'a/b' does not exist either."
+
+
+@pytest.mark.parametrize(
+    "name, hint",
+    [
+        ("data/good.json1", GOOD_HINT),
+        ("data/good.jsonl.gz", GOOD_HINT),
+        ("data/god.jsonl", GOOD_HINT),
+        ("data/good.cvs", GOOD_HINT),
+        ("data/other.parq", None),
+        ("a/b/c.jsonl", NO_FOLDER),
+        ("a/b/c", NO_FOLDER),
+    ],
+)
+def test_a_missing_local_file_is_not_looked_up_on_the_hub(name, hint, tmp_path, monkeypatch):
+    """A name with a data file's extension (typo'd or not), or one the Hub cannot hold (two folders), is a missing
+    local file: said so, with the closest existing file, and never sent to the Hub (where it gave a ConnectionError)."""
+    _no_hub(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    _write_jsonl((tmp_path / "data").mkdir() or tmp_path / "data" / "good.jsonl", [{"problem": "1+1", "answer": "2"}])
+    with pytest.raises(FileNotFoundError) as err:
+        load_math_dataset(name)
+    message = str(err.value)
+    assert f"no such file: {name!r}" in message and "not looked up on the Hub" in message, message
+    if hint is None:
+        assert "Did you mean" not in message and "does not exist either" not in message, message
+    else:
+        assert hint in message, message
+
+
+@pytest.mark.parametrize("name", ["HuggingFaceH4/MATH-500", "gsm8k", "org/data.v2", "bigcode/the-stack-v1.2"])
+def test_a_name_that_can_be_a_hub_id_goes_to_the_hub(name, tmp_path, monkeypatch):
+    """Names huggingface_hub accepts as repo ids, with no data-file extension, are passed to `datasets.load_dataset`."""
+    import datasets
+
+    calls = []
+
+    def fake_load_dataset(path, config_name=None, split=None):
+        calls.append(path)
+        return datasets.Dataset.from_dict({"problem": ["1+1"], "answer": ["2"]})
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    monkeypatch.chdir(tmp_path)
+    assert load_math_dataset(name)["solution"] == ["2"]
+    assert calls == [name]

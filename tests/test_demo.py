@@ -1,19 +1,19 @@
-"""`cegppo-demo` at a reduced size: warm start, CE-GPPO and GRPO side by side, table, JSON and PNG."""
+"""`cegppo-demo` at a reduced size (the shared `quick_demo` of conftest.py): warm start, CE-GPPO and GRPO side by side,
+table, JSON and PNG; and the demo's building blocks at tiny sizes."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
+from conftest import DEMO_OUTPUT
 
 from cegppo_trl.data import load_math_dataset
 from cegppo_trl.demo import run as demo
-from cegppo_trl.demo.tiny import format_user_message
+from cegppo_trl.tiny_model import format_user_message
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-QUICK_ARGS = ["--quick", "--sft-steps", "30", "--steps", "4", "--eval-size", "16", "--no-progress"]
 
 
 @pytest.mark.parametrize("problems", ["sums", "all"])
@@ -47,10 +47,11 @@ def test_warm_start_is_cached_on_disk(tmp_path):
     assert not other["cached"]
 
 
-def test_demo_end_to_end(tmp_path, capsys):
-    out = tmp_path / "demo"
-    assert demo.main([*QUICK_ARGS, "--output-dir", str(out)]) == 0
-    printed = capsys.readouterr().out
+@pytest.mark.slow
+def test_demo_end_to_end(quick_demo):
+    out, printed, sizes = quick_demo.out, quick_demo.proc.stdout, quick_demo.summary["sizes"]
+    steps_run, eval_samples = sizes["steps"], sizes["eval_samples"] * sizes["eval_size"]
+    assert steps_run >= 2 and eval_samples > 0
 
     # Files: plot, table, summary, one trainer_state.json per run, the cached warm start.
     png = out / "cegppo_vs_grpo.png"
@@ -59,14 +60,17 @@ def test_demo_end_to_end(tmp_path, capsys):
     assert "CE-GPPO (beta1=0.5, beta2=1)" in table and "GRPO (beta1=beta2=0)" in table
     assert table.strip() in printed
     summary = json.loads((out / "results.json").read_text())
+    assert summary == quick_demo.summary
     assert (out / "warm_start" / "config.json").is_file()
 
     runs = {r["label"]: r for r in summary["runs"]}
     assert len(runs) == 2
     for run in runs.values():
-        assert run["max_steps"] == 4 and run["seed"] == 0
-        for key in ("start_accuracy", "end_accuracy", "start_greedy_accuracy", "end_greedy_accuracy"):
-            assert 0.0 <= run[key] <= 1.0 and (16 * run[key]).is_integer()  # 16 held-out problems, 1 sample each
+        assert run["max_steps"] == steps_run and run["seed"] == 0
+        for key in ("start_accuracy", "end_accuracy"):  # eval_size held-out problems, eval_samples samples each
+            assert 0.0 <= run[key] <= 1.0 and round(eval_samples * run[key], 6).is_integer(), (key, run[key])
+        for key in ("start_greedy_accuracy", "end_greedy_accuracy"):  # one greedy completion each
+            assert 0.0 <= run[key] <= 1.0 and round(sizes["eval_size"] * run[key], 6).is_integer(), (key, run[key])
         assert run["start_entropy"] > 0 and run["end_entropy"] > 0
     cegppo_label, grpo_label = "CE-GPPO (beta1=0.5, beta2=1)", "GRPO (beta1=beta2=0)"
     cegppo, grpo = runs[cegppo_label], runs[grpo_label]
@@ -77,19 +81,21 @@ def test_demo_end_to_end(tmp_path, capsys):
     assert cegppo["start_accuracy"] == summary["warm_start"]["accuracy"]
 
     # Every model it trains is saved, with its prompt format, and the eval commands for them are printed.
-    assert "cegppo-eval" in printed and str(out / "runs" / "cegppo" / "final") in printed
-    assert summary["heldout"] == str(out / demo.HELDOUT_FILE) and (out / demo.HELDOUT_FILE).is_file()
+    assert "cegppo-eval" in printed and f"{DEMO_OUTPUT}/runs/cegppo/final" in printed  # as the user named it
+    assert Path(summary["heldout"]).resolve() == (out / demo.HELDOUT_FILE).resolve()
+    assert (out / demo.HELDOUT_FILE).is_file()
     for name in ("cegppo", "grpo"):
         final = out / "runs" / name / "final"
         assert (final / "model.safetensors").is_file() and (final / "cegppo_prompt.json").is_file()
         assert summary["eval_commands"][name] in printed
-    assert {r["final_dir"] for r in summary["runs"]} == {str(out / "runs" / n / "final") for n in ("cegppo", "grpo")}
+    finals = {Path(r["final_dir"]).resolve() for r in summary["runs"]}
+    assert finals == {(out / "runs" / n / "final").resolve() for n in ("cegppo", "grpo")}
 
     histories = {}
     for name in ("cegppo", "grpo"):
         state = json.loads((out / "runs" / name / "trainer_state.json").read_text())
         steps = [e for e in state["log_history"] if "loss" in e]
-        assert len(steps) == 4
+        assert len(steps) == steps_run
         for entry in steps:
             for metric in demo.PLOT_METRICS[1:]:
                 assert metric in entry, metric

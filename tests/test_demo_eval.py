@@ -1,5 +1,9 @@
 """The commands compose: `cegppo-demo` saves the models it trains with their prompt format and sampling settings, and
-`cegppo-eval` on a saved model, run as the demo prints it, reproduces the demo's own held-out figure."""
+`cegppo-eval` on a saved model, run as the demo prints it, reproduces the demo's own held-out figure.
+
+The demo is the shared quick run of conftest.py (`quick_demo`: the quick demo, whose 150 SFT steps leave the warm
+start solving ~10% of the held-out sums, so the figures are not trivially 0 or 1, with 4 RL steps and 2 samples per
+problem as the full demo evaluates), made by the installed wheel's `cegppo-demo` in a subprocess with one thread."""
 
 import json
 import os
@@ -8,31 +12,22 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from cegppo_trl import evaluation
 from cegppo_trl.demo import run as demo
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 
-# The quick demo (its 150 SFT steps leave the warm start solving ~10% of the held-out sums, so the figures are not
-# trivially 0 or 1) with 4 RL steps, 2 samples per problem as the full demo evaluates.
-ARGS = ["--quick", "--steps", "4", "--eval-size", "48", "--eval-samples", "2", "--no-progress"]
-SETTINGS = ["instruction", "system_prompt", "temperature", "top_p", "max_new_tokens"]
+SETTINGS = ["instruction", "system_prompt", "temperature", "top_p", "top_k", "max_new_tokens"]
 
 
-@pytest.fixture(scope="module")
-def demo_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("demo") / "out"
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        summary = demo.run_demo([*ARGS, "--output-dir", str(out)])
-    finally:
-        torch.set_num_threads(threads)
-    return out, summary
+@pytest.fixture
+def demo_run(quick_demo, monkeypatch):
+    """The shared quick demo; the commands it printed name paths relative to the directory it ran in."""
+    monkeypatch.chdir(quick_demo.cwd)
+    return quick_demo.out, quick_demo.summary
 
 
 def _figures(summary):
@@ -52,52 +47,53 @@ def test_demo_saves_every_model_with_its_prompt_format(demo_run):
         assert generation["top_k"] == 0 and generation["max_new_tokens"] == 20
         assert evaluation.load_eval_settings(path) == {
             "instruction": demo.DEMO_INSTRUCTION,
-            "system_prompt": None,
+            "system_prompt": "",
             "temperature": 1.0,
             "top_p": 1.0,
+            "top_k": 0,
             "max_new_tokens": 20,
         }
     rows = [json.loads(line) for line in (out / demo.HELDOUT_FILE).read_text().splitlines()]
-    assert rows == demo.load_rows("builtin:arithmetic_eval", 48)
+    assert rows == demo.load_rows("builtin:arithmetic_eval", summary["sizes"]["eval_size"])
     assert set(summary["eval_commands"]) == {"warm_start", "cegppo", "grpo"}
     figures = _figures(summary)
     assert 0 < figures["warm_start"] < 1, figures  # not trivially all wrong or all right
 
 
 def test_cegppo_eval_reproduces_the_demo_figures(demo_run, tmp_path, capsys):
-    """Each printed command, run through `cegppo-eval`'s main with no prompt or sampling flags, gives exactly the
-    demo's figure: the same prompts, seed, batches, generation code and grader, in the same process and threads."""
+    """Each printed command, run with no prompt or sampling flags, gives exactly the demo's figure: the same prompts,
+    seed, batches, generation code and grader; nothing but the model directory carries the settings. The CE-GPPO
+    model's command runs as a user runs it, the console script in a fresh process with the demo's thread count (1);
+    the warm start's and GRPO's run through the same `main` in this process (one thread)."""
+    from cegppo_trl.scripts.eval import main as eval_main
+
     out, summary = demo_run
-    capsys.readouterr()
+    sizes = summary["sizes"]
     figures = _figures(summary)
+    assert set(summary["eval_commands"]) == set(figures) == {"warm_start", "cegppo", "grpo"}
+    capsys.readouterr()
     for name, command in summary["eval_commands"].items():
         words = shlex.split(command)
         assert words[0] == "cegppo-eval" and "--instruction" not in words and "--temperature" not in words
+        # The printed paths are the saved models and the held-out file.
+        assert os.path.isfile(os.path.join(words[1], evaluation.PROMPT_FILE)), (name, words[1])
+        assert os.path.samefile(words[3], out / demo.HELDOUT_FILE), (name, words[3])
         report_path = tmp_path / f"{name}.json"
-        assert evaluation.main([*words[1:], "--output", str(report_path), "--no-progress"]) == 0
-        assert "declares its evaluation settings" in capsys.readouterr().err
+        argv = [*words[1:], "--output", str(report_path), "--no-progress"]
+        if name == "cegppo":
+            script = os.path.join(os.path.dirname(sys.executable), "cegppo-eval")
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+            done = subprocess.run([script, *argv], env=env, capture_output=True, text=True, timeout=600)
+            assert done.returncode == 0, done.stderr
+            err = done.stderr
+        else:
+            assert eval_main(argv) == 0
+            err = capsys.readouterr().err
+        assert "declares its evaluation settings" in err, (name, err[-2000:])
         report = json.loads(report_path.read_text())
         assert report["settings"]["from_checkpoint"] == SETTINGS
         assert report["settings"]["instruction"] == demo.DEMO_INSTRUCTION and report["settings"]["temperature"] == 1.0
         (metrics,) = report["datasets"].values()
-        assert metrics["num_problems"] == 48 and metrics["k"] == 2
-        assert metrics["avg@2"] == figures[name], (name, metrics["avg@2"], figures[name])
-
-
-def test_console_script_reproduces_the_demo_figure(demo_run, tmp_path):
-    """A user's run: the console script in a fresh process, exactly as the demo printed it, with the demo's thread
-    count (1 here). Same figure, to the sample: nothing but the model directory carries the settings."""
-    out, summary = demo_run
-    command = summary["eval_commands"]["cegppo"]
-    script = os.path.join(os.path.dirname(sys.executable), "cegppo-eval")
-    argv = [script, *shlex.split(command)[1:], "--output", str(tmp_path / "report.json"), "--no-progress"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
-    assert "declares its evaluation settings" in done.stderr
-    (metrics,) = json.loads((tmp_path / "report.json").read_text())["datasets"].values()
-    assert metrics["avg@2"] == _figures(summary)["cegppo"]
-    for name, command in summary["eval_commands"].items():  # the printed paths are the saved models
-        words = shlex.split(command)
-        assert os.path.isfile(os.path.join(words[1], evaluation.PROMPT_FILE)), (name, words[1])
-        assert words[3] == str(out / demo.HELDOUT_FILE)
+        k = sizes["eval_samples"]
+        assert metrics["num_problems"] == sizes["eval_size"] and metrics["k"] == k == 2
+        assert metrics[f"avg@{k}"] == figures[name], (name, metrics[f"avg@{k}"], figures[name])

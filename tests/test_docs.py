@@ -5,15 +5,18 @@
   local stand-ins (`STAND_INS`: the tiny model, the built-in data), and `CEGPPOConfig` gets the small CPU settings of
   `FAST_CONFIG` on top of what the block passes (steps, batch and lengths shrink; every CE-GPPO field is kept).
 * ```bash blocks are split into commands (continuations joined, `&&` chains split, comments and `VAR=value`
-  prefixes dropped) and each command is handled by kind (`classify`): console commands run (`cegppo-demo` as
-  `--quick`, `cegppo-eval` on a tiny checkpoint, `cegppo-train` on the tiny recipe, `cegppo-plot`, `cegppo-recipes`),
-  scripts run with `--help`, GPU and multi-node launches are parsed (the accelerate config loads, the recipe
-  validates through the script's own parser), install commands name only extras that exist, and the README's test
-  command is `.ci/run`'s. A command of a kind the harness does not know fails the test.
+  prefixes dropped) and each command is handled by kind (`classify`): console commands run (`cegppo-demo` as the
+  shared quick demo of conftest.py, `cegppo-eval` on a tiny checkpoint, `cegppo-train` on the tiny recipe as the
+  shared `tiny_recipe_run`, `cegppo-plot`, `cegppo-recipes`), scripts run with `--help` (once per script), GPU and
+  multi-node launches are parsed (the accelerate config loads, the recipe validates through the script's own
+  parser), install commands name only extras that exist, lint commands run, and the README's test commands are
+  `.ci/run`'s. A command of a kind the harness does not know fails the test. Commands that need a training or demo
+  run are `slow`.
 * A block meant only to be read carries `<!-- doc-test: skip (reason) -->` on the line above its fence.
 """
 
 import ast
+import functools
 import os
 import re
 import shlex
@@ -23,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import HUB_MODELS
+from conftest import DEMO_OUTPUT, HUB_MODELS, TINY_RECIPE
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -232,15 +235,61 @@ def _pyproject_extras() -> set[str]:
     return set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
 
 
+def _readme_test_lines() -> tuple[str, str]:
+    """(the README's test command, its slow-tier command): the lines of a README shell block that run pytest."""
+    lines = [line.strip() for b in code_blocks(ROOT / "README.md") if b.lang == "bash" for line in b.body.splitlines()]
+    tests = [line for line in lines if "-m pytest" in line and not line.startswith("#")]
+    fast = [line for line in tests if "ruff check" in line]
+    slow = [line for line in tests if shlex.split(line)[-2:] == ["-m", "slow"]]
+    assert len(fast) == 1 and len(slow) == 1, f"expected one test command and one slow-tier command, got {tests}"
+    return fast[0], slow[0]
+
+
+def _ci_steps() -> list[str]:
+    return [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.strip()]
+
+
+def test_readme_first_screen_has_the_commands_then_the_quick_start():
+    """Before the README's first section: a one-sentence description, the install + demo command, the test command
+    and the slow-tier command beside it, then the Python quick start."""
+    readme = (ROOT / "README.md").read_text()
+    first_screen = readme[: readme.index("\n## ")]
+    fast, slow = _readme_test_lines()
+    for text in ("cegppo-demo", fast, slow, "from cegppo_trl import", "trainer.train()"):
+        assert text in first_screen, f"the README's first screen lacks {text!r}"
+    intro = first_screen[first_screen.index("\n") : first_screen.index("```")]  # between the title and the commands
+    assert "drop-in replacement for TRL's `GRPOTrainer`" in intro, intro
+    assert first_screen.index("cegppo-demo") < first_screen.index("from cegppo_trl import")
+    assert first_screen.index(slow) < first_screen.index("from cegppo_trl import")
+
+
 def test_readme_test_command_is_ci():
-    """`.ci/run` runs the README's test command (lint, then the suite) verbatim."""
-    first_block = code_blocks(ROOT / "README.md")[0].body
-    ci_lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
-    test_line = next(line.strip() for line in first_block.splitlines() if "pytest" in line)
-    assert test_line in ci_lines, f"README test command not in .ci/run: {test_line}"
-    lint = test_line.index("ruff check"), test_line.index("ruff format --check")
-    assert max(lint) < test_line.index("pytest"), "the README's test command lints before the tests"
-    assert "cegppo-demo" in first_block, "the README's first block lacks the main job"
+    """`.ci/run` runs the README's test command (lint, then the fast tier) verbatim, then the slow tier as the README
+    names it: together, every test."""
+    fast, slow = _readme_test_lines()
+    words = shlex.split(fast)
+    assert words[words.index("pytest") + 1 :] == ["tests", "-q", "-m", "not slow"], fast
+    assert shlex.split(slow)[2:] == ["pytest", "tests", "-q", "-m", "slow"], slow
+    lint = fast.index("ruff check"), fast.index("ruff format --check")
+    assert max(lint) < fast.index("pytest"), "the README's test command lints before the tests"
+    steps = _ci_steps()
+    runs = [i for i, line in enumerate(steps) if line.split(" || ")[0] == fast]
+    slows = [i for i, line in enumerate(steps) if line.split(" || ")[0] == slow]
+    assert runs, f"README test command not in .ci/run: {fast}"
+    assert slows and runs[0] < slows[0], f".ci/run does not run the slow tier ({slow}) after the README's command"
+
+
+def test_ci_accepts_a_tier_that_selects_no_test():
+    """pytest exits 5 when a marker selects no test; `.ci/run` passes over that and fails on any other status."""
+    steps = _ci_steps()
+    handler = next(line for line in steps if line.startswith("no_test_is_ok()"))
+    fast, slow = _readme_test_lines()
+    for command in (fast, slow):
+        assert next(line for line in steps if line.split(" || ")[0] == command) == f"{command} || no_test_is_ok"
+    for status, expected in ((0, 0), (5, 0), (1, 1), (2, 2)):
+        script = f"set -euo pipefail\n{handler}\n(exit {status}) || no_test_is_ok\necho reached"
+        proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == expected and ("reached" in proc.stdout) == (expected == 0), (status, proc)
 
 
 @pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "install"], ids=lambda c: _id(c))
@@ -256,34 +305,53 @@ def test_install_commands_name_real_extras(item):
 
 
 @pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "lint"], ids=lambda c: _id(c))
-def test_lint_commands_are_ruff_as_configured(item):
-    """The lint steps run in `.ci/run` (see `test_readme_test_command_is_ci`); here: ruff is installed with the dev
-    extra and pyproject.toml configures it."""
+def test_lint_commands_pass_with_the_pinned_ruff(item):
+    """Each lint command of the docs passes on the checkout, run by the ruff version the dev extra pins."""
     import tomllib
 
     _, argv = item
-    assert argv[1] in ("check", "format") and (BIN / "ruff").is_file()
-    assert "ruff" in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]
+    assert argv[1] in ("check", "format"), argv
+    dev = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["dev"]
+    pinned = next(spec.split("==")[1] for spec in dev if spec.startswith("ruff=="))
+    assert _run([str(BIN / "ruff"), "--version"], cwd=ROOT).stdout.split()[1] == pinned
+    proc = subprocess.run([str(BIN / "ruff"), *argv[1:]], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"`{shlex.join(argv)}` fails:\n{proc.stdout[-4000:]}{proc.stderr[-2000:]}"
 
 
 @pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "pytest"], ids=lambda c: _id(c))
 def test_pytest_commands_name_real_paths(item):
     _, argv = item
-    for word in argv[3:]:
-        if not word.startswith("-"):
-            assert (ROOT / word.split("::")[0]).exists(), f"`{shlex.join(argv)}`: {word} does not exist"
+    words = argv[3:]
+    paths = [w for i, w in enumerate(words) if not w.startswith("-") and (i == 0 or words[i - 1] not in ("-m", "-k"))]
+    assert paths, f"`{shlex.join(argv)}` names no test path"
+    for word in paths:
+        assert (ROOT / word.split("::")[0]).exists(), f"`{shlex.join(argv)}`: {word} does not exist"
+    for i, word in enumerate(words[:-1]):
+        if word == "-m":  # a marker expression names registered markers only
+            import tomllib
+
+            markers = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]
+            registered = {m.split(":")[0].strip() for m in markers}
+            used = set(re.findall(r"\w+", words[i + 1])) - {"not", "and", "or"}
+            assert used <= registered, f"`{shlex.join(argv)}` selects unregistered markers {used - registered}"
+
+
+@functools.cache
+def _help_text(script: str) -> str:
+    """`python <script> --help`, once per script for the whole session (the docs name some scripts many times)."""
+    return _run([sys.executable, script, "--help"], cwd=ROOT).stdout
 
 
 @pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "script"], ids=lambda c: _id(c))
 def test_scripts_answer_help(item):
     _, argv = item
     assert (ROOT / argv[1]).is_file(), f"{argv[1]} does not exist"
-    proc = _run([sys.executable, argv[1], "--help"], cwd=ROOT)
-    assert "usage" in proc.stdout.lower()
+    text = _help_text(argv[1])
+    assert "usage" in text.lower()
     # the flags the doc passes are flags the script knows
     for word in argv[2:]:
         if word.startswith("--"):
-            assert word.split("=")[0] in proc.stdout, f"{argv[1]} has no flag {word}"
+            assert word.split("=")[0] in text, f"{argv[1]} has no flag {word}"
 
 
 def _replace(argv: list[str], stand_ins: dict[str, str]) -> list[str]:
@@ -299,32 +367,28 @@ def _set_flag(argv: list[str], flag: str, value: str) -> list[str]:
     return argv
 
 
-@pytest.fixture(scope="module")
-def train_run(tmp_path_factory) -> Path:
-    """The tiny recipe trained once through `cegppo-train` (what `cegppo-plot` and `cegppo-eval` commands use)."""
-    out = tmp_path_factory.mktemp("doc-train") / "run"
-    _run(
-        [str(BIN / "cegppo-train"), "--config", "recipes/tiny/cegppo/config_cpu.yaml", "--output_dir", str(out)],
-        cwd=ROOT,
-    )
-    return out
-
-
 def _is_cpu_recipe(argv: list[str]) -> bool:
     return "--config" in argv and "recipes/tiny/" in argv[argv.index("--config") + 1]
 
 
+def _slow_if(items: list, is_slow) -> list:
+    """`items` as parameters, those for which `is_slow(argv)` holds marked `slow` (they need a training run)."""
+    return [pytest.param(item, marks=pytest.mark.slow) if is_slow(item[1]) else item for item in items]
+
+
 @pytest.mark.parametrize(
     "item",
-    [c for c in SHELL_COMMANDS if classify(c[1]) in ("cegppo-train", "train-script")],
+    _slow_if([c for c in SHELL_COMMANDS if classify(c[1]) in ("cegppo-train", "train-script")], _is_cpu_recipe),
     ids=lambda c: _id(c),
 )
-def test_train_commands(item, tmp_path, train_run):
-    """CPU recipes run (the `train_run` fixture ran the README's command once; others run here); GPU recipes parse."""
+def test_train_commands(item, tmp_path, request):
+    """CPU recipes run (the plain tiny-recipe command is the shared `tiny_recipe_run`; others run here); GPU recipes
+    parse."""
     _, argv = item
     if _is_cpu_recipe(argv):
-        if program(argv) == "cegppo-train" and argv[1:] == ["--config", "recipes/tiny/cegppo/config_cpu.yaml"]:
-            assert (train_run / "trainer_state.json").is_file()
+        if program(argv) == "cegppo-train" and argv[1:] == ["--config", TINY_RECIPE]:
+            run = request.getfixturevalue("tiny_recipe_run")
+            assert (run.out / "trainer_state.json").is_file()
             return
         cmd = [str(BIN / "cegppo-train")] if program(argv) == "cegppo-train" else [sys.executable, argv[1]]
         rest = argv[1:] if program(argv) == "cegppo-train" else argv[2:]
@@ -381,44 +445,46 @@ def test_vllm_serve_commands_parse(item):
     assert args.model in HUB_MODELS
 
 
-DEMO_OUTPUT = "cegppo-demo-output"  # `cegppo-demo`'s default --output-dir, as the docs name it
+def _on_demo(argv: list[str]) -> bool:
+    return any(word.startswith(DEMO_OUTPUT + "/") for word in argv)
 
 
-@pytest.fixture(scope="module")
-def demo_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    """`cegppo-demo --quick` once, in a fresh directory with the default output dir; the docs' commands on
-    `cegppo-demo-output/...` run against it."""
-    cwd = tmp_path_factory.mktemp("doc-demo")
-    proc = _run([str(BIN / "cegppo-demo"), "--quick", "--no-progress"], cwd=cwd)
-    return cwd, proc
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "cegppo-demo"], ids=lambda c: _id(c))
-def test_demo_commands(item, demo_run, tmp_path):
-    """`cegppo-demo` runs as `--quick` (the full run is the README's main job, about 10 minutes on 2 cores)."""
+def test_demo_commands(item, quick_demo, tmp_path):
+    """`cegppo-demo` runs as the shared quick demo (the full run is the README's main job, about 10 minutes on 2
+    cores); a command with other flags runs on its own, also `--quick`."""
     _, argv = item
     args = [a for a in argv[1:] if a != "--quick"]
     if args:
         out = tmp_path / "demo"
         proc = _run([str(BIN / "cegppo-demo"), *args, "--quick", "--no-progress", "--output-dir", str(out)], tmp_path)
     else:
-        cwd, proc = demo_run
-        out = cwd / DEMO_OUTPUT
+        out, proc = quick_demo.out, quick_demo.proc
     assert "CE-GPPO" in proc.stdout and (out / "results.json").is_file()
 
 
-@pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "cegppo-eval"], ids=lambda c: _id(c))
+@pytest.mark.parametrize(
+    "item", _slow_if([c for c in SHELL_COMMANDS if classify(c[1]) == "cegppo-eval"], _on_demo), ids=lambda c: _id(c)
+)
 def test_eval_commands(item, stand_ins, tmp_path, request):
-    """Hub ids and placeholders become the tiny checkpoint; `cegppo-demo-output/...` is a quick demo's output, and
-    then the command must reproduce the demo's own held-out figure."""
+    """Hub ids and placeholders become the tiny checkpoint; `cegppo-demo-output/...` is the shared quick demo's output.
+    A command the demo printed is checked to be one (tests/test_demo_eval.py runs each printed command and checks that
+    it reproduces the demo's held-out figure); any other command on the demo's output runs here and must reproduce
+    the figure too."""
     _, argv = item
     import json
 
     cmd = _replace(argv[1:], stand_ins)
-    on_demo = any(word.startswith(DEMO_OUTPUT + "/") for word in cmd)
-    cwd = request.getfixturevalue("demo_run")[0] if on_demo else tmp_path
-    if on_demo:  # the quick demo draws fewer samples per problem than the full one the docs describe
+    on_demo = _on_demo(cmd)
+    cwd = request.getfixturevalue("quick_demo").cwd if on_demo else tmp_path
+    if on_demo:
         summary = json.loads((cwd / DEMO_OUTPUT / "results.json").read_text())
+        printed = [shlex.split(command)[1:] for command in summary["eval_commands"].values()]
+        if cmd in printed:
+            assert (cwd / cmd[0] / "config.json").is_file(), cmd
+            return
+        # the quick demo may draw fewer samples per problem than the full one the docs describe
         cmd = _set_flag(cmd, "--k", str(summary["sizes"]["eval_samples"]))
     else:
         for flag, value in (("--max-problems", "3"), ("--k", "2"), ("--max-new-tokens", "8")):
@@ -436,11 +502,14 @@ def test_eval_commands(item, stand_ins, tmp_path, request):
         assert metrics[f"avg@{k}"] == figure, (cmd, metrics, figure)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "cegppo-plot"], ids=lambda c: _id(c))
-def test_plot_commands(item, train_run, tmp_path):
+def test_plot_commands(item, tiny_recipe_run, tmp_path):
+    """`cegppo-plot` on the shared tiny-recipe run (`RUN_DIR` in the docs)."""
     _, argv = item
     first_flag = next((i for i, a in enumerate(argv) if a.startswith("--")), len(argv))
-    runs = [str(train_run) if a in PLACEHOLDER_RUNS else a for a in argv[1:first_flag] if not set(a) & set("[].")]
+    run = str(tiny_recipe_run.out)
+    runs = [run if a in PLACEHOLDER_RUNS else a for a in argv[1:first_flag] if not set(a) & set("[].")]
     out = tmp_path / "runs.png"
     _run([str(BIN / "cegppo-plot"), *dict.fromkeys(runs), "--out", str(out)], cwd=tmp_path)
     assert out.stat().st_size > 0

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer, EntropyController
-from cegppo_trl.core import entropy_change_first_order
 from cegppo_trl.demo.toy import (
     TOY_PRESETS,
     ToyConfig,
+    entropy_change_first_order,
     entropy_sensitivity,
     first_order_check,
     run_toy,

@@ -1,26 +1,93 @@
-"""avg@k / pass@k: the estimator against brute force, grading, the `cegppo-eval` command on a tiny local model, and
-the in-training `AvgAtKCallback` under CEGPPOTrainer."""
+"""Evaluation (`cegppo_trl/evaluation/`, `cegppo-eval`): the estimators against brute force, the one declaration and
+the one check of the settings, what may be evaluated (full models, LoRA adapters, Hub ids, ID:SPLIT sets), the
+command on a tiny local model, the report written set by set, the vLLM backend's wiring (with a stand-in module), the
+TRL code the package mirrors, and `AvgAtKCallback` on one process (tests/test_callback_multiprocess.py: two)."""
 
+import ast
 import copy
+import dataclasses
+import importlib.util
 import itertools
 import json
+import shutil
+import subprocess
+import sys
 from math import comb
+from pathlib import Path
 
 import pytest
 import torch
+from transformers import TrainerCallback
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
-from cegppo_trl.evaluation import AvgAtKCallback, evaluate_completions, format_summary, main, pass_at_k
+from cegppo_trl.evaluation import (
+    PROMPT_FILE,
+    AvgAtKCallback,
+    EvalSettings,
+    evaluate_completions,
+    evaluate_model,
+    format_summary,
+    generate_completions,
+    load_eval_settings,
+    parse_dataset_spec,
+    pass_at_k,
+    prompt_token_ids,
+    resolve_eval_settings,
+    resolve_model_source,
+    save_eval_settings,
+    summarize_counts,
+)
+from cegppo_trl.scripts.eval import build_parser, main
 
 
-# The tiny model is SFT-trained on this user message format (cegppo_trl.demo.run.DEMO_INSTRUCTION).
+ROOT = Path(__file__).resolve().parents[1]
+STANDINS = Path(__file__).resolve().parent / "standins"
+# The tiny model is SFT-trained on this user message format (the tiny recipe's and the demo's instruction).
 TINY_INSTRUCTION = "{problem} Put the final answer in \\boxed{}."
+RUN_OPTIONS = {"model", "datasets", "output", "save_completions", "no_progress", "help"}
 
 
 def brute_force_pass_at_k(outcomes, k):
     """Fraction of the k-subsets of the samples that contain at least one correct sample."""
     subsets = list(itertools.combinations(outcomes, k))
     return sum(any(s) for s in subsets) / len(subsets)
+
+
+def write_problems(path: Path, answers) -> Path:
+    """Rows "What is a+1?" with the given answers (the stand-in vLLM always answers 2)."""
+    rows = [{"problem": f"What is {int(a) - 1}+1?", "answer": str(a)} for a in answers]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+@pytest.fixture
+def model_dir(tiny_checkpoint, tmp_path) -> Path:
+    """A private copy of the tests' tiny checkpoint (tests write settings into it)."""
+    return Path(shutil.copytree(tiny_checkpoint, tmp_path / "model"))
+
+
+@pytest.fixture
+def adapter_dir(tiny_checkpoint, tmp_path) -> Path:
+    """A LoRA adapter folder as `cegppo-train --use_peft true` saves it (adapter + tokenizer, no config.json), with
+    non-zero LoRA weights, on the tiny checkpoint; it declares the tiny prompt format."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_checkpoint)
+    torch.manual_seed(0)
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    model = get_peft_model(base, lora)
+    path = tmp_path / "adapter"
+    model.save_pretrained(path)
+    AutoTokenizer.from_pretrained(tiny_checkpoint).save_pretrained(path)
+    save_eval_settings(path, instruction=TINY_INSTRUCTION, temperature=1.0, max_new_tokens=6)
+    assert (path / "adapter_config.json").is_file() and not (path / "config.json").exists()
+    return path
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Estimators
+# ----------------------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("n", [1, 2, 5, 8])
@@ -65,42 +132,178 @@ def test_evaluate_completions_grades_and_averages():
         evaluate_completions([["a"], ["b", "c"]], ["1", "2"])
 
 
-def test_cegppo_eval_writes_json_report(tiny_model, tiny_tokenizer, tmp_path, capsys):
-    from cegppo_trl.demo.tiny import save_tiny
+def test_summarize_counts_leaves_out_unparseable_golds():
+    figures = summarize_counts([2, 0, 4], 4, [1, 4], skipped=[False, True, False])
+    assert figures["num_problems"] == 3 and figures["num_skipped"] == 1
+    assert figures["avg@4"] == pytest.approx(6 / 8) and figures["pass@4"] == 1.0
+    assert figures["pass@1"] == pytest.approx(figures["avg@4"])
+    with pytest.raises(ValueError, match="between 0 and k"):
+        summarize_counts([5], 4)
 
-    model_dir = save_tiny(tiny_model, tiny_tokenizer, tmp_path / "model")
+
+# ----------------------------------------------------------------------------------------------------------------
+# Settings: declared once, checked once
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_every_setting_is_one_field_one_flag_and_one_report_entry(model_dir, tmp_path):
+    """The flags are EvalSettings' fields (plus the run options), a command line sets exactly those fields, and the
+    report records every field."""
+    parser = build_parser()
+    dests = {action.dest for action in parser._actions}
+    names = {f.name for f in dataclasses.fields(EvalSettings)}
+    assert dests - RUN_OPTIONS == names
+    given = {
+        "instruction": "{problem} Answer in \\boxed{}.", "system_prompt": "Be brief.", "temperature": 0.7,
+        "top_p": 0.9, "top_k": 5, "max_new_tokens": 7, "k": 3, "pass_ks": [1, 3], "seed": 4, "timeout_s": 2.0,
+        "split": "validation", "problem_column": "question", "answer_column": "final", "max_problems": 9,
+        "backend": "vllm", "dtype": "float32", "base_model": "org/base", "batch_size": 8, "device": "cpu",
+        "max_model_len": 4096, "gpu_memory_utilization": 0.5, "tensor_parallel_size": 2, "merge_dir": "merged",
+    }  # fmt: skip
+    assert set(given) == names, "this test gives every field a non-default value"
+    argv = ["m", "--datasets", "x.jsonl"]
+    for name, value in given.items():
+        argv += [EvalSettings.flag(name), *map(str, value if isinstance(value, list) else [value])]
+    settings = EvalSettings.from_namespace(parser.parse_args(argv))
+    assert dataclasses.asdict(settings) == given
+    assert EvalSettings.from_namespace(parser.parse_args(["m", "--datasets", "x"])) == EvalSettings()
+
+    data = write_problems(tmp_path / "p.jsonl", [1, 2])
+    report = evaluate_model(str(model_dir), [str(data)], k=1, max_new_tokens=2, temperature=0.0, progress=False)
+    assert set(report["settings"]) == names | {"from_checkpoint"}
+
+
+@pytest.mark.parametrize(
+    "field, value, flag",
+    [
+        ("k", 0, "--k"),
+        ("top_p", 1.5, "--top-p"),
+        ("temperature", -1.0, "--temperature"),
+        ("max_new_tokens", 0, "--max-new-tokens"),
+        ("batch_size", 0, "--batch-size"),
+        ("gpu_memory_utilization", 1.5, "--gpu-memory-utilization"),
+        ("tensor_parallel_size", 0, "--tensor-parallel-size"),
+        ("top_k", -1, "--top-k"),
+    ],
+)
+def test_bad_settings_fail_once_with_the_flag_named(field, value, flag, capsys, tmp_path):
+    with pytest.raises(ValueError, match=f"^{flag} \\({field}\\)") as error:
+        EvalSettings(**{field: value}).validate()
+    with pytest.raises(SystemExit) as exit_info:  # the command: the same message, before anything loads
+        main(["model", "--datasets", "builtin:arithmetic_eval", flag, str(value), "--output", str(tmp_path / "r")])
+    assert exit_info.value.code == 2 and str(error.value) in capsys.readouterr().err
+    if field in ("top_p", "temperature", "max_new_tokens", "top_k"):  # generation checks with the same code
+        with pytest.raises(ValueError, match=f"^{flag} \\({field}\\)"):
+            generate_completions(None, None, ["p"], 2, **{field: value})
+
+
+def test_greedy_needs_one_sample_and_pass_k_at_most_k():
+    with pytest.raises(ValueError, match="greedy"):
+        EvalSettings(temperature=0.0, k=4).validate()
+    EvalSettings(temperature=0.0, k=1).validate()
+    with pytest.raises(ValueError, match="--pass-k"):
+        EvalSettings(k=2, pass_ks=[3]).validate()
+
+
+def test_prompt_words_none_and_default():
+    from cegppo_trl.data import DEFAULT_INSTRUCTION
+
+    assert EvalSettings(instruction="none").instruction == ""
+    assert EvalSettings(instruction="default").instruction == DEFAULT_INSTRUCTION
+    assert EvalSettings(system_prompt="none").system_prompt == ""
+    assert EvalSettings().instruction is None  # None: not given (the model's, else the paper's)
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("HuggingFaceH4/MATH-500", ("HuggingFaceH4/MATH-500", "test", False)),
+        ("HuggingFaceH4/aime_2024:train", ("HuggingFaceH4/aime_2024", "train", True)),
+        ("math-ai/amc23:test[:10]", ("math-ai/amc23", "test[:10]", True)),
+        ("builtin:arithmetic_eval", ("builtin:arithmetic_eval", "test", False)),
+    ],
+)
+def test_dataset_specs(text, expected):
+    spec = parse_dataset_spec(text)
+    assert (spec.source, spec.split, spec.explicit) == expected and spec.name == text
+
+
+def test_dataset_spec_refuses_a_split_on_a_file(tmp_path):
+    data = write_problems(tmp_path / "p.jsonl", [1])
+    assert parse_dataset_spec(str(data)).source == str(data)
+    for text in (f"{data}:train", "builtin:arithmetic_eval:train"):
+        with pytest.raises(ValueError, match="a split applies to Hub data sets"):
+            parse_dataset_spec(text)
+    with pytest.raises(ValueError, match="empty split"):
+        parse_dataset_spec("math-ai/aime25:")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# What may be evaluated
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["missing-dir/model", "./model", "~/no/such/model/here", "out/runs/cegppo/final", "not a hub id"],
+)
+def test_cegppo_eval_names_a_missing_local_path(name, tmp_path, monkeypatch, capsys):
+    """A local path that does not exist is reported as such (huggingface_hub's repo-id check decides what could be a
+    Hub id), not as a Hub download error."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "missing-dir").mkdir()  # an existing parent: "missing-dir/model" is a path, not a Hub id
+    with pytest.raises(SystemExit) as error:
+        main([name, "--datasets", "builtin:arithmetic_eval", "--output", str(tmp_path / "x.json")])
+    assert error.value.code == 2
+    message = capsys.readouterr().err
+    assert f"model path {name!r} does not exist" in message and "Hugging Face Hub id" in message
+    assert resolve_model_source("org/model-name").path == "org/model-name"  # a valid Hub id passes the check
+
+
+def test_cegppo_eval_names_a_directory_without_a_model(model_dir, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(model_dir, run / "final")
+    (run / "trainer_state.json").write_text("{}")
+    with pytest.raises(SystemExit) as error:
+        main([str(run), "--datasets", "builtin:arithmetic_eval", "--output", str(tmp_path / "x.json")])
+    assert error.value.code == 2
+    message = capsys.readouterr().err
+    assert "holds no saved model (no config.json or adapter_config.json)" in message and str(run / "final") in message
+
+
+def test_lora_adapter_source(adapter_dir, tiny_checkpoint, tmp_path):
+    source = resolve_model_source(str(adapter_dir))
+    assert source.path == str(tiny_checkpoint) and source.adapter == str(adapter_dir)
+    assert source.tokenizer_dir == str(adapter_dir) and source.settings_dirs[0] == str(adapter_dir)
+    moved = Path(shutil.copytree(adapter_dir, tmp_path / "moved"))
+    config = json.loads((moved / "adapter_config.json").read_text())
+    config["base_model_name_or_path"] = str(tmp_path / "gone" / "base")
+    (moved / "adapter_config.json").write_text(json.dumps(config))
+    with pytest.raises(FileNotFoundError, match="base_model_name_or_path in .*adapter_config.json.*--base-model"):
+        resolve_model_source(str(moved))
+    assert resolve_model_source(str(moved), base_model=str(tiny_checkpoint)).path == str(tiny_checkpoint)
+    with pytest.raises(ValueError, match="--base-model applies to LoRA adapter folders"):
+        resolve_model_source(str(tiny_checkpoint), base_model=str(tiny_checkpoint))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The command on a tiny local model
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_cegppo_eval_writes_json_report(model_dir, tmp_path, capsys):
     data = tmp_path / "probs.jsonl"
     data.write_text("".join(json.dumps({"problem": f"What is {a}+1?", "answer": str(a + 1)}) + "\n" for a in range(3)))
     out = tmp_path / "reports" / "eval.json"
     argv = [
-        model_dir,
-        "--datasets",
-        "builtin:arithmetic_eval",
-        str(data),
-        "--max-problems",
-        "4",
-        "--k",
-        "3",
-        "--pass-k",
-        "1",
-        "2",
-        "3",
-        "--max-new-tokens",
-        "6",
-        "--batch-size",
-        "5",
-        "--instruction",
-        TINY_INSTRUCTION,
-        "--device",
-        "cpu",
-        "--output",
-        str(out),
-        "--save-completions",
-        "--no-progress",
-    ]
+        str(model_dir), "--datasets", "builtin:arithmetic_eval", str(data), "--max-problems", "4", "--k", "3",
+        "--pass-k", "1", "2", "3", "--max-new-tokens", "6", "--batch-size", "5", "--instruction", TINY_INSTRUCTION,
+        "--device", "cpu", "--output", str(out), "--save-completions", "--no-progress",
+    ]  # fmt: skip
     assert main(argv) == 0
     report = json.loads(out.read_text())
-    assert report["model"] == model_dir and report["settings"]["k"] == 3
+    assert report["model"] == str(model_dir) and report["settings"]["k"] == 3 and report["pending"] == []
     assert report["settings"]["temperature"] == 0.6 and report["settings"]["top_p"] == 0.95
     assert list(report["datasets"]) == ["builtin:arithmetic_eval", str(data)]
     for name, n in (("builtin:arithmetic_eval", 4), (str(data), 3)):
@@ -120,14 +323,14 @@ def test_cegppo_eval_writes_json_report(tiny_model, tiny_tokenizer, tmp_path, ca
     assert len(lines) == 2 and lines[0].startswith("builtin:arithmetic_eval: avg@3 = ")
     assert lines[1].startswith(f"{data}: avg@3 = ") and "(3 problems x 3 samples" in lines[1]
 
-    # Same seed, same samples: the report is reproducible.
+    # Same seed, same samples, whatever the other sets: each set starts from the seed.
     out2 = tmp_path / "eval2.json"
-    assert main(argv[:-4] + ["--output", str(out2), "--save-completions", "--no-progress"]) == 0
-    again = json.loads(out2.read_text())
-    for name in report["datasets"]:
-        assert [p["completions"] for p in again["datasets"][name]["problems"]] == [
-            p["completions"] for p in report["datasets"][name]["problems"]
-        ]
+    alone = [str(model_dir), "--datasets", str(data), *argv[4:-4], "--output", str(out2), "--save-completions"]
+    assert main([*alone, "--no-progress"]) == 0
+    again = json.loads(out2.read_text())["datasets"][str(data)]
+    assert [p["completions"] for p in again["problems"]] == [
+        p["completions"] for p in report["datasets"][str(data)]["problems"]
+    ]
 
 
 def test_cegppo_eval_rejects_bad_arguments(tmp_path):
@@ -138,130 +341,379 @@ def test_cegppo_eval_rejects_bad_arguments(tmp_path):
     assert error.value.code == 2
 
 
-def test_avg_at_k_callback_logs_into_history_without_changing_training(
-    tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config, tmp_path
-):
-    from cegppo_trl.data import load_math_dataset
-    from cegppo_trl.demo.plotting import load_log_history, plot_log_histories
+def test_every_set_is_checked_before_the_model_loads(model_dir, tmp_path, monkeypatch, capsys):
+    """A missing later set, a split on a file and an unknown built-in set are all reported at once, before any
+    model code runs, and nothing is evaluated."""
+    from cegppo_trl.evaluation import generation
 
-    held_out = load_math_dataset("builtin:arithmetic_eval", instruction=TINY_INSTRUCTION).select(range(3))
-    reference_model = copy.deepcopy(tiny_model)
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the model was loaded although a data set is missing")
 
-    def train(model, callbacks, output_dir):
-        config = make_config(CEGPPOConfig, output_dir, max_steps=2)
-        trainer = CEGPPOTrainer(
-            model=model,
-            reward_funcs=reward_fn,
-            args=config,
-            train_dataset=arithmetic_dataset,
-            processing_class=tiny_tokenizer,
-            callbacks=callbacks,
-        )
-        trainer.train()
-        return trainer
-
-    callback = AvgAtKCallback(held_out, k=2, eval_steps=1, max_new_tokens=4, batch_size=6, eval_on_start=True)
-    trainer = train(tiny_model, [callback], tmp_path / "with")
-    entries = [h for h in trainer.state.log_history if "heldout/avg@2" in h]
-    assert [e["step"] for e in entries] == [0, 1, 2]  # on start, then every step; no duplicate at the end
-    for e in entries:
-        assert 0.0 <= e["heldout/avg@2"] <= e["heldout/pass@2"] <= 1.0
-        assert e["heldout/pass@1"] == pytest.approx(e["heldout/avg@2"])
-    assert callback.history == entries
-    trainer.save_state()
-    history = load_log_history(tmp_path / "with")
-    assert [h["step"] for h in history if "heldout/avg@2" in h] == [0, 1, 2]
-    png = plot_log_histories({"run": history}, tmp_path / "heldout.png", metrics=["heldout/avg@2", "reward"])
-    assert (tmp_path / "heldout.png").stat().st_size > 0 and png.endswith("heldout.png")
-
-    # The evaluation runs under its own RNG: training with and without it ends with the same weights.
-    reference = train(reference_model, [], tmp_path / "without")
-    for (name, p), q in zip(trainer.model.named_parameters(), reference.model.parameters()):
-        assert torch.equal(p.detach(), q.detach()), name
-    assert trainer.model.training == reference.model.training
-
-
-def test_avg_at_k_callback_validates_rows():
-    with pytest.raises(ValueError):
-        AvgAtKCallback([{"problem": "1+1", "answer": "2"}])
-    with pytest.raises(ValueError):
-        AvgAtKCallback([], k=2)
-
-
-@pytest.mark.parametrize(
-    "name",
-    ["missing-dir/model", "./model", "~/no/such/model/here", "out/runs/cegppo/final", "not a hub id"],
-)
-def test_cegppo_eval_names_a_missing_local_path(name, tmp_path, monkeypatch, capsys):
-    """A local path that does not exist is reported as such, not as Hugging Face's "Repo id must be ..." error."""
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "missing-dir").mkdir()  # an existing parent: "missing-dir/model" is a path, not a Hub id
+    monkeypatch.setattr(generation, "load_model", no_loading)
+    good = write_problems(tmp_path / "good.jsonl", [1, 2])
+    bad = ["missing.jsonl", "builtin:arithmetic_eval:train", "builtin:nope"]
+    out = tmp_path / "report.json"
     with pytest.raises(SystemExit) as error:
-        main([name, "--datasets", "builtin:arithmetic_eval", "--output", str(tmp_path / "x.json")])
+        main([str(model_dir), "--datasets", str(good), *bad, "--output", str(out), "--no-progress"])
     assert error.value.code == 2
     message = capsys.readouterr().err
-    assert f"model path {name!r} does not exist" in message and "Repo id" not in message
+    assert "3 of 4 data sets cannot be used (nothing was evaluated" in message
+    assert all(f"  {name}: " in message for name in bad) and f"  {good}: " not in message
+    assert not out.exists()
 
 
-def test_cegppo_eval_names_a_directory_without_a_model(tiny_model, tiny_tokenizer, tmp_path, capsys):
-    from cegppo_trl.demo.tiny import save_tiny
+@pytest.mark.usefixtures("one_torch_thread")
+def test_each_set_is_written_as_soon_as_it_finishes(model_dir, tmp_path, monkeypatch, capsys):
+    """The report on disk holds every finished set (and the pending ones) after each set; when a later set fails
+    during generation, the finished set stays in the report and the error says so."""
+    from cegppo_trl.evaluation import generation
 
-    run = tmp_path / "run"
-    save_tiny(tiny_model, tiny_tokenizer, run / "final")
-    (run / "trainer_state.json").write_text("{}")
+    first = write_problems(tmp_path / "first.jsonl", [1, 2, 3])
+    second = write_problems(tmp_path / "second.jsonl", [4, 5])
+    out = tmp_path / "report.json"
+    seen_on_disk = []
+    report = evaluate_model(
+        str(model_dir), [str(first), str(second)], k=2, max_new_tokens=4, output=out, progress=False,
+        on_result=lambda name, metrics: seen_on_disk.append(json.loads(out.read_text())),
+    )  # fmt: skip
+    assert [list(r["datasets"]) for r in seen_on_disk] == [[str(first)], [str(first), str(second)]]
+    assert [r["pending"] for r in seen_on_disk] == [[str(second)], []]
+    assert json.loads(out.read_text()) == json.loads(json.dumps(report))
+
+    real_call = generation.HFGenerator.__call__
+    calls = []
+
+    def fail_on_the_second_set(self, prompts, progress=False):
+        calls.append(len(prompts))
+        if len(calls) == 2:
+            raise RuntimeError("CUDA out of memory (simulated)")
+        return real_call(self, prompts, progress)
+
+    monkeypatch.setattr(generation.HFGenerator, "__call__", fail_on_the_second_set)
+    out2 = tmp_path / "report2.json"
+    argv = [str(model_dir), "--datasets", str(first), str(second), "--k", "2", "--max-new-tokens", "4"]
     with pytest.raises(SystemExit) as error:
-        main([str(run), "--datasets", "builtin:arithmetic_eval", "--output", str(tmp_path / "x.json")])
+        main([*argv, "--output", str(out2), "--no-progress"])
     assert error.value.code == 2
     message = capsys.readouterr().err
-    assert "holds no saved model (no config.json)" in message and str(run / "final") in message
+    assert "out of memory (simulated)" in message and f"the finished sets ({first}) are in {out2}" in message
+    kept = json.loads(out2.read_text())
+    assert list(kept["datasets"]) == [str(first)] and kept["pending"] == [str(second)]
+    assert kept["datasets"][str(first)]["avg@2"] == report["datasets"][str(first)]["avg@2"]
 
 
-def test_eval_settings_travel_with_the_checkpoint(tiny_model, tiny_tokenizer, tmp_path, capsys):
+@pytest.mark.usefixtures("one_torch_thread")
+def test_eval_settings_travel_with_the_checkpoint(tiny_checkpoint, model_dir, tmp_path, capsys):
     """`save_eval_settings` writes cegppo_prompt.json + generation_config.json; `cegppo-eval` uses them when no flag
     is given (and says so), explicit flags win, and a model without the file keeps the paper's defaults."""
-    from cegppo_trl.data import DEFAULT_INSTRUCTION
-    from cegppo_trl.demo.tiny import load_tiny, save_tiny
-    from cegppo_trl.evaluation import PROMPT_FILE, load_eval_settings, resolve_eval_settings, save_eval_settings
+    from transformers import AutoModelForCausalLM
 
-    plain = save_tiny(tiny_model, tiny_tokenizer, tmp_path / "plain")
-    assert load_eval_settings(plain) is None
-    assert resolve_eval_settings(plain) == (
-        {
-            "instruction": DEFAULT_INSTRUCTION,
-            "system_prompt": None,
-            "temperature": 0.6,
-            "top_p": 0.95,
-            "max_new_tokens": 1024,
-        },
-        [],
-    )
-    model_dir = save_tiny(tiny_model, tiny_tokenizer, tmp_path / "model")
+    from cegppo_trl.data import DEFAULT_INSTRUCTION
+
+    assert load_eval_settings(tiny_checkpoint) is None
+    paper = {"instruction": DEFAULT_INSTRUCTION, "system_prompt": "", "temperature": 0.6, "top_p": 0.95, "top_k": 0,
+             "max_new_tokens": 32768}  # fmt: skip
+    assert resolve_eval_settings(tiny_checkpoint) == (paper, [])
     save_eval_settings(model_dir, instruction=TINY_INSTRUCTION, temperature=1.0, top_p=1.0, max_new_tokens=6)
-    assert (tmp_path / "model" / PROMPT_FILE).is_file()
-    saved = {"instruction": TINY_INSTRUCTION, "system_prompt": None, "temperature": 1.0, "top_p": 1.0}
+    assert (model_dir / PROMPT_FILE).is_file()
+    saved = {"instruction": TINY_INSTRUCTION, "system_prompt": "", "temperature": 1.0, "top_p": 1.0, "top_k": 0}
     assert load_eval_settings(model_dir) == {**saved, "max_new_tokens": 6}
-    model, _ = load_tiny(model_dir)  # the standard place: plain `generate` samples the same way
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir
+    )  # the standard place: plain `generate` samples the same way
     assert model.generation_config.do_sample and model.generation_config.max_new_tokens == 6
     assert model.generation_config.temperature == 1.0 and model.generation_config.top_k == 0
     settings, used = resolve_eval_settings(model_dir, temperature=0.0, instruction="default")
     assert settings == {**saved, "instruction": DEFAULT_INSTRUCTION, "temperature": 0.0, "max_new_tokens": 6}
-    assert used == ["system_prompt", "top_p", "max_new_tokens"]
+    assert used == ["system_prompt", "top_p", "top_k", "max_new_tokens"]
 
-    data = tmp_path / "probs.jsonl"
-    data.write_text("".join(json.dumps({"problem": f"What is {a}+1?", "answer": str(a + 1)}) + "\n" for a in range(3)))
-    base = [model_dir, "--datasets", str(data), "--k", "2", "--device", "cpu", "--no-progress", "--save-completions"]
-    assert main([*base, "--output", str(tmp_path / "auto.json")]) == 0
+    data = write_problems(tmp_path / "probs.jsonl", [1, 2, 3])
+    base = [str(model_dir), "--datasets", str(data), "--k", "2", "--device", "cpu", "--no-progress"]
+    assert main([*base, "--save-completions", "--output", str(tmp_path / "auto.json")]) == 0
     assert "declares its evaluation settings" in capsys.readouterr().err
     report = json.loads((tmp_path / "auto.json").read_text())
-    assert report["settings"]["from_checkpoint"] == ["instruction", "system_prompt", "temperature", "top_p",
+    assert report["settings"]["from_checkpoint"] == ["instruction", "system_prompt", "temperature", "top_p", "top_k",
                                                      "max_new_tokens"]  # fmt: skip
     assert {k: report["settings"][k] for k in saved} == saved and report["settings"]["max_new_tokens"] == 6
     (problem,) = report["datasets"][str(data)]["problems"][:1]
     assert problem["problem"] == "What is 0+1? Put the final answer in \\boxed{}."
     flags = ["--instruction", "default", "--temperature", "0.6", "--top-p", "0.9", "--max-new-tokens", "4"]
-    assert main([*base, *flags, "--system-prompt", "Be brief.", "--output", str(tmp_path / "flags.json")]) == 0
+    flags += ["--top-k", "3", "--system-prompt", "Be brief."]
+    assert main([*base, *flags, "--output", str(tmp_path / "flags.json")]) == 0
     assert "declares" not in capsys.readouterr().err
     settings = json.loads((tmp_path / "flags.json").read_text())["settings"]
     assert settings["from_checkpoint"] == [] and settings["instruction"] == DEFAULT_INSTRUCTION
-    assert (settings["temperature"], settings["top_p"], settings["max_new_tokens"]) == (0.6, 0.9, 4)
+    assert (settings["temperature"], settings["top_p"], settings["max_new_tokens"], settings["top_k"]) == (
+        0.6,
+        0.9,
+        4,
+        3,
+    )
     assert settings["system_prompt"] == "Be brief."
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_cegppo_eval_evaluates_a_lora_adapter_folder(adapter_dir, tiny_checkpoint, tmp_path, capsys):
+    """An adapter folder (adapter_config.json, no config.json): the base comes from adapter_config.json, the adapter
+    is merged with peft, and the samples are exactly those of the merged model, prompted with the adapter's
+    declared instruction."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from cegppo_trl.data import load_math_dataset
+
+    data = write_problems(tmp_path / "probs.jsonl", [3, 5, 8])
+    out = tmp_path / "lora.json"
+    argv = [str(adapter_dir), "--datasets", str(data), "--k", "2", "--device", "cpu", "--save-completions"]
+    assert main([*argv, "--output", str(out), "--no-progress"]) == 0
+    assert "with the LoRA adapter" in capsys.readouterr().err
+    report = json.loads(out.read_text())
+    assert report["source"] == {"model": str(tiny_checkpoint), "adapter": str(adapter_dir)}
+    assert report["settings"]["instruction"] == TINY_INSTRUCTION and report["settings"]["max_new_tokens"] == 6
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_checkpoint)
+    merged = PeftModel.from_pretrained(copy.deepcopy(base), adapter_dir).merge_and_unload()
+    changed = [n for n, p in merged.state_dict().items() if not torch.equal(p, base.state_dict()[n])]
+    assert changed and all("q_proj" in n or "v_proj" in n for n in changed)  # the adapter is really applied
+    tokenizer = AutoTokenizer.from_pretrained(adapter_dir)
+    prompts = list(load_math_dataset(str(data), instruction=TINY_INSTRUCTION)["prompt"])
+    expected = generate_completions(merged, tokenizer, prompts, 2, temperature=1.0, top_p=1.0, max_new_tokens=6)
+    assert [p["completions"] for p in report["datasets"][str(data)]["problems"]] == expected
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# vLLM: the wiring, with a stand-in module (no vLLM here)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def standin_vllm(monkeypatch):
+    spec = importlib.util.spec_from_file_location("vllm", STANDINS / "vllm.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setitem(sys.modules, "vllm", module)
+    return module
+
+
+def test_vllm_backend_wiring_only_with_a_stand_in_module(standin_vllm, adapter_dir, tiny_checkpoint, tmp_path):
+    """Checks the wiring only, not vLLM: one engine for all sets, built with the engine flags, from the merged
+    adapter; prompts go in as TRL's token ids with the adapter's instruction; sampling as resolved."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from cegppo_trl.data import load_math_dataset
+
+    sets = [write_problems(tmp_path / f"set{i}.jsonl", answers) for i, answers in enumerate(([1, 2, 2], [2, 7]))]
+    engine_flags = ["--max-model-len", "512", "--gpu-memory-utilization", "0.55", "--tensor-parallel-size", "2"]
+    merged_dir = tmp_path / "merged"
+    argv = [str(adapter_dir), "--backend", "vllm", "--datasets", *map(str, sets), "--k", "3", *engine_flags]
+    assert main([*argv, "--merge-dir", str(merged_dir), "--output", str(tmp_path / "r.json"), "--no-progress"]) == 0
+
+    (engine,) = standin_vllm.ENGINES  # one engine for both sets
+    assert engine.kwargs == {
+        "model": str(merged_dir), "seed": 0, "dtype": "auto", "gpu_memory_utilization": 0.55,
+        "tensor_parallel_size": 2, "max_model_len": 512,
+    }  # fmt: skip
+    assert "config.json" in engine.files and "tokenizer.json" in engine.files
+    merged = AutoModelForCausalLM.from_pretrained(merged_dir)
+    base = AutoModelForCausalLM.from_pretrained(tiny_checkpoint)
+    assert not torch.equal(
+        merged.model.layers[0].self_attn.q_proj.weight, base.model.layers[0].self_attn.q_proj.weight
+    )
+    assert len(standin_vllm.CALLS) == 2 and all(call[0] is engine for call in standin_vllm.CALLS)
+    tokenizer = AutoTokenizer.from_pretrained(adapter_dir)
+    for (_, inputs, params), path in zip(standin_vllm.CALLS, sets):
+        prompts = load_math_dataset(str(path), instruction=TINY_INSTRUCTION)["prompt"]
+        assert inputs == [{"prompt_token_ids": prompt_token_ids(tokenizer, p)} for p in prompts]
+        assert params.kwargs == {"n": 3, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_tokens": 6, "seed": 0}
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert [m["avg@3"] for m in report["datasets"].values()] == [pytest.approx(2 / 3), pytest.approx(1 / 2)]
+
+    # Without --merge-dir the merged model goes to a temporary directory, removed after the run.
+    standin_vllm.ENGINES.clear()
+    assert main([*argv, "--output", str(tmp_path / "r2.json"), "--no-progress"]) == 0
+    (engine,) = standin_vllm.ENGINES
+    assert "config.json" in engine.files and not Path(engine.kwargs["model"]).exists()
+
+
+def test_vllm_backend_without_vllm_says_how_to_install(model_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
+    data = write_problems(tmp_path / "p.jsonl", [1])
+    with pytest.raises(SystemExit) as error:
+        main([str(model_dir), "--backend", "vllm", "--datasets", str(data), "--output", str(tmp_path / "r.json")])
+    assert error.value.code == 2 and "pip install 'cegppo-trl[vllm]'" in capsys.readouterr().err
+
+
+def test_vllm_extra_is_trls_own_range():
+    """`pip install "cegppo-trl[vllm]"` installs TRL's vllm extra, so the vLLM range is the one TRL supports."""
+    from importlib.metadata import requires
+
+    import tomllib
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    (extra,) = [Requirement(spec) for spec in project["optional-dependencies"]["vllm"]]
+    (trl,) = [Requirement(spec) for spec in project["dependencies"] if spec.startswith("trl")]
+    assert extra.name == "trl" and extra.extras == {"vllm"} and extra.specifier == trl.specifier
+    trl_vllm = [Requirement(r) for r in requires("trl") if r.startswith("vllm")]
+    assert [str(r.specifier) for r in trl_vllm if r.marker.evaluate({"extra": "vllm"})] == ["<=0.31.0,>=0.22.0"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# TRL code the package mirrors (pinned to TRL 1.16)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_prompt_token_ids_mirror_trls_tokenize_prompts(tiny_model, tiny_tokenizer, arithmetic_dataset, make_config, tmp_path):  # fmt: skip
+    trainer = CEGPPOTrainer(
+        model=tiny_model,
+        reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+        args=make_config(CEGPPOConfig, tmp_path, max_steps=1),
+        train_dataset=arithmetic_dataset,
+        processing_class=tiny_tokenizer,
+    )
+    conversational = [[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+3?"}],
+                      [{"role": "user", "content": "What is 40+2? Put the final answer in \\boxed{}."}]]  # fmt: skip
+    for prompts in (conversational, ["What is 2+3?", "7 - 5 ="]):
+        trl_ids = trainer._tokenize_prompts(prompts)[0]
+        assert [prompt_token_ids(tiny_tokenizer, p) for p in prompts] == [list(ids) for ids in trl_ids]
+
+
+def test_grpo_trainers_log_folds_its_buffered_metrics(tiny_model, tiny_tokenizer, arithmetic_dataset, make_config, tmp_path):  # fmt: skip
+    """Why AvgAtKCallback logs with `transformers.Trainer.log`: TRL 1.16's GRPOTrainer.log merges and clears the
+    training metrics it buffers, so an extra log entry in between would take them from the trainer's own entry."""
+    trainer = CEGPPOTrainer(
+        model=tiny_model,
+        reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+        args=make_config(CEGPPOConfig, tmp_path, max_steps=1),
+        train_dataset=arithmetic_dataset,
+        processing_class=tiny_tokenizer,
+    )
+    trainer._metrics["train"]["reward"].append(0.25)
+    trainer.log({"heldout/avg@2": 0.5})
+    assert trainer.state.log_history[-1]["reward"] == 0.25 and not trainer._metrics["train"]
+    trainer._metrics["train"]["reward"].append(0.25)
+    from transformers import Trainer
+
+    Trainer.log(trainer, {"heldout/avg@2": 0.5})
+    assert "reward" not in trainer.state.log_history[-1] and trainer._metrics["train"]["reward"] == [0.25]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# AvgAtKCallback on one process
+# ----------------------------------------------------------------------------------------------------------------
+
+
+class RecordLogs(TrainerCallback):
+    """What a report_to integration sees: every `on_log` call."""
+
+    def __init__(self):
+        self.logs = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.logs.append(dict(logs))
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_avg_at_k_callback_logs_through_the_trainer(
+    tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config, tmp_path
+):
+    from cegppo_trl.data import load_math_dataset
+    from cegppo_trl.demo.plotting import load_log_history
+
+    held_out = load_math_dataset("builtin:arithmetic_eval", instruction=TINY_INSTRUCTION).select(range(5))
+    reference_model = copy.deepcopy(tiny_model)
+
+    def trainer_for(model, output_dir):
+        return CEGPPOTrainer(
+            model=model,
+            reward_funcs=reward_fn,
+            args=make_config(CEGPPOConfig, output_dir, max_steps=2),
+            train_dataset=arithmetic_dataset,
+            processing_class=tiny_tokenizer,
+        )
+
+    trainer = trainer_for(tiny_model, tmp_path / "with")
+    recorder = RecordLogs()
+    callback = AvgAtKCallback(trainer, held_out, k=2, eval_steps=1, max_new_tokens=4, batch_size=4, eval_on_start=True)
+    trainer.add_callback(callback)
+    trainer.add_callback(recorder)
+    trainer.train()
+    entries = [h for h in trainer.state.log_history if "heldout/avg@2" in h]
+    assert [e["step"] for e in entries] == [0, 1, 2]  # on start, then every step; no duplicate at the end
+    for e in entries:
+        assert 0.0 <= e["heldout/avg@2"] <= e["heldout/pass@2"] <= 1.0
+        assert e["heldout/pass@1"] == pytest.approx(e["heldout/avg@2"])
+        assert "reward" not in e  # only the figures: the trainer's buffered metrics stay with its own entry
+    assert callback.history == entries and callback.last_share == [0, 1, 2, 3, 4]
+    assert [log["heldout/avg@2"] for log in recorder.logs if "heldout/avg@2" in log] == [
+        e["heldout/avg@2"] for e in entries
+    ]  # every callback's on_log (so every report_to integration) receives the figures
+    trainer.save_state()
+    assert [h["step"] for h in load_log_history(tmp_path / "with") if "heldout/avg@2" in h] == [0, 1, 2]
+
+    # The evaluation changes nothing else: same training log and weights as without it (its own RNG; the trainer's
+    # metrics are not taken into its entries).
+    reference = trainer_for(reference_model, tmp_path / "without")
+    reference.train()
+
+    def own_entries(trainer):  # the trainer's own log entries, without wall-clock figures
+        timing = ("step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second")
+        entries = [h for h in trainer.state.log_history if "heldout/avg@2" not in h]
+        return [{k: v for k, v in h.items() if k not in timing} for h in entries]
+
+    assert own_entries(trainer) == own_entries(reference)
+    assert [h["step"] for h in own_entries(trainer)] == [1, 2, 2] and "reward" in own_entries(trainer)[0]
+    for (name, p), q in zip(trainer.model.named_parameters(), reference.model.parameters()):
+        assert torch.equal(p.detach(), q.detach()), name
+    assert trainer.model.training == reference.model.training
+
+
+def test_avg_at_k_callback_checks_its_arguments(tiny_model, tiny_tokenizer, arithmetic_dataset, make_config, tmp_path):
+    trainer = CEGPPOTrainer(
+        model=tiny_model,
+        reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+        args=make_config(CEGPPOConfig, tmp_path, max_steps=1),
+        train_dataset=arithmetic_dataset,
+        processing_class=tiny_tokenizer,
+    )
+    rows = [{"prompt": "What is 1+1?", "solution": "2"}] * 5
+    with pytest.raises(TypeError, match="needs the trainer"):
+        AvgAtKCallback(rows)
+    with pytest.raises(ValueError, match="'prompt' and 'solution'"):
+        AvgAtKCallback(trainer, [{"problem": "1+1", "answer": "2"}])
+    with pytest.raises(ValueError, match="held-out rows"):
+        AvgAtKCallback(trainer)  # no eval_dataset and none on the trainer
+    with pytest.raises(ValueError, match="--top-p"):
+        AvgAtKCallback(trainer, rows, top_p=2.0)
+    callback = AvgAtKCallback(trainer, rows, k=2, batch_size=4)
+    assert callback.generation["max_new_tokens"] == trainer.args.max_completion_length
+    assert callback.chunks() == [[0, 1], [2, 3], [4]]  # fixed chunks of <= batch_size sequences
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Layout: light imports, one name table
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_settings_and_the_command_line_do_not_import_torch():
+    code = (
+        "import sys\n"
+        "from cegppo_trl.evaluation import EvalSettings, pass_at_k, evaluate_completions, parse_dataset_spec\n"
+        "from cegppo_trl.scripts.eval import build_parser\n"
+        "EvalSettings.from_namespace(build_parser().parse_args(['m', '--datasets', 'x'])).validate()\n"
+        "parse_dataset_spec('math-ai/aime25:test')\n"
+        "print(sorted({'torch', 'transformers', 'trl'} & {m.split('.')[0] for m in sys.modules}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_evaluation_type_checking_imports_match_the_name_table():
+    import cegppo_trl.evaluation as evaluation
+
+    tree = ast.parse(Path(evaluation.__file__).read_text())
+    block = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")
+    eager = {alias.name: node.module for node in block.body for alias in node.names}
+    assert eager == evaluation._NAMES
+    for name in evaluation.__all__:
+        assert getattr(evaluation, name) is not None

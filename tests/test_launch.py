@@ -1,5 +1,6 @@
-"""`examples/train_cegppo.py` end to end on the tiny CPU recipe: one process, two gloo processes (DDP, with LoRA),
-and DeepSpeed ZeRO-2 / ZeRO-3 and FSDP2 on two CPU processes. Each run must save a model (or adapter) that loads, a
+"""The launch script end to end on the tiny CPU recipe: one process (the shared `tiny_recipe_run` of conftest.py,
+`cegppo-train` from the installed wheel), and `examples/train_cegppo.py` on two gloo processes (DDP, with LoRA) and
+with DeepSpeed ZeRO-2 / ZeRO-3 and FSDP2 on two CPU processes. Each run must save a model (or adapter) that loads, a
 model card, and a `trainer_state.json` whose logs carry the CE-GPPO metrics.
 
 Runs are 4 optimizer steps of 8 completions per process; nothing is downloaded (HF_HUB_OFFLINE=1). The first
@@ -16,6 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
+
+pytestmark = pytest.mark.slow  # trains, on one and on two processes
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "train_cegppo.py"
@@ -61,10 +64,8 @@ def _run(cmd: list[str]) -> subprocess.CompletedProcess:
     return proc
 
 
-def _launch(output_dir: Path, accelerate_config: str | None, *extra: str, processes: int = 2):
+def _launch(output_dir: Path, accelerate_config: str, *extra: str, processes: int = 2):
     train_args = [str(SCRIPT), "--config", str(RECIPE), "--output_dir", str(output_dir), *extra]
-    if accelerate_config is None:
-        return _run([sys.executable, *train_args])
     launcher = [
         sys.executable, "-m", "accelerate.commands.launch",
         "--config_file", str(ROOT / "accelerate_configs" / accelerate_config),
@@ -76,20 +77,11 @@ def _launch(output_dir: Path, accelerate_config: str | None, *extra: str, proces
 
 
 @pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    """The tiny model exactly as `builtin:tiny` builds it (same seed and SFT steps as the recipe), built once."""
-    import yaml
-
-    from cegppo_trl.demo.tiny import materialize_tiny
-
-    recipe = yaml.safe_load(RECIPE.read_text())
-    path = tmp_path_factory.mktemp("tiny") / "tiny-init"
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a tiny model on a shared 2-core machine: 1 thread is several times faster than 2
-    try:
-        materialize_tiny(str(path), seed=recipe["seed"], sft_steps=recipe["tiny_sft_steps"])
-    finally:
-        torch.set_num_threads(threads)
+def tiny_model_dir(tiny_recipe_run):
+    """The tiny model exactly as `builtin:tiny` builds it for the recipe: the shared single-process run built it in
+    `<output_dir>/tiny-init` (read only here)."""
+    path = tiny_recipe_run.out / "tiny-init"
+    assert (path / "config.json").is_file() and (path / "tiny_build.json").is_file()
     return path
 
 
@@ -131,9 +123,8 @@ def _assert_trained_full_model(output_dir: Path, init_dir: Path):
     assert torch.isfinite(model(ids).logits).all()
 
 
-def test_single_process_builtin_tiny(tmp_path):
-    out = tmp_path / "single"
-    _launch(out, None)
+def test_single_process_builtin_tiny(tiny_recipe_run):
+    out = tiny_recipe_run.out
     _check_logs(out, world_size=1)
     # builtin:tiny was built in <output_dir>/tiny-init and trained from there.
     _assert_trained_full_model(out, out / "tiny-init")
@@ -159,8 +150,15 @@ def test_two_processes_ddp_lora(tmp_path, tiny_model_dir):
 
 @pytest.mark.parametrize("sharding", ["zero2", "zero3", "fsdp2"])
 def test_two_processes_sharded(tmp_path, tiny_model_dir, sharding):
-    """DeepSpeed ZeRO-2 / ZeRO-3 and PyTorch FSDP2 on two CPU processes; the saved model is the full one."""
+    """DeepSpeed ZeRO-2 / ZeRO-3 and the FSDP2 config on two CPU processes, with dynamic sampling (the processes keep
+    different numbers of rows); the saved model is the full one. accelerate 1.16 runs an FSDP config as DDP when no
+    GPU is present, so on CPU the fsdp2 case checks that the shipped config launches and trains, not FSDP2 itself."""
     out = tmp_path / sharding
-    _launch(out, f"{sharding}.yaml", "--model_name_or_path", str(tiny_model_dir))
-    _check_logs(out, world_size=2)
+    _launch(
+        out, f"{sharding}.yaml", "--model_name_or_path", str(tiny_model_dir),
+        "--cegppo_exclude_zero_advantage_groups", "true",
+    )  # fmt: skip
+    steps = _check_logs(out, world_size=2)
+    kept = [e["cegppo/informative_group_frac"] for e in steps if "cegppo/informative_group_frac" in e]
+    assert kept and min(kept) < 1.0, f"no group was dropped, so dynamic sampling was not exercised: {kept}"
     _assert_trained_full_model(out, tiny_model_dir)

@@ -1,5 +1,6 @@
-"""The layout: the library never imports the demo package (`cegppo_trl.demo`: demo, tiny model, toy, plots), and the
-launch script imports only its tiny-model builder. Every import is read with `ast`, also those inside functions."""
+"""The layout: nothing outside the demo package (`cegppo_trl.demo`: demo, toy, plots) imports it, the command-line
+scripts included; the tiny model that `builtin:tiny` builds is a library module (`cegppo_trl.tiny_model`). Every import
+is read with `ast`, also those inside functions."""
 
 import ast
 from pathlib import Path
@@ -66,19 +67,35 @@ def test_the_walk_sees_every_kind_of_import():
 def test_library_modules_are_found():
     names = {_module_name(p) for p in LIBRARY}
     assert {"cegppo_trl", "cegppo_trl.core", "cegppo_trl.trainer", "cegppo_trl.data", "cegppo_trl.evaluation"} <= names
-    assert {"cegppo_trl.rewards.reward", "cegppo_trl.scripts.train"} <= names
+    assert {"cegppo_trl.rewards.reward", "cegppo_trl.scripts.train", "cegppo_trl.tiny_model"} <= names
     assert not any(_is_demo(n) for n in names)
 
 
-@pytest.mark.parametrize("path", [p for p in LIBRARY if p != LAUNCH_SCRIPT], ids=lambda p: _module_name(p))
+def test_the_cli_scripts_are_library_modules():
+    """Every console script outside the demo's own (`cegppo-demo`, `cegppo-plot`) lives in the library, so the test
+    below covers it: the launch script and the evaluation, recipe-copying and training commands."""
+    import tomllib
+
+    scripts = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["project"]["scripts"]
+    library = {_module_name(p) for p in LIBRARY}
+    outside = {name: target for name, target in scripts.items() if not _is_demo(target.partition(":")[0])}
+    assert {"cegppo-train", "cegppo-eval", "cegppo-recipes"} <= set(outside)
+    for name, target in outside.items():
+        module = target.partition(":")[0]
+        assert module in library or module.rpartition(".")[0] in library, (name, target)
+    assert LAUNCH_SCRIPT in LIBRARY
+
+
+@pytest.mark.parametrize("path", LIBRARY, ids=lambda p: _module_name(p))
 def test_library_does_not_import_the_demo(path):
     demo_imports = sorted(m for m in imports_of(path) if _is_demo(m))
     assert not demo_imports, f"{_module_name(path)} imports {demo_imports}"
 
 
-def test_launch_script_imports_only_the_tiny_model_builder():
-    demo_imports = {m for m in imports_of(LAUNCH_SCRIPT) if _is_demo(m)}
-    assert demo_imports and all(m.startswith("cegppo_trl.demo.tiny") for m in demo_imports), demo_imports
+def test_builtin_tiny_comes_from_the_library():
+    """`builtin:tiny` is built by the library's tiny-model module, which the launch script imports directly."""
+    assert "cegppo_trl.tiny_model.materialize_tiny" in imports_of(LAUNCH_SCRIPT)
+    assert not (PACKAGE / "demo" / "tiny.py").exists(), "the tiny model lives in cegppo_trl/tiny_model.py"
 
 
 def test_lazy_public_names_are_library_names():

@@ -1,6 +1,7 @@
 """The public surface as a user meets it: names importable from `cegppo_trl`, cheap imports, declared dependencies."""
 
 import ast
+import re
 import subprocess
 import sys
 from importlib.metadata import packages_distributions
@@ -14,17 +15,27 @@ import cegppo_trl
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "cegppo_trl"
-DOC_NAMES = (  # what README.md and docs/*.md import from the top level
-    "CEGPPOConfig",
-    "CEGPPOTrainer",
-    "EntropyController",
-    "math_reward",
-    "make_math_reward",
-    "format_reward",
-    "load_math_dataset",
-    "AvgAtKCallback",
-    "evaluate_model",
-)
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# `from cegppo_trl import a, b` in prose or code, over line breaks and inside parentheses.
+_DOC_IMPORT_RE = re.compile(r"from\s+cegppo_trl\s+import\s+\(?\s*([A-Za-z_]\w*(?:\s*,\s*[A-Za-z_]\w*)*)")
+
+
+def doc_names() -> list[str]:
+    """Every name README.md and docs/*.md import from the top level (`from cegppo_trl import ...`)."""
+    names = set()
+    for doc in DOCS:
+        for match in _DOC_IMPORT_RE.finditer(doc.read_text()):
+            names.update(name.strip() for name in match[1].split(","))
+    return sorted(names)
+
+
+DOC_NAMES = doc_names()
+
+
+def test_doc_names_are_read_from_the_docs():
+    """The reader finds the quick start's imports (so an empty or broken read cannot pass the test below)."""
+    assert {"CEGPPOConfig", "CEGPPOTrainer", "load_math_dataset"} <= set(DOC_NAMES), DOC_NAMES
+    assert _DOC_IMPORT_RE.search("`from cegppo_trl import (\n    A,\n    b_c,\n)`")[1].split(",")[1].strip() == "b_c"
 
 
 @pytest.mark.parametrize("name", DOC_NAMES)
@@ -132,11 +143,50 @@ def test_declared_dependencies_are_used():
         assert f"import {module}" in source or f"from {module}" in source, f"{name} is declared but never imported"
 
 
-def test_extras_are_imported_only_lazily_and_named_in_the_readme():
+def _extra_packages() -> dict[str, set[str]]:
+    """The distributions each extra adds to the base install (`dev` lists `cegppo-trl[...]`, `vllm` may go through
+    `trl[vllm]`: those names are base dependencies and left out)."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    base = _requirement_names(project["dependencies"]) | {"cegppo-trl"}
+    return {extra: _requirement_names(specs) - base for extra, specs in project["optional-dependencies"].items()}
+
+
+# Optional packages a library module may use, and the module name each imports as (vllm: also what `trl[vllm]` adds).
+_OPTIONAL_MODULES = {"matplotlib": "matplotlib", "peft": "peft", "deepspeed": "deepspeed", "vllm": "vllm"}
+
+
+def test_extras_are_imported_only_lazily():
+    """Every library module imports with all optional packages missing (an import of them raises ImportError, as it
+    would for a user without that extra): they are imported only where they are used, inside functions."""
+    runtime_extras = {name for extra in ("plot", "peft", "deepspeed", "vllm") for name in _extra_packages()[extra]}
+    assert runtime_extras <= set(_OPTIONAL_MODULES), runtime_extras - set(_OPTIONAL_MODULES)
+    modules = sorted(
+        ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__") for p in PACKAGE.rglob("*.py")
+    )
+    code = (
+        "import importlib, sys\n"
+        f"blocked = {sorted(_OPTIONAL_MODULES.values())!r}\n"
+        "sys.modules.update(dict.fromkeys(blocked))  # None: `import` raises ImportError, `find_spec` says absent\n"
+        f"for name in {modules!r}:\n"
+        "    importlib.import_module(name)\n"
+        "loaded = sorted(m for m, v in sys.modules.items() if m.split('.')[0] in blocked and v is not None)\n"
+        "assert not loaded, loaded\n"
+        "print(len(" + repr(modules) + "))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert int(proc.stdout.split()[-1]) == len(modules) > 10
+
+
+def test_extras_are_named_in_the_readme():
+    """The README's extras table has a row for every extra, naming what it brings."""
     readme = (ROOT / "README.md").read_text()
-    for extra in project["optional-dependencies"]:
-        assert f"[{extra}]" in readme or f"`{extra}`" in readme, f"the README does not say what extra {extra} brings"
+    rows = {m[1]: m[2] for m in re.finditer(r"^\| `([\w-]+)` \|([^|]*)\|", readme, re.M)}
+    for extra, packages in _extra_packages().items():
+        assert extra in rows, f"the README's extras table has no row for `{extra}`"
+        if extra != "dev":  # dev: "the three above but vllm, pytest, ruff, build"
+            for package in packages:
+                assert package in rows[extra], f"the README's row for `{extra}` does not name {package}"
 
 
 def test_type_checking_imports_match_the_name_table():

@@ -198,7 +198,7 @@ def test_tiny_recipe_is_local_and_cpu():
     assert c.max_steps <= 8 and c.report_to in ([], "none", ["none"])
     # The prompt is exactly the one the tiny model is trained on.
     from cegppo_trl.data import build_prompt
-    from cegppo_trl.demo.tiny import format_user_message
+    from cegppo_trl.tiny_model import format_user_message
 
     assert build_prompt("What is 2+3?", instruction=script_args.instruction)[-1]["content"] == format_user_message(
         "What is 2+3?"

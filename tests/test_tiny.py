@@ -1,4 +1,4 @@
-"""Tests for cegppo_trl.demo.tiny: local tokenizer/model, save/load through the Auto classes, SFT warm start."""
+"""Tests for cegppo_trl.tiny_model (builtin:tiny): local tokenizer/model, save/load through the Auto classes, SFT warm start."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from cegppo_trl.data import make_arithmetic_rows
-from cegppo_trl.demo.tiny import (
+from cegppo_trl.rewards import extract_answer, math_reward
+from cegppo_trl.tiny_model import (
     CHAT_TEMPLATE,
     PROMPT_INSTRUCTION,
     _encode_example,
@@ -20,7 +21,6 @@ from cegppo_trl.demo.tiny import (
     save_tiny,
     sft_warmstart,
 )
-from cegppo_trl.rewards import extract_answer, math_reward
 
 
 PROBLEM = "What is 23+41?"
@@ -204,7 +204,7 @@ def test_arithmetic_sft_examples():
 
 def test_prompt_masking(tokenizer):
     """Prompt ids are exactly TRL's chat-template prompt; only completion + eos carry labels."""
-    from cegppo_trl.demo.tiny import _collate
+    from cegppo_trl.tiny_model import _collate
 
     prompt, completion = arithmetic_sft_examples([{"problem": PROBLEM, "answer": "64"}])[0]
     p, c = _encode_example(tokenizer, prompt, completion)
@@ -265,7 +265,7 @@ def test_sft_deterministic_dicts_and_accuracy_helper(tokenizer):
 def test_accuracy_is_the_rewards_verdict(tokenizer, monkeypatch):
     """The tiny model's accuracy grades with the math reward's own grading: the two cannot disagree, also where an
     exact string match of the box would (64.0, a spaced box, an unboxed final answer)."""
-    import cegppo_trl.demo.tiny as tiny
+    import cegppo_trl.tiny_model as tiny
 
     texts = ["23+41=64. \\boxed{64}", "\\boxed{64.0}", "\\boxed{ 64 }", "so the answer is 64", "\\boxed{65}", "64+"]
     monkeypatch.setattr(tiny, "generate_completions", lambda model, tok, prompts, k, **kw: [[t] for t in texts])

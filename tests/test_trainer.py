@@ -73,7 +73,7 @@ def test_lora_adapter_saves_and_loads(
     config = make_config(CEGPPOConfig, tmp_path / "lora", max_steps=3, learning_rate=5e-2)
     peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
     base_dir = tmp_path / "base"
-    from cegppo_trl.demo.tiny import save_tiny
+    from cegppo_trl.tiny_model import save_tiny
 
     save_tiny(tiny_model, tiny_tokenizer, base_dir)
     trainer = make_trainer(

@@ -11,10 +11,11 @@ import copy
 import pytest
 import torch
 from conftest import contains_answer_reward, cpu_config, make_loss_batch
+from oracles import cegppo_token_mean_loss
 from trl import GRPOConfig, GRPOTrainer
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
-from cegppo_trl.core import ClipParams, cegppo_token_mean_loss, ppo_clip_per_token_loss
+from cegppo_trl.core import ClipParams, ppo_clip_per_token_loss
 
 
 LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "luspo"]  # every TRL 1.16 loss type whose per-token term is PPO-clip
@@ -200,7 +201,7 @@ def test_on_policy_ratio_one_is_grpo_exactly(loss_type, tiny_model, tiny_tokeniz
 
 def test_kl_term_is_kept(tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path):
     # With beta > 0 TRL loads a reference model by name, so hand it a saved local directory.
-    from cegppo_trl.demo.tiny import save_tiny
+    from cegppo_trl.tiny_model import save_tiny
 
     model_dir = save_tiny(tiny_model, tiny_tokenizer, tmp_path / "tiny")
     grpo, ceg = _pair("dapo", model_dir, tiny_tokenizer, arithmetic_dataset, tmp_path, 1.0, 1.0, beta=0.1)

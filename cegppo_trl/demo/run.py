@@ -1,6 +1,6 @@
 """`cegppo-demo`: CE-GPPO next to GRPO on the tiny arithmetic model, on a CPU, offline.
 
-It warm-starts the tiny model (`.tiny`) so that it solves some but not all held-out problems, trains two copies with
+It warm-starts the built-in tiny model (`cegppo_trl.tiny_model`) so that it solves some but not all held-out problems, trains two copies with
 the same seed, data and budget, CE-GPPO (beta1 = 0.5, beta2 = 1) and GRPO (beta1 = beta2 = 0), off-policy with the
 +1 / -1 math-verify reward, and reports reward, held-out accuracy and entropy at start and end (``results.md``,
 ``results.json``, ``cegppo_vs_grpo.png``). Every model it trains is saved with its prompt format and sampling
@@ -34,7 +34,7 @@ from ..evaluation import (
     generate_with_entropy,
     save_eval_settings,
 )
-from .tiny import (
+from ..tiny_model import (
     DEFAULT_PROBLEMS,
     PROBLEM_SETS,
     PROMPT_INSTRUCTION,

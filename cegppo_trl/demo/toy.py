@@ -31,12 +31,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from ..core import ClipParams, cegppo_per_token_loss, entropy_change_first_order
-
-
-#: The (beta1, beta2) settings compared in the experiments: GRPO / PPO-clip, beta1-heavy, the paper's
-#: beta2-heavy recommendation, beta2 only, GPPO.
-BETA_GRID = ((0.0, 0.0), (1.0, 0.5), (0.5, 1.0), (0.0, 1.0), (1.0, 1.0))
+from ..core import ClipParams, cegppo_per_token_loss
 
 
 @dataclass
@@ -113,12 +108,25 @@ def softmax_entropy(logits: torch.Tensor) -> torch.Tensor:
     return -(log_p.exp() * log_p).sum(-1)
 
 
+def entropy_change_first_order(probs: torch.Tensor, action: int, advantage: float, weight: float, lr: float) -> float:
+    """First-order entropy change of a softmax policy after one policy-gradient step on action `action`.
+
+    The logits move by `lr * weight * A * (e_a - p)`; then `dH = -lr * weight * A * s_a` with
+    `s_a = p_a (log p_a + H) - sum_b p_b^2 (log p_b + H)` (the softmax entropy dynamics the paper's section 3 builds
+    on). Positive-advantage rare actions raise entropy, negative-advantage rare actions lower it.
+    """
+    log_p = torch.log(probs)
+    entropy = -(probs * log_p).sum()
+    s_a = probs[action] * (log_p[action] + entropy) - (probs**2 * (log_p + entropy)).sum()
+    return float(-lr * weight * advantage * s_a)
+
+
 def entropy_sensitivity(probs: torch.Tensor) -> torch.Tensor:
     """`s_a` for every action `a` (last dimension): a policy-gradient step `logits += eta * c * (e_a - p)` changes the
     entropy by `-eta * c * s_a` to first order.
 
     Computed by autograd, `s_a = -grad_logits H . (e_a - p)`, not from the closed form, which lives once in
-    `core.entropy_change_first_order` (the tests check the two agree).
+    `entropy_change_first_order` (the tests check the two agree).
     """
     logits = torch.log(probs).detach().requires_grad_(True)
     with torch.enable_grad():
@@ -302,7 +310,7 @@ def single_step_entropy_change(
     The token is `action` of a softmax over `logits` (1-D), with advantage `advantage` and importance ratio `ratio`
     (i.e. `pi_old(a) = pi_theta(a) / ratio`; pick `ratio < 1 - eps_low` with `A < 0` for the beta1 set,
     `ratio > 1 + eps_high` with `A > 0` for the beta2 set). Returns `(measured dH, first-order dH, weight F)`, where
-    the step is `logits -= lr * grad(loss)`, the first-order value is `core.entropy_change_first_order(p, a, A, F, lr)`
+    the step is `logits -= lr * grad(loss)`, the first-order value is `entropy_change_first_order(p, a, A, F, lr)`
     and `F = grad_coef / A` is the CE-GPPO gradient weight of the token (`beta1 (1 - eps_low)`, `beta2 (1 + eps_high)`
     or `ratio`).
     """
@@ -352,26 +360,3 @@ def first_order_check(lr: float = 1e-4, seed: int = 0, num_actions: int = 8, tri
             }
         )
     return {"max_rel_error": max(r["rel_error"] for r in rows), "trials": trials, "lr": lr, "rows": rows}
-
-
-def summarize_runs(runs: list[ToyRun], tail: int = 10) -> dict:
-    """Mean and standard deviation over seeds of: final entropy (mean of the last `tail` entries), mean entropy over
-    training, final correct mass, the total first-order entropy change carried by the beta1 and beta2 sets, and the
-    mean beta1 / beta2 token fractions."""
-
-    def stats(values):
-        t = torch.tensor(values, dtype=torch.float64)
-        return {"mean": float(t.mean()), "std": float(t.std()) if len(values) > 1 else 0.0}
-
-    return {
-        "n_seeds": len(runs),
-        "final_entropy": stats([sum(r.entropy[-tail:]) / tail for r in runs]),
-        "mean_entropy": stats([sum(r.entropy) / len(r.entropy) for r in runs]),
-        "initial_entropy": stats([r.entropy[0] for r in runs]),
-        "final_correct_mass": stats([sum(r.correct_mass[-tail:]) / tail for r in runs]),
-        "beta1_token_frac": stats([sum(r.beta1_token_frac) / len(r.beta1_token_frac) for r in runs]),
-        "beta2_token_frac": stats([sum(r.beta2_token_frac) / len(r.beta2_token_frac) for r in runs]),
-        "dH_beta1_total": stats([sum(r.dH_beta1) for r in runs]),
-        "dH_beta2_total": stats([sum(r.dH_beta2) for r in runs]),
-        "dH_unclipped_total": stats([sum(r.dH_unclipped) for r in runs]),
-    }

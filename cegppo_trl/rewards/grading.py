@@ -4,20 +4,8 @@ Each worker runs :mod:`.worker` by path in a fresh interpreter (``subprocess``: 
 and no re-import of the training script). The worker's own timer ends a slow grade at about 0.8 x ``timeout_s``; if
 it does not answer by ``timeout_s`` the parent SIGKILLs it, reaps it and starts a replacement. Pools are per process
 (one per worker count), started lazily, dropped in the child after ``fork`` and killed at exit. The reasons for all
-of it are in docs/rewards_and_data.md, *Timeouts and worker processes*.
-
-Why not pebble (``benchmarks/bench_grader_pool.py``; 2 workers, timeout 3 s; pebble's parent pre-imports math-verify):
-
-    row                              own pool                    pebble 5.2.3
-    start-up to first result         8.3 s                       4.0 s
-    ordinary step (96 pairs)         23 pairs/s                  21 pairs/s
-    hostile batch (8, no pre-filter) 10.0 s, 7/8 cut, then ok    12.7 s, 7/8 cut, then ok
-    2 ranks (torchrun)               15.5 s, 0 workers left      20.1 s, 0 workers left
-    no __main__ guard, fork          ok                          ok
-    no __main__ guard, forkserver    ok                          all tasks "error"
-    forked DataLoader worker         ok                          RuntimeError in the pool
-
-Pebble fails two rows (forkserver is Linux's default from Python 3.14), so the own pool stays.
+of it are in docs/rewards_and_data.md, *Timeouts and worker processes*; why this pool and not pebble (measured with
+``benchmarks/bench_grader_pool.py``) is in its section *Own pool or pebble*.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""The demo's tiny model: a local byte-level BPE tokenizer and ~1M-parameter Qwen2-style causal LM, its SFT warm
-start on the built-in arithmetic problems, and `materialize_tiny`, which builds ``builtin:tiny`` for `cegppo-train`.
+"""The built-in tiny model (``builtin:tiny``): a local byte-level BPE tokenizer and a ~1M-parameter Qwen2-style causal
+LM, its SFT warm start on the built-in arithmetic problems, and `materialize_tiny`, which builds ``builtin:tiny`` for
+`cegppo-train`. The tests, the demo (`cegppo-demo`) and the benchmarks use the same model.
 
 Nothing here touches the Hugging Face Hub. The tokenizer is Qwen2's pipeline (NFC, Qwen2's split regex, byte-level BPE)
 with ChatML, so it round-trips through `AutoTokenizer`; digits are single tokens. Special tokens: ``<|endoftext|>``
@@ -21,10 +22,10 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedModel, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from ..data import load_builtin_rows
-from ..evaluation import generate_completions, prompt_token_ids
-from ..rewards import grade_completions
-from ..rewards.extract import completion_text
+from .data import load_builtin_rows
+from .evaluation import generate_completions, prompt_token_ids
+from .rewards import grade_completions
+from .rewards.extract import completion_text
 
 
 __all__ = [
@@ -240,7 +241,7 @@ def load_tiny(path: str | os.PathLike) -> tuple[PreTrainedModel, PreTrainedToken
 # Data and SFT warm start
 # --------------------------------------------------------------------------------------------------------------
 
-#: Which built-in problems the demo trains and evaluates on: "sums" ("What is a+b?": short sequences) or "all" (also
+#: Which built-in problems the tiny model is warm-started on (and the demo trains and evaluates on): "sums" ("What is a+b?": short sequences) or "all" (also
 #: differences and one-line word problems).
 PROBLEM_SETS = {
     "sums": re.compile(r"What is \d+\+\d+\?"),
@@ -472,7 +473,7 @@ def greedy_accuracy(
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Built, warm-started and cached: the demo's starting point and builtin:tiny
+# Built, warm-started and cached: builtin:tiny and the demo's starting point
 # --------------------------------------------------------------------------------------------------------------
 
 BUILD_FILE = "tiny_build.json"

@@ -1,0 +1,93 @@
+"""Evaluation: avg@k and pass@k of a model on math data sets, graded with the paper's math-verify reward, from the
+command line (`cegppo-eval`, `cegppo_trl/scripts/eval.py`) or during training (`AvgAtKCallback`).
+
+The modules, in reading order (each can be read on its own):
+
+- :mod:`.metrics` -- pass@k, grading samples, the figures of a set (pure Python);
+- :mod:`.settings` -- `EvalSettings` (every setting, declared and checked once), the prompt and sampling that travel
+  with a saved model (``cegppo_prompt.json`` + ``generation_config.json``), what to load (full model or LoRA adapter,
+  ``ID:SPLIT`` data sets); no torch;
+- :mod:`.generation` -- seeded batched `generate`, the model loader and adapter merge, one vLLM engine per run;
+- :mod:`.run` -- `evaluate_model`: check everything, load once, write each set's result as soon as it is done;
+- :mod:`.callback` -- `AvgAtKCallback`, split across processes and logged through the trainer.
+
+Names load on first use (PEP 562): `from cegppo_trl.evaluation import pass_at_k` does not import torch. How to
+evaluate, LoRA adapters, the paper's five benchmarks in one command: docs/evaluation.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+
+# public name -> submodule that defines it
+_NAMES = {
+    "pass_at_k": "metrics",
+    "evaluate_completions": "metrics",
+    "format_summary": "metrics",
+    "summarize_counts": "metrics",
+    "CHECKPOINT_SETTINGS": "settings",
+    "DEFAULT_BATCH_SIZE": "settings",
+    "DEFAULT_MAX_NEW_TOKENS": "settings",
+    "DEFAULT_TEMPERATURE": "settings",
+    "DEFAULT_TOP_P": "settings",
+    "PROMPT_FILE": "settings",
+    "EvalSettings": "settings",
+    "ModelSource": "settings",
+    "load_eval_settings": "settings",
+    "parse_dataset_spec": "settings",
+    "resolve_eval_settings": "settings",
+    "resolve_model_source": "settings",
+    "save_eval_settings": "settings",
+    "generate_completions": "generation",
+    "generate_with_entropy": "generation",
+    "load_model": "generation",
+    "merge_adapter": "generation",
+    "prompt_token_ids": "generation",
+    "evaluate_model": "run",
+    "AvgAtKCallback": "callback",
+}
+
+__all__ = sorted(_NAMES)
+
+
+def __getattr__(name: str) -> Any:
+    module = _NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:  # static analysers and IDEs see the names eagerly
+    from .callback import AvgAtKCallback  # noqa: F401
+    from .generation import (  # noqa: F401
+        generate_completions,
+        generate_with_entropy,
+        load_model,
+        merge_adapter,
+        prompt_token_ids,
+    )
+    from .metrics import evaluate_completions, format_summary, pass_at_k, summarize_counts  # noqa: F401
+    from .run import evaluate_model  # noqa: F401
+    from .settings import (  # noqa: F401
+        CHECKPOINT_SETTINGS,
+        DEFAULT_BATCH_SIZE,
+        DEFAULT_MAX_NEW_TOKENS,
+        DEFAULT_TEMPERATURE,
+        DEFAULT_TOP_P,
+        PROMPT_FILE,
+        EvalSettings,
+        ModelSource,
+        load_eval_settings,
+        parse_dataset_spec,
+        resolve_eval_settings,
+        resolve_model_source,
+        save_eval_settings,
+    )

@@ -1,0 +1,192 @@
+"""`AvgAtKCallback`: avg@k / pass@k of the policy on a held-out set during training, split across processes and
+logged through the trainer (so `report_to` integrations and other callbacks see it)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from transformers import Trainer, TrainerCallback
+
+from .generation import generate_completions
+from .metrics import evaluate_completions, summarize_counts
+from .settings import DEFAULT_BATCH_SIZE, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, EvalSettings
+
+
+__all__ = ["AvgAtKCallback"]
+
+
+class AvgAtKCallback(TrainerCallback):
+    """Log avg@k / pass@k of the policy on a held-out set every `eval_steps` optimizer steps.
+
+    Usage (the pattern of TRL's own callbacks, which need the trainer to log through it)::
+
+        trainer = CEGPPOTrainer(...)
+        trainer.add_callback(AvgAtKCallback(trainer, load_math_dataset("builtin:arithmetic_eval"), k=4))
+
+    Each evaluation is logged with the trainer's `log` (``{"<prefix>avg@k", "<prefix>pass@j" ...,
+    "<prefix>eval_seconds"}``): it reaches `state.log_history` (so `trainer_state.json` and `cegppo-plot`), every
+    `report_to` integration (wandb, tensorboard, trackio, ...) and every callback's `on_log`.
+
+    On several processes the work is split as TRL's callbacks split it (`accelerator.split_between_processes`, then
+    `gather_object`): the held-out problems are cut into fixed chunks of at most `batch_size` sequences, each chunk is
+    sampled with its own seed (`seed + chunk index`) on whichever process gets it, and the correct counts are gathered,
+    so every process generates only its share and the figure is the same on any number of processes.
+
+    Args:
+        trainer: the trainer it is added to (its `accelerator`, model and tokenizer are used, and it logs).
+        eval_dataset: rows with ``prompt`` (conversational or text) and ``solution``, e.g. from `load_math_dataset`
+            (a `datasets.Dataset` or a list of dicts); default: the trainer's `eval_dataset`.
+        k: samples per problem. pass_ks: pass@j values (default: 1 and k).
+        eval_steps: evaluate when `global_step % eval_steps == 0`. eval_on_start: also at step 0.
+            eval_on_end: also after the last step if it was not an evaluation step.
+        temperature, top_p, top_k: sampling (the paper validates at 0.6, 0.95, no top-k).
+        max_new_tokens: default: the trainer's `max_completion_length` (GRPOConfig), else 1024.
+        batch_size, seed: see above; the same seeds every time, so successive evaluations differ only by the
+            weights. The trainer's RNG is untouched.
+        max_problems: use only the first N rows.
+        metric_prefix: prefix of the logged names (default ``"heldout/"``: ``heldout/avg@4``).
+    """
+
+    def __init__(
+        self,
+        trainer: Trainer,
+        eval_dataset=None,
+        k: int = 4,
+        eval_steps: int = 50,
+        *,
+        pass_ks: Sequence[int] | None = None,
+        temperature: float = DEFAULT_TEMPERATURE,
+        top_p: float = DEFAULT_TOP_P,
+        top_k: int = 0,
+        max_new_tokens: int | None = None,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        seed: int = 0,
+        max_problems: int | None = None,
+        eval_on_start: bool = False,
+        eval_on_end: bool = True,
+        metric_prefix: str = "heldout/",
+        timeout_s: float | None = None,
+    ):
+        if not isinstance(trainer, Trainer):
+            raise TypeError(
+                f"AvgAtKCallback(trainer, ...) needs the trainer it is added to (it logs through it), got "
+                f"{type(trainer).__name__}: trainer.add_callback(AvgAtKCallback(trainer, eval_dataset, ...))."
+            )
+        if max_new_tokens is None:
+            max_new_tokens = getattr(trainer.args, "max_completion_length", None) or 1024
+        EvalSettings(
+            k=k, pass_ks=None if pass_ks is None else list(pass_ks), temperature=temperature, top_p=top_p,
+            top_k=top_k, max_new_tokens=max_new_tokens, batch_size=batch_size, max_problems=max_problems,
+            timeout_s=timeout_s,
+        ).validate()  # fmt: skip
+        if not isinstance(eval_steps, int) or eval_steps < 1:
+            raise ValueError(f"eval_steps must be an integer >= 1, got {eval_steps!r}.")
+        if eval_dataset is None:
+            eval_dataset = trainer.eval_dataset
+        if eval_dataset is None:
+            raise ValueError(
+                "AvgAtKCallback needs held-out rows: pass eval_dataset= (e.g. load_math_dataset(...)) or give the "
+                "trainer an eval_dataset."
+            )
+        rows = list(eval_dataset)
+        if max_problems is not None:
+            rows = rows[:max_problems]
+        if not rows or any("prompt" not in r or "solution" not in r for r in rows):
+            raise ValueError(
+                "eval_dataset must be non-empty rows with 'prompt' and 'solution' (load it with "
+                "cegppo_trl.load_math_dataset)."
+            )
+        self.trainer = trainer
+        self.prompts = [r["prompt"] for r in rows]
+        self.solutions = [r["solution"] for r in rows]
+        self.k = k
+        self.pass_ks = pass_ks
+        self.eval_steps = eval_steps
+        self.generation = dict(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens)
+        self.batch_size = batch_size
+        self.seed = seed
+        self.eval_on_start = eval_on_start
+        self.eval_on_end = eval_on_end
+        self.metric_prefix = metric_prefix
+        self.timeout_s = timeout_s
+        self.history: list[dict[str, float]] = []
+        self.last_share: list[int] = []  # the problems this process generated in the last evaluation
+        self._last_step: int | None = None
+
+    def chunks(self) -> list[list[int]]:
+        """The fixed chunks of problem indices (at most `batch_size` sequences each, at least one problem)."""
+        per_chunk = max(1, self.batch_size // self.k)
+        n = len(self.prompts)
+        return [list(range(start, min(start + per_chunk, n))) for start in range(0, n, per_chunk)]
+
+    def evaluate(self) -> dict[str, float]:
+        """avg@k / pass@j of the trainer's current model on the held-out set, with the prefixed metric names. Every
+        process must call it (it gathers)."""
+        from accelerate.utils import gather_object
+        from trl.models.utils import unwrap_model_for_generation
+
+        start = time.perf_counter()
+        accelerator = self.trainer.accelerator
+        tokenizer = self.trainer.processing_class
+        tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a processor wraps the tokenizer
+        chunks = self.chunks()
+        counts: list[tuple[int, int, bool]] = []  # (problem index, correct samples, unparseable gold)
+        share: list[int] = []
+        with (
+            accelerator.split_between_processes(list(range(len(chunks)))) as mine,
+            unwrap_model_for_generation(
+                self.trainer.model_wrapped,
+                accelerator,
+                gradient_checkpointing_kwargs=getattr(self.trainer.args, "gradient_checkpointing_kwargs", None),
+            ) as model,
+        ):
+            for c in mine:
+                indices = chunks[c]
+                completions = generate_completions(
+                    model, tokenizer, [self.prompts[i] for i in indices], self.k, **self.generation,
+                    batch_size=self.batch_size, seed=self.seed + c,
+                )  # fmt: skip
+                graded = evaluate_completions(
+                    completions, [self.solutions[i] for i in indices], self.pass_ks, timeout_s=self.timeout_s
+                )
+                for i, correct, statuses in zip(indices, graded["num_correct"], graded["statuses"]):
+                    counts.append((i, correct, "bad_gold" in statuses))
+                share.extend(indices)
+        counts = sorted(gather_object(counts))
+        self.last_share = share
+        result = summarize_counts([c for _, c, _ in counts], self.k, self.pass_ks, [s for _, _, s in counts])
+        metrics = {
+            f"{self.metric_prefix}{key}": float(value)
+            for key, value in result.items()
+            if key.startswith(("avg@", "pass@"))
+        }
+        metrics[f"{self.metric_prefix}eval_seconds"] = time.perf_counter() - start
+        return metrics
+
+    def _run(self, state, control) -> None:
+        metrics = self.evaluate()
+        # Through the trainer, so that every report_to integration and callback gets it. `transformers.Trainer.log`
+        # itself, not the subclass's: TRL 1.16's GRPOTrainer.log folds the training metrics it has buffered since
+        # its last log into whatever is logged, clears them and prints completion tables, which would take them out
+        # of the trainer's own next log entry. And transformers' CallbackHandler.on_log clears `control.should_log`,
+        # which would cancel the trainer's own log of this step: it is restored. tests/test_evaluation.py checks
+        # that the trainer's entries are the same with and without this callback.
+        should_log = control.should_log
+        Trainer.log(self.trainer, dict(metrics))
+        control.should_log = should_log
+        entry = dict(state.log_history[-1])
+        self.history.append(entry)
+        self._last_step = state.global_step
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.eval_on_start and self._last_step != state.global_step:
+            self._run(state, control)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step % self.eval_steps == 0 and self._last_step != state.global_step:
+            self._run(state, control)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.eval_on_end and self._last_step != state.global_step:
+            self._run(state, control)

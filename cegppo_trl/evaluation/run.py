@@ -1,0 +1,170 @@
+"""`evaluate_model`: one model on several data sets, as `cegppo-eval` runs it.
+
+Order of work, so that a mistake costs seconds and a failure late in a long run loses nothing:
+
+1. the settings are checked (`EvalSettings.validate`), the model source is checked (a full model, a LoRA adapter and
+   its base, or a Hub id), and the prompt and sampling the model declares are read;
+2. every data set is loaded, with its own split (``ID:SPLIT``); all failures are reported together, before any model
+   code runs;
+3. the model is loaded (or the vLLM engine built) once;
+4. each set is generated and graded in turn, and the report (all finished sets, ``"pending"``: the others) is written
+   to `output` as soon as a set finishes, atomically (a killed run leaves the last complete report).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from .metrics import evaluate_completions
+from .settings import DatasetSpec, EvalSettings, ModelSource, parse_dataset_spec, resolve_model_source
+
+
+__all__ = ["evaluate_model", "load_eval_datasets", "write_report"]
+
+
+def load_eval_datasets(names: Sequence[str], settings: EvalSettings) -> tuple[list[DatasetSpec], dict[str, Any]]:
+    """The specs of the ``--datasets`` entries and ``{name: datasets.Dataset}``, each loaded with `load_math_dataset`
+    (its own split) and cut to `max_problems`. Raises one ValueError that lists every entry that fails, with its
+    reason, so that one run of the command shows every mistake."""
+    from ..data import load_math_dataset
+
+    specs, loaded, failures = [], {}, []
+    for name in names:
+        if name in loaded:
+            failures.append(f"  {name}: given twice")
+            continue
+        try:
+            spec = parse_dataset_spec(name, settings.split)
+            data = load_math_dataset(
+                spec.source,
+                split=spec.split,
+                problem_column=settings.problem_column,
+                answer_column=settings.answer_column,
+                system_prompt=settings.system_prompt or None,
+                instruction=settings.instruction or None,
+            )
+        except Exception as error:  # noqa: BLE001 - a user's data set: report every failure, with its reason
+            failures.append(f"  {name}: {type(error).__name__}: {error}")
+            continue
+        if settings.max_problems is not None:
+            data = data.select(range(min(settings.max_problems, len(data))))
+        specs.append(spec)
+        loaded[name] = data
+    if not names:
+        failures.append("  no data set given")
+    if failures:
+        raise ValueError(
+            f"--datasets: {len(failures)} of {len(names)} data sets cannot be used (nothing was evaluated; fix or "
+            "drop them; a Hub set's split is given as ID:SPLIT):\n" + "\n".join(failures)
+        )
+    return specs, loaded
+
+
+def write_report(report: dict[str, Any], path: str | os.PathLike) -> None:
+    """Write `report` as JSON to `path` atomically (a temporary file, then `os.replace`)."""
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    temporary = f"{path}.tmp-{os.getpid()}"
+    with open(temporary, "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=2)
+        f.write("\n")
+    os.replace(temporary, path)
+
+
+def _make_generator(source: ModelSource, settings: EvalSettings):
+    from .generation import HFGenerator, VLLMGenerator
+
+    return (VLLMGenerator if settings.backend == "vllm" else HFGenerator)(source, settings)
+
+
+def evaluate_model(
+    model_name_or_path: str,
+    datasets: Sequence[str],
+    settings: EvalSettings | None = None,
+    *,
+    output: str | os.PathLike | None = None,
+    save_completions: bool = False,
+    progress: bool = True,
+    log: Callable[[str], None] | None = None,
+    on_result: Callable[[str, dict[str, Any]], None] | None = None,
+    **overrides: Any,
+) -> dict[str, Any]:
+    """Evaluate one model (a saved directory, a LoRA adapter folder, a checkpoint or a Hub id) on several data sets.
+
+    `settings` (an `EvalSettings`) and `overrides` (its field names, e.g. ``k=32, temperature=0.6``) say how; the
+    prompt and sampling fields left at None come from the model (``cegppo_prompt.json``) or the paper
+    (``report["settings"]["from_checkpoint"]`` lists those taken from the model). `datasets` are
+    ``--datasets`` entries: local files, ``builtin:...`` sets, Hub ids, ``ID:SPLIT``.
+
+    Returns the report ``{"model", "source", "settings", "datasets": {name: metrics}, "pending", "seconds"}``; with
+    `output` it is also written there after every finished set. `log` receives progress messages (the command
+    prints them to stderr), `on_result(name, metrics)` each set's figures as soon as they are known.
+    """
+    from ..data import _problem_text
+
+    settings = replace(settings or EvalSettings(), **overrides)
+    settings.validate()
+    source = resolve_model_source(model_name_or_path, settings.base_model)
+    settings, from_checkpoint = settings.resolve(*source.settings_dirs)
+    settings.validate()
+    if from_checkpoint and log is not None:
+        shown = ", ".join(f"{name} {getattr(settings, name)!r}" for name in from_checkpoint)
+        log(
+            f"{model_name_or_path} declares its evaluation settings (cegppo_prompt.json, generation_config.json): "
+            f"using {shown}. Flags override them."
+        )
+    specs, data = load_eval_datasets(list(datasets), settings)
+
+    start_all = time.perf_counter()
+    report: dict[str, Any] = {
+        "model": model_name_or_path,
+        "source": {"model": source.path, "adapter": source.adapter},
+        "settings": {**settings.as_dict(), "from_checkpoint": from_checkpoint},
+        "datasets": {},
+        "pending": [spec.name for spec in specs],
+    }
+    if log is not None:
+        log(f"loading {source.path}" + (f" with the LoRA adapter {source.adapter}" if source.adapter else ""))
+    generate = _make_generator(source, settings)
+    try:
+        for spec in specs:
+            start = time.perf_counter()
+            rows = data[spec.name]
+            prompts, solutions = list(rows["prompt"]), list(rows["solution"])
+            completions = generate(prompts, progress=spec.name if progress else False)
+            result = evaluate_completions(completions, solutions, settings.pass_ks, timeout_s=settings.timeout_s)
+            problems = []
+            for i, (prompt, solution) in enumerate(zip(prompts, solutions)):
+                entry = {
+                    "index": i,
+                    "problem": _problem_text(prompt)[0],
+                    "solution": solution,
+                    "num_correct": result["num_correct"][i],
+                }
+                if save_completions:
+                    entry["completions"] = completions[i]
+                    entry["statuses"] = result["statuses"][i]
+                problems.append(entry)
+            metrics = {key: value for key, value in result.items() if key not in ("num_correct", "statuses")}
+            metrics.update(source=spec.source, split=spec.split if not _is_local(spec) else None)
+            metrics["seconds"] = time.perf_counter() - start
+            metrics["problems"] = problems
+            report["datasets"][spec.name] = metrics
+            report["pending"].remove(spec.name)
+            report["seconds"] = time.perf_counter() - start_all
+            if output is not None:
+                write_report(report, output)
+            if on_result is not None:
+                on_result(spec.name, metrics)
+    finally:
+        generate.close()
+    return report
+
+
+def _is_local(spec: DatasetSpec) -> bool:
+    return spec.source.startswith("builtin:") or os.path.exists(os.path.expanduser(spec.source))

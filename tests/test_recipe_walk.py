@@ -1,0 +1,437 @@
+"""Every shipped recipe, walked (issue 15): each GPU recipe under `recipes/` runs through `accelerate launch` on CPU
+processes with all of its own options on, and only its size and hardware changed.
+
+Which recipes: every `*.yaml` under `recipes/` except `recipes/tiny/` (found by glob at collection time, so a recipe
+added later is walked too). Which launches, for each recipe:
+
+* `accelerate_configs/multi_gpu.yaml` on 2 gloo processes (DDP; the CPU form of the README's multi-GPU launch:
+  `accelerate launch --config_file accelerate_configs/multi_gpu.yaml --num_processes 2 --mixed_precision no`);
+* every accelerate config that the recipe's own header (`# accelerate launch --config_file ...`) names: ZeRO-2 for
+  the 1.5B paper recipes, ZeRO-3 for the 7B ones (2 processes each), `single_gpu.yaml` for the LoRA recipe (1 process,
+  as that config says).
+
+What the walk swaps, and nothing else (`OVERRIDES`, given on the command line after `--config`; TrlParser lets the
+command line override the recipe):
+
+* size: the tiny local model (the ~1M-parameter Qwen2-style model of `builtin:tiny`, warm-started with
+  `WALK_SFT_STEPS` SFT steps so that some groups are right and some wrong) in place of the Hub model; the built-in
+  arithmetic data (`builtin:arithmetic`, its columns `problem` / `answer`, and the tiny recipe's prompt instruction
+  that the tiny model was trained on) in place of the Hub data set; 16-token completions; 2 optimizer steps; a
+  temporary `output_dir`.
+* hardware: Hugging Face generation in place of vLLM (`use_vllm false`), fp32 in place of bf16 (`bf16 false`,
+  `dtype float32`), `use_cpu true`; on the launcher `--mixed_precision no` (the accelerate configs say bf16) and
+  `--num_processes 2` in place of the configs' 8.
+
+Kept as the recipe has them: dynamic sampling (`cegppo_exclude_zero_advantage_groups`), the betas, clip ranges, loss
+type, KL, rollouts per prompt, temperature / top_p, the batch sizes (`per_device_train_batch_size`,
+`gradient_accumulation_steps`, `steps_per_generation`, so the off-policy ratio too), learning rate and schedule,
+weight decay, gradient clipping, LoRA, activation checkpointing, saving and the seed (the vLLM options too, unused
+with `use_vllm false`). `test_overrides_change_only_size_and_hardware` checks that the overrides change exactly the
+fields listed in `OVERRIDES`; each run checks that every other `CEGPPOConfig` key of the recipe reached the trainer
+unchanged (its saved `training_args.bin`), the model keys through `model_init_kwargs` / the LoRA adapter's config, and
+the reward through the logged rewards.
+
+Each run must exit 0, save a model (or LoRA adapter) that loads and differs from the start, log the CE-GPPO metrics at
+both steps with the recipe's betas, and, with dynamic sampling on, have dropped some groups and kept others. Nothing is
+downloaded (HF_HUB_OFFLINE=1). The walks are `slow`; the checks of the walk's plan and of the docs' launch lines are
+fast.
+"""
+
+import json
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "examples" / "train_cegppo.py"
+RECIPES_DIR = ROOT / "recipes"
+CONFIGS_DIR = ROOT / "accelerate_configs"
+TINY_RECIPE = RECIPES_DIR / "tiny" / "cegppo" / "config_cpu.yaml"
+TIMEOUT_S = 1800  # generous: the machine is shared; a walk takes 10-60 s on an idle 2-core machine
+WALK_SFT_STEPS = 300  # the demo's warm start: ~20% of its sampled answers are right, so groups differ
+WALK_SEED = 0
+MAX_STEPS = 2
+DATA_ROWS = 3000  # rows of builtin:arithmetic
+DDP_CONFIG = "multi_gpu.yaml"
+DDP_PROCESSES = 2
+
+# What the walk changes, with why. Everything else is the recipe's own value.
+SIZE_KEYS = frozenset(
+    {
+        "model_name_or_path",  # the tiny local model (its folder) in place of a Hub model
+        "dataset_name",  # builtin:arithmetic in place of a Hub data set
+        "problem_column",  # ... and its columns
+        "answer_column",
+        "instruction",  # ... and the prompt format the tiny model was trained on (the tiny recipe's)
+        "max_completion_length",
+        "max_steps",
+        "output_dir",
+    }
+)
+HARDWARE_KEYS = frozenset({"use_vllm", "bf16", "dtype", "use_cpu"})  # no GPU: no vLLM, no bf16
+OVERRIDES = {
+    "model_name_or_path": None,  # filled with the tiny model's folder
+    "dataset_name": "builtin:arithmetic",
+    "problem_column": "problem",
+    "answer_column": "answer",
+    "instruction": yaml.safe_load(TINY_RECIPE.read_text())["instruction"],
+    "max_completion_length": "16",
+    "max_steps": str(MAX_STEPS),
+    "output_dir": None,  # filled with a temporary folder
+    "use_vllm": "false",
+    "bf16": "false",
+    "dtype": "float32",
+    "use_cpu": "true",
+}
+LAUNCHER_OVERRIDES = ("--mixed_precision", "no")  # plus --num_processes and a free --main_process_port
+CEGPPO_METRICS = (
+    "cegppo/beta1_token_frac",
+    "cegppo/beta2_token_frac",
+    "cegppo/beta1_grad_share",
+    "cegppo/beta2_grad_share",
+    "cegppo/beta1",
+    "cegppo/beta2",
+    "cegppo/quadrant/neg_low/token_frac",
+    "cegppo/quadrant/pos_low/token_frac",
+    "clip_ratio/region_mean",
+    "entropy",
+)
+# (accelerate config, recipe) pairs that tests/test_launch.py runs (the tiny recipe on 2 processes).
+LAUNCH_TESTED = frozenset(
+    (config, "tiny/cegppo/config_cpu.yaml") for config in ("multi_gpu.yaml", "zero2.yaml", "zero3.yaml", "fsdp2.yaml")
+)
+
+
+def _rel(path: Path) -> str:
+    return path.relative_to(RECIPES_DIR).as_posix()
+
+
+GPU_RECIPES = sorted(p for p in RECIPES_DIR.rglob("*.yaml") if p.relative_to(RECIPES_DIR).parts[0] != "tiny")
+
+
+def _shell_commands(text: str):
+    """Shell commands in `text` (backslash continuations joined, trailing `# comments` dropped)."""
+    for line in text.replace("\\\n", " ").splitlines():
+        line = re.sub(r"\s+#.*$", "", line).strip()
+        if line:
+            yield line
+
+
+def _launch_target(command: str) -> tuple[str | None, str | None, list[str]]:
+    """(accelerate config file, `--config` recipe, tokens) of an `accelerate launch` command."""
+    tokens = shlex.split(command)
+    tokens = tokens[tokens.index("launch") + 1 :]
+    config_file = tokens[tokens.index("--config_file") + 1] if "--config_file" in tokens else None
+    recipe = tokens[tokens.index("--config") + 1] if "--config" in tokens else None
+    return config_file, recipe, tokens
+
+
+def header_launch_configs(recipe: Path) -> list[str]:
+    """The accelerate configs of the `accelerate launch` lines in the recipe's header comment, for this recipe."""
+    header = "\n".join(line[1:].lstrip() for line in recipe.read_text().splitlines() if line.startswith("#"))
+    configs = []
+    for command in _shell_commands(header):
+        if "accelerate launch" not in command:
+            continue
+        config_file, target, _ = _launch_target(command)
+        if config_file and target and Path(target).as_posix() == f"recipes/{_rel(recipe)}":
+            configs.append(Path(config_file).name)
+    return configs
+
+
+def config_processes(config: str) -> int:
+    """2 processes, or 1 for a config that is one process by definition (`distributed_type: "NO"`)."""
+    values = yaml.safe_load((CONFIGS_DIR / config).read_text())
+    return 1 if str(values["distributed_type"]).upper() == "NO" else DDP_PROCESSES
+
+
+def _walk_plan() -> list[tuple[str, str, int]]:
+    plan = []
+    for recipe in GPU_RECIPES:
+        for config in [DDP_CONFIG, *header_launch_configs(recipe)]:
+            entry = (_rel(recipe), config, config_processes(config))
+            if entry not in plan:
+                plan.append(entry)
+    return plan
+
+
+WALK = _walk_plan()
+
+
+def _walk_id(entry) -> str:
+    recipe, config, processes = entry
+    return f"{recipe.removesuffix('.yaml')}@{Path(config).stem}-{processes}proc"
+
+
+def override_args(model_dir, output_dir) -> list[str]:
+    values = dict(OVERRIDES, model_name_or_path=str(model_dir), output_dir=str(output_dir))
+    return [item for key, value in values.items() for item in (f"--{key}", value)]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The plan (fast)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_walk_covers_every_gpu_recipe():
+    assert GPU_RECIPES, "no GPU recipe found under recipes/"
+    walked = {(recipe, config) for recipe, config, _ in WALK}
+    for recipe in GPU_RECIPES:
+        # Each recipe's header says how to launch it, and the walk runs that line and DDP on 2 processes.
+        own = header_launch_configs(recipe)
+        assert own, f"{_rel(recipe)}: its header has no `accelerate launch ... --config recipes/{_rel(recipe)}` line"
+        for config in [DDP_CONFIG, *own]:
+            assert (CONFIGS_DIR / config).is_file(), f"{_rel(recipe)} names a missing accelerate config {config}"
+            assert (_rel(recipe), config) in walked
+    # Issue 15: the CE-GPPO paper recipe (1.5B) also runs under its own ZeRO-2 config.
+    assert ("DeepSeek-R1-Distill-Qwen-1.5B/cegppo/config_paper.yaml", "zero2.yaml", 2) in WALK
+    assert all(processes == 2 for recipe, config, processes in WALK if config != "single_gpu.yaml")
+
+
+def test_override_list_is_size_and_hardware_only():
+    assert set(OVERRIDES) == SIZE_KEYS | HARDWARE_KEYS
+    assert not SIZE_KEYS & HARDWARE_KEYS
+
+
+def _parse(argv):
+    from cegppo_trl.scripts.train import make_parser
+
+    return make_parser().parse_args_and_config(args=argv)
+
+
+@pytest.mark.parametrize("recipe", GPU_RECIPES, ids=_rel)
+def test_overrides_change_only_size_and_hardware(recipe, tmp_path):
+    """The walk's command line changes exactly the `OVERRIDES` fields: parsed with and without it, the three argument
+    dataclasses differ nowhere else, and every other key of the recipe keeps its YAML value."""
+    import dataclasses
+
+    values = yaml.safe_load(recipe.read_text())
+    # The recipe as a GPU user gets it (bf16 needs `use_cpu` on a machine without a GPU, see tests/test_recipes.py).
+    as_shipped = _parse(["--config", str(recipe), "--use_cpu", "true"])
+    walked = _parse(["--config", str(recipe), *override_args(tmp_path / "model", tmp_path / "out")])
+    changed = set()
+    for ours, theirs in zip(as_shipped, walked):
+        a, b = dataclasses.asdict(ours), dataclasses.asdict(theirs)
+        changed |= {k for k in a if a[k] != b[k]}
+        for key, value in values.items():
+            if key in a and key not in OVERRIDES:
+                assert _same(getattr(theirs, key), value), f"{key}: recipe {value!r}, walked {getattr(theirs, key)!r}"
+    assert changed <= set(OVERRIDES), f"the walk changes {sorted(changed - set(OVERRIDES))}, not in OVERRIDES"
+    # Every size / hardware key the recipe sets to something else is overridden.
+    assert {k for k in OVERRIDES if k in values} <= changed | {"use_cpu"}
+
+
+def _same(actual, expected) -> bool:
+    """A parsed / saved argument equals the recipe's YAML value (enums by value; `report_to: none` is [])."""
+    if hasattr(actual, "value") and not isinstance(actual, (int, float, bool)):
+        actual = actual.value
+    if expected == "none" and actual in ([], "none", ["none"]):
+        return True
+    if isinstance(actual, tuple):
+        actual = list(actual)
+    return actual == expected
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The docs' launch lines (fast, read-only over README.md and docs/*.md)
+# ----------------------------------------------------------------------------------------------------------------
+
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+SHELL_FENCES = ("", "bash", "sh", "shell", "console")
+
+
+def doc_launch_lines() -> list[tuple[str, str]]:
+    """(file, command) for every `accelerate launch` command in a shell code block of the README and docs/*.md."""
+    found = []
+    for doc in DOCS:
+        for lang, block in re.findall(r"^```([\w-]*)\n(.*?)^```", doc.read_text(), flags=re.S | re.M):
+            if lang in SHELL_FENCES:
+                found += [(doc.name, c) for c in _shell_commands(block) if re.search(r"\baccelerate launch\b", c)]
+    return found
+
+
+def test_doc_launch_lines_use_a_walked_config_and_recipe():
+    test_launch = (ROOT / "tests" / "test_launch.py").read_text()
+    for config, _ in LAUNCH_TESTED:  # guard: tests/test_launch.py still runs the tiny recipe under these configs
+        assert Path(config).stem in test_launch, f"tests/test_launch.py no longer runs {config}"
+    walked = {(config, recipe) for recipe, config, _ in WALK} | LAUNCH_TESTED
+    lines = doc_launch_lines()
+    assert len({doc for doc, _ in lines}) >= 2 and len(lines) >= 5, lines  # README.md and docs/launch.md at least
+    for doc, command in lines:
+        config_file, recipe, tokens = _launch_target(command)
+        assert config_file and recipe, f"{doc}: `{command}` needs --config_file and --config"
+        assert config_file.startswith("accelerate_configs/") and recipe.startswith("recipes/"), f"{doc}: `{command}`"
+        assert str(SCRIPT.relative_to(ROOT)) in tokens or "cegppo_trl.scripts.train" in tokens, f"{doc}: `{command}`"
+        pair = (Path(config_file).name, recipe.removeprefix("recipes/"))
+        assert pair in walked, f"{doc}: `{command}` launches {pair}, which neither the walk nor test_launch runs"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The walk (slow)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env.update(
+        HF_HUB_OFFLINE="1",
+        HF_HUB_DISABLE_TELEMETRY="1",
+        TOKENIZERS_PARALLELISM="false",
+        OMP_NUM_THREADS="1",  # 2 processes on 2 cores
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+@pytest.fixture(scope="module")
+def walk_model_dir(tmp_path_factory):
+    """The tiny model, warm-started for `WALK_SFT_STEPS` steps (how `builtin:tiny` builds it), built once."""
+    from cegppo_trl.tiny_model import materialize_tiny
+
+    path = tmp_path_factory.mktemp("walk-model") / "tiny"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model on a shared 2-core machine: 1 thread is faster
+    try:
+        materialize_tiny(str(path), seed=WALK_SEED, sft_steps=WALK_SFT_STEPS)
+    finally:
+        torch.set_num_threads(threads)
+    return path
+
+
+def _launch(recipe: Path, config: str, processes: int, model_dir: Path, output_dir: Path) -> float:
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS_DIR / config)]
+    if processes > 1:
+        launcher += ["--num_processes", str(processes), "--main_process_port", str(_free_port())]
+    cmd = [*launcher, *LAUNCHER_OVERRIDES, str(SCRIPT), "--config", str(recipe), *override_args(model_dir, output_dir)]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        pytest.fail(
+            f"command failed ({proc.returncode}): {shlex.join(cmd)}\n--- stdout ---\n{proc.stdout[-4000:]}\n"
+            f"--- stderr ---\n{proc.stderr[-8000:]}"
+        )
+    return seconds
+
+
+def _check_logs(output_dir: Path, values: dict, processes: int):
+    state = json.loads((output_dir / "trainer_state.json").read_text())
+    assert state["global_step"] == MAX_STEPS
+    steps = [e for e in state["log_history"] if "loss" in e]
+    assert [e["step"] for e in steps] == list(range(1, MAX_STEPS + 1))
+    controller = values.get("cegppo_entropy_target") is not None
+    for entry in steps:
+        missing = [m for m in CEGPPO_METRICS if m not in entry]
+        assert not missing, f"step {entry['step']} lacks {missing}"
+        if not controller:
+            assert entry["cegppo/beta1"] == values.get("cegppo_beta1", 0.5)
+            assert entry["cegppo/beta2"] == values.get("cegppo_beta2", 1.0)
+    first = steps[0]  # the step that generated the batch
+    # The reward the recipe names, with its values: math's correct / wrong rewards give reward = c*acc + w*(1-acc).
+    rewards = values.get("reward_funcs", ["math"])
+    for name in rewards:
+        assert f"rewards/{name}_reward/mean" in first, f"no {name} reward logged"
+    if rewards == ["math"] and values.get("unparseable_reward") is None:
+        accuracy = first["math_reward/accuracy"]
+        correct, wrong = values.get("correct_reward", 1.0), values.get("wrong_reward", -1.0)
+        assert first["reward"] == pytest.approx(correct * accuracy + wrong * (1 - accuracy), abs=1e-5)
+    if values.get("cegppo_exclude_zero_advantage_groups"):
+        # Dynamic sampling ran and had something to do: some groups were dropped, others kept.
+        assert 0.0 < first["cegppo/informative_group_frac"] < 1.0, first["cegppo/informative_group_frac"]
+    else:
+        assert "cegppo/informative_group_frac" not in first
+    assert any(e["grad_norm"] > 0 for e in steps), "zero gradient at every step"
+    # The recipe's batch keys and the number of processes set how far into the data set the run got.
+    per_device = values.get("per_device_train_batch_size", 8)
+    accumulation = values.get("gradient_accumulation_steps", 1)
+    generations = values.get("num_generations", 8)
+    per_generation = values.get("steps_per_generation", accumulation)
+    prompts_per_step = per_device * processes * accumulation // generations
+    prompts_per_batch = per_device * processes * per_generation // generations
+    epoch_rows = DATA_ROWS // prompts_per_batch * prompts_per_batch
+    assert steps[-1]["epoch"] == pytest.approx(MAX_STEPS * prompts_per_step / epoch_rows, rel=1e-3)
+
+
+def _check_training_args(output_dir: Path, values: dict):
+    """Every CEGPPOConfig key of the recipe reached the trainer with the recipe's value, unless overridden."""
+    args = torch.load(output_dir / "training_args.bin", weights_only=False)
+    overridden = dict(OVERRIDES, output_dir=str(output_dir))
+    checked = 0
+    for key, value in values.items():
+        if not hasattr(args, key) or key in overridden:
+            continue
+        assert _same(getattr(args, key), value), f"{key}: recipe {value!r}, trainer {getattr(args, key)!r}"
+        checked += 1
+    assert checked >= 20, f"only {checked} recipe keys are trainer arguments"
+    assert args.max_steps == MAX_STEPS and not args.use_vllm and not args.bf16 and args.use_cpu
+    # trl.ModelConfig keys travel in model_init_kwargs.
+    init = args.model_init_kwargs
+    assert init["dtype"] == "float32"
+    assert init["attn_implementation"] == values.get("attn_implementation")
+
+
+def _check_saved_model(output_dir: Path, values: dict, model_dir: Path):
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(model_dir)
+    if values.get("use_peft"):
+        from peft import PeftModel
+
+        assert (output_dir / "adapter_config.json").is_file() and not (output_dir / "model.safetensors").exists()
+        adapter = json.loads((output_dir / "adapter_config.json").read_text())
+        assert adapter["r"] == values["lora_r"] and adapter["lora_alpha"] == values["lora_alpha"]
+        assert adapter["lora_dropout"] == values.get("lora_dropout", 0.05)
+        if values.get("lora_target_modules") == "all-linear":
+            linear = {
+                name.rsplit(".", 1)[-1]
+                for name, module in base.named_modules()
+                if isinstance(module, torch.nn.Linear) and "lm_head" not in name
+            }
+            assert set(adapter["target_modules"]) == linear
+        with warnings.catch_warnings():  # peft asks transformers' deprecated `is_gradient_checkpointing`
+            warnings.simplefilter("ignore", FutureWarning)
+            model = PeftModel.from_pretrained(base, output_dir)
+        lora_b = [p for n, p in model.named_parameters() if "lora_B" in n]
+        assert lora_b and any(p.abs().sum() > 0 for p in lora_b), "LoRA B matrices are still zero: nothing trained"
+        return
+    model, info = AutoModelForCausalLM.from_pretrained(output_dir, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    trained, start = model.state_dict(), base.state_dict()
+    assert trained.keys() == start.keys()
+    assert any(not torch.equal(trained[k], start[k]) for k in trained), "the saved weights are the initial ones"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("recipe", "config", "processes"), WALK, ids=[_walk_id(e) for e in WALK])
+def test_recipe_walk(recipe, config, processes, walk_model_dir, tmp_path):
+    if yaml.safe_load((CONFIGS_DIR / config).read_text()).get("distributed_type") == "DEEPSPEED":
+        pytest.importorskip("deepspeed", reason=f"{config} needs DeepSpeed (pip install -e '.[deepspeed]')")
+    if yaml.safe_load((RECIPES_DIR / recipe).read_text()).get("use_peft"):
+        pytest.importorskip("peft", reason=f"{recipe} needs peft (pip install -e '.[peft]')")
+    path = RECIPES_DIR / recipe
+    values = yaml.safe_load(path.read_text())
+    out = tmp_path / "out"
+    seconds = _launch(path, config, processes, walk_model_dir, out)
+    print(f"\nwalk {_walk_id((recipe, config, processes))}: {seconds:.1f} s")
+    _check_logs(out, values, processes)
+    _check_training_args(out, values)
+    _check_saved_model(out, values, walk_model_dir)

@@ -1,0 +1,234 @@
+"""Resume, said plainly (issue 15).
+
+TRL keeps the completions of a generation batch in memory only: a run resumed from a checkpoint taken in the middle of
+a generation batch generates a fresh batch where the uninterrupted run would have reused the buffered one, so from there
+on it is a different run. A checkpoint at a generation-batch boundary resumes the same run (bit for bit on CPU).
+
+* `test_recipe_checkpoints_fall_on_generation_batch_boundaries` (fast): every shipped recipe that saves checkpoints has
+  `save_steps` a multiple of its optimizer steps per generation batch
+  (`steps_per_generation / gradient_accumulation_steps x num_iterations`), and says why next to it.
+* `test_resume_at_a_generation_batch_boundary_is_the_uninterrupted_run` (slow): the tiny recipe with
+  `steps_per_generation = 2 x gradient_accumulation_steps` and the entropy controller on, on 1 process and on 2 gloo
+  processes: resumed from the checkpoint at a boundary it ends with the uninterrupted run's parameters, betas,
+  controller state and logged losses, exactly; resumed from the checkpoint in the middle of a generation batch it does
+  not (what docs/launch.md says).
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "examples" / "train_cegppo.py"
+RECIPES = sorted((ROOT / "recipes").rglob("*.yaml"))
+TINY_RECIPE = ROOT / "recipes" / "tiny" / "cegppo" / "config_cpu.yaml"
+TIMEOUT_S = 900  # generous: the machine is shared; a run takes 10-20 s on an idle 2-core machine
+
+
+def _rel(path: Path) -> str:
+    return path.relative_to(ROOT / "recipes").as_posix()
+
+
+def optimizer_steps_per_generation_batch(config) -> int:
+    """How many optimizer steps one generation batch feeds: TRL generates every `steps_per_generation` micro-batches
+    and passes over the batch `num_iterations` times; an optimizer step takes `gradient_accumulation_steps`."""
+    assert config.steps_per_generation % config.gradient_accumulation_steps == 0
+    return config.steps_per_generation // config.gradient_accumulation_steps * config.num_iterations
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=_rel)
+def test_recipe_checkpoints_fall_on_generation_batch_boundaries(recipe):
+    from cegppo_trl.scripts.train import make_parser
+
+    argv = ["--config", str(recipe)]
+    if yaml.safe_load(recipe.read_text()).get("bf16"):
+        argv += ["--use_cpu", "true"]  # bf16 needs it on a machine without a GPU (tests/test_recipes.py)
+    _, config, _ = make_parser().parse_args_and_config(args=argv)
+    per_batch = optimizer_steps_per_generation_batch(config)
+    strategy = config.save_strategy.value
+    assert strategy in ("no", "steps"), (
+        f"{_rel(recipe)}: save_strategy {strategy!r} (epoch ends need not be boundaries)"
+    )
+    if strategy == "no":
+        return
+    assert config.save_steps >= 1 and config.save_steps == int(config.save_steps), "save_steps must be a step count"
+    assert int(config.save_steps) % per_batch == 0, (
+        f"{_rel(recipe)}: save_steps {config.save_steps} is not a multiple of the {per_batch} optimizer steps per "
+        "generation batch, so its checkpoints resume with fresh completions (docs/launch.md)"
+    )
+    # The recipe says why, on the save_steps line or in the comment right above it.
+    lines = recipe.read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("save_steps:"))
+    comment = [lines[at]]
+    while at > 0 and lines[at - 1].startswith("#"):
+        at -= 1
+        comment.append(lines[at])
+    assert "generation batch" in " ".join(comment), (
+        f"{_rel(recipe)}: no comment on why save_steps is {config.save_steps}"
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Resume (slow)
+# ----------------------------------------------------------------------------------------------------------------
+
+ACCUMULATION = 2
+PER_GENERATION = 2 * ACCUMULATION  # steps_per_generation = 2 x gradient_accumulation_steps: 2 optimizer steps a batch
+MAX_STEPS = 6  # 3 generation batches: steps 1-2, 3-4, 5-6
+BOUNDARY, MIDDLE = 4, 3  # checkpoint-4 ends a generation batch; checkpoint-3 is inside one
+RUN_ARGS = (
+    "--gradient_accumulation_steps", str(ACCUMULATION),
+    "--steps_per_generation", str(PER_GENERATION),
+    "--max_steps", str(MAX_STEPS),
+    # The recipe's 1e-3 drives the barely trained model to all-wrong groups (zero gradient) by step 5; at 3e-4 every
+    # step has a policy gradient, so the steps after the resume test the restored weights and optimizer state.
+    "--learning_rate", "3e-4",
+    # The entropy controller on, pure integral action (kp 0) so that the betas carry the whole history: a resume
+    # that lost or changed any of it shows in the betas.
+    "--cegppo_entropy_target", "2.0", "--cegppo_entropy_kp", "0.0", "--cegppo_entropy_ki", "0.05",
+    "--save_strategy", "steps", "--save_steps", "1",
+)  # fmt: skip
+TIME_KEYS = ("step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env.update(
+        HF_HUB_OFFLINE="1",
+        HF_HUB_DISABLE_TELEMETRY="1",
+        TOKENIZERS_PARALLELISM="false",
+        OMP_NUM_THREADS="1",  # 2 processes on 2 cores
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    """The tiny model exactly as `builtin:tiny` builds it for the tiny recipe (its seed and SFT steps), built once."""
+    from cegppo_trl.tiny_model import materialize_tiny
+
+    recipe = yaml.safe_load(TINY_RECIPE.read_text())
+    path = tmp_path_factory.mktemp("tiny") / "tiny-init"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        materialize_tiny(str(path), seed=recipe["seed"], sft_steps=recipe["tiny_sft_steps"])
+    finally:
+        torch.set_num_threads(threads)
+    return path
+
+
+def _train(output_dir: Path, model_dir: Path, processes: int, *extra: str) -> dict:
+    train_args = [str(SCRIPT), "--config", str(TINY_RECIPE), "--model_name_or_path", str(model_dir)]
+    train_args += [*RUN_ARGS, "--output_dir", str(output_dir), *extra]
+    if processes == 1:
+        cmd = [sys.executable, *train_args]
+    else:
+        cmd = [
+            sys.executable, "-m", "accelerate.commands.launch",
+            "--config_file", str(ROOT / "accelerate_configs" / "multi_gpu.yaml"),
+            "--num_processes", str(processes), "--mixed_precision", "no", "--main_process_port", str(_free_port()),
+            *train_args,
+        ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    if proc.returncode != 0:
+        pytest.fail(
+            f"command failed ({proc.returncode}): {' '.join(cmd)}\n--- stdout ---\n{proc.stdout[-4000:]}\n"
+            f"--- stderr ---\n{proc.stderr[-8000:]}"
+        )
+    state = json.loads((output_dir / "trainer_state.json").read_text())
+    assert state["global_step"] == MAX_STEPS
+    return {e["step"]: {k: v for k, v in e.items() if k not in TIME_KEYS} for e in state["log_history"] if "loss" in e}
+
+
+def _weights(output_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(output_dir / "model.safetensors")
+
+
+def _controller(checkpoint: Path) -> dict:
+    from cegppo_trl.trainer import CONTROLLER_STATE_FILE
+
+    return json.loads((checkpoint / CONTROLLER_STATE_FILE).read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("processes", [1, 2], ids=["1-process", "2-processes-ddp"])
+def test_resume_at_a_generation_batch_boundary_is_the_uninterrupted_run(tiny_model_dir, tmp_path, processes):
+    full = _train(tmp_path / "full", tiny_model_dir, processes)
+    assert sorted(full) == list(range(1, MAX_STEPS + 1))
+    # Generation batches start at steps 1, 3, 5 (only those log the rewards): checkpoint-4 ends one, checkpoint-3 is
+    # inside one.
+    assert [s for s in full if "reward" in full[s]] == list(range(1, MAX_STEPS + 1, PER_GENERATION // ACCUMULATION))
+    # The controller moves the betas every step, so the betas of steps 5-6 depend on the whole run before them.
+    beta1 = [full[s]["cegppo/beta1"] for s in sorted(full)]
+    assert beta1[0] == 0.5 and len(set(beta1)) == MAX_STEPS, beta1
+    assert all(full[s]["grad_norm"] > 0 for s in full), "a step without policy gradient compares nothing"
+
+    checkpoint = tmp_path / "full" / f"checkpoint-{BOUNDARY}"
+    assert _controller(checkpoint)["num_updates"] == BOUNDARY
+    resumed = _train(tmp_path / "resumed", tiny_model_dir, processes, "--resume_from_checkpoint", str(checkpoint))
+    # Steps 1-4 come from the checkpoint's trainer_state.json; steps 5-6 are trained again. Losses, rewards, entropy,
+    # betas, clip fractions, grad norms: all bit for bit.
+    assert sorted(resumed) == sorted(full)
+    for step in resumed:
+        assert resumed[step] == full[step], f"step {step} differs after resuming from checkpoint-{BOUNDARY}"
+    ours, theirs = _weights(tmp_path / "resumed"), _weights(tmp_path / "full")
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    last = f"checkpoint-{MAX_STEPS}"
+    assert _controller(tmp_path / "resumed" / last) == _controller(tmp_path / "full" / last)
+
+    # The other side of the rule: from the checkpoint inside a generation batch the run continues with fresh
+    # completions, and is another run from its first step on.
+    middle = tmp_path / "full" / f"checkpoint-{MIDDLE}"
+    other = _train(tmp_path / "middle", tiny_model_dir, processes, "--resume_from_checkpoint", str(middle))
+    assert "reward" in other[MIDDLE + 1], "no fresh generation after resuming inside a generation batch"
+    assert other[MIDDLE + 1]["loss"] != full[MIDDLE + 1]["loss"]
+    assert other[MAX_STEPS]["cegppo/beta1"] != full[MAX_STEPS]["cegppo/beta1"]
+    ours = _weights(tmp_path / "middle")
+    assert any(not torch.equal(ours[k], theirs[k]) for k in ours)
+    print(
+        f"\n{processes} process(es): beta1 uninterrupted {[round(b, 4) for b in beta1]}; resumed at step {BOUNDARY} "
+        f"{[round(resumed[s]['cegppo/beta1'], 4) for s in sorted(resumed)]}; resumed at step {MIDDLE} "
+        f"{[round(other[s]['cegppo/beta1'], 4) for s in sorted(other)]}; loss at step {MIDDLE + 1}: uninterrupted "
+        f"{full[MIDDLE + 1]['loss']:.6f}, resumed at step {MIDDLE} {other[MIDDLE + 1]['loss']:.6f}"
+    )
+
+
+def test_resume_without_the_controller_state_names_the_file_and_the_fix(
+    tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path
+):
+    """A process that cannot see `cegppo_controller_state.json` (a node without the shared output_dir) must not
+    restart the controller from the config's betas while the other processes go on with the saved ones."""
+    from conftest import contains_answer_reward, cpu_config
+
+    from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
+
+    args = cpu_config(CEGPPOConfig, tmp_path / "out", cegppo_entropy_target=2.0)
+    trainer = CEGPPOTrainer(
+        model=tiny_model,
+        reward_funcs=contains_answer_reward,
+        args=args,
+        train_dataset=arithmetic_dataset,
+        processing_class=tiny_tokenizer,
+    )
+    checkpoint = tmp_path / "checkpoint-4"
+    checkpoint.mkdir()
+    with pytest.raises(FileNotFoundError, match=r"cegppo_controller_state\.json.*shared|share"):
+        trainer._load_optimizer_and_scheduler(str(checkpoint))
