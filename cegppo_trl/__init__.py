@@ -35,11 +35,12 @@ _PUBLIC_NAMES = {
     "build_prompt": "data",
     "DatasetFormatError": "data",
     # evaluation
-    "AvgAtKCallback": "evaluation",
-    "evaluate_model": "evaluation",
-    "evaluate_completions": "evaluation",
-    "generate_completions": "evaluation",
-    "pass_at_k": "evaluation",
+    "AvgAtKCallback": "evaluation.callback",
+    "EvalSettings": "evaluation.settings",
+    "evaluate_model": "evaluation.run",
+    "evaluate_completions": "evaluation.metrics",
+    "generate_completions": "evaluation.generation",
+    "pass_at_k": "evaluation.metrics",
 }
 
 __all__ = sorted(_PUBLIC_NAMES)
@@ -63,7 +64,11 @@ if TYPE_CHECKING:  # static analysers and IDEs see the names eagerly
     from .controller import EntropyController
     from .core import ClipParams, cegppo_per_token_loss, gradient_preserving_correction, ppo_clip_per_token_loss
     from .data import DatasetFormatError, build_prompt, load_math_dataset
-    from .evaluation import AvgAtKCallback, evaluate_completions, evaluate_model, generate_completions, pass_at_k
+    from .evaluation.callback import AvgAtKCallback
+    from .evaluation.generation import generate_completions
+    from .evaluation.metrics import evaluate_completions, pass_at_k
+    from .evaluation.run import evaluate_model
+    from .evaluation.settings import EvalSettings
     from .rewards import (
         extract_answer,
         format_reward,

@@ -165,6 +165,15 @@ def test_make_math_reward_values_name_and_pickling():
     assert clone.__name__ == "mv"
     default = make_math_reward()
     assert (default.correct, default.wrong, default.unparseable) == (1.0, -1.0, -1.0)
+    # One name constructs it (no `MathReward` class beside the factory), and the repr says how to rebuild it.
+    import cegppo_trl
+    import cegppo_trl.rewards
+
+    assert "MathReward" not in cegppo_trl.rewards.__all__ and not hasattr(cegppo_trl.rewards, "MathReward")
+    assert "MathReward" not in cegppo_trl.__all__ and cegppo_trl.make_math_reward is make_math_reward
+    assert repr(reward) == (
+        "make_math_reward(correct=2.0, wrong=-0.5, unparseable=-1.0, timeout_s=2.0, num_workers=1, name='mv')"
+    )
 
 
 @pytest.mark.parametrize(

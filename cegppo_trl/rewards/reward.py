@@ -61,6 +61,25 @@ class GradeResult(NamedTuple):
     seconds: float
 
 
+def _check_batch(completions: Any, solutions: Any, completions_arg: str, solutions_arg: str) -> None:
+    """Raise TypeError naming the argument unless both are sequences (lists) of items, one per completion: a string
+    would be read one character per completion and silently mis-grade, None would fail deep inside."""
+    kinds = ((completions, completions_arg, "completions (strings or message lists)"),
+             (solutions, solutions_arg, "gold answers, one per completion"))  # fmt: skip
+    for value, arg, what in kinds:
+        if isinstance(value, (str, bytes)) or not (hasattr(value, "__len__") and hasattr(value, "__iter__")):
+            shown = f"the string {value[:40]!r}" if isinstance(value, (str, bytes)) else repr(value)[:60]
+            hint = (
+                f" For one answer repeated, pass [{value[:40]!r}] * len(completions)."
+                if isinstance(value, (str, bytes)) and arg == solutions_arg
+                else ""
+            )
+            raise TypeError(
+                f"{arg} must be a list of {what} (TRL passes the batch's completions and the dataset's `solution` "
+                f"column as lists); got {shown}.{hint}"
+            )
+
+
 def _check_grading_settings(timeout_s: Any, num_workers: Any) -> None:
     """Raise ``ValueError`` unless ``timeout_s`` is a positive finite number and ``num_workers`` None or >= 1."""
     if not (isinstance(timeout_s, (int, float)) and timeout_s > 0 and math.isfinite(timeout_s)):
@@ -82,6 +101,7 @@ def grade_completions(
     of a worker on one completion. ``num_workers`` defaults to the CPUs of this process divided by the number of
     local ranks (``LOCAL_WORLD_SIZE``), at most 8.
     """
+    _check_batch(completions, solutions, "completions", "solutions")
     if len(completions) != len(solutions):
         raise ValueError(
             f"got {len(completions)} completions but {len(solutions)} solutions; pass one gold answer per "
@@ -200,27 +220,9 @@ def _warn_gold_once(key: str, message: str, *args: Any) -> None:
         logger.warning(message, *args)
 
 
-class MathReward:
-    """A math-verify reward function for ``GRPOTrainer(reward_funcs=[...])``; picklable, also named
-    :data:`make_math_reward`.
-
-    Call signature: ``reward(completions, solution, **kwargs) -> list[float | None]``.
-
-    Args:
-        correct: reward of a verified answer; must be the highest value.
-        wrong: reward of an answer that parses but does not verify.
-        unparseable: reward when there is no answer, it cannot be parsed, or grading timed out;
-            ``None`` (default) means the same as ``wrong``, as in the CE-GPPO paper.
-        timeout_s: hard bound on the grading time of one completion (the worker is killed after it).
-        num_workers: grading processes of this rank; ``None`` = CPUs / local ranks, at most 8.
-        name: the function's ``__name__``; TRL logs ``rewards/<name>/mean`` and this reward logs ``<name>/...``
-            metrics (``accuracy``, ``no_answer_frac``, ``unparseable_frac``, ``timeouts``, ``unparseable_gold``,
-            ``gold_timeouts``).
-
-    Completions whose gold answer cannot be parsed get ``None`` (TRL ignores them) and are counted in
-    ``<name>/unparseable_gold``. Completions whose gold's parse hit the timeout also get ``None`` on that call and
-    are counted in ``<name>/gold_timeouts``; the gold is retried on later calls (see :data:`MAX_GOLD_TIMEOUTS`).
-    """
+class _MathReward:
+    """The callable :func:`make_math_reward` returns (a class, not a closure, so that it pickles: TRL's async rollout
+    worker pickles reward functions). Build it with :func:`make_math_reward`; its arguments are documented there."""
 
     def __init__(
         self,
@@ -254,7 +256,7 @@ class MathReward:
 
     def __repr__(self) -> str:
         return (
-            f"MathReward(correct={self.correct}, wrong={self.wrong}, unparseable={self.unparseable}, "
+            f"make_math_reward(correct={self.correct}, wrong={self.wrong}, unparseable={self.unparseable}, "
             f"timeout_s={self.timeout_s}, num_workers={self.num_workers}, name={self.__name__!r})"
         )
 
@@ -271,6 +273,7 @@ class MathReward:
                 f"{self.__name__} needs the gold answers in a `solution` dataset column (TRL passes dataset columns "
                 "as keyword arguments); load the data with cegppo_trl.load_math_dataset, which creates it."
             )
+        _check_batch(completions, solution, "completions", "solution")
         graded = grade_completions(completions, solution, timeout_s=self.timeout_s, num_workers=self.num_workers)
         value = {CORRECT: self.correct, WRONG: self.wrong}
         skipped = (BAD_GOLD, GOLD_TIMEOUT)  # no usable gold on this call: no score at all
@@ -296,11 +299,40 @@ class MathReward:
         return rewards
 
 
-make_math_reward = MathReward
-"""Build a math-verify reward function for ``GRPOTrainer(reward_funcs=[...])`` (the :class:`MathReward` class)."""
+def make_math_reward(
+    correct: float = 1.0,
+    wrong: float = -1.0,
+    unparseable: float | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    num_workers: int | None = None,
+    name: str = "math_reward",
+) -> Callable[..., list[float | None]]:
+    """Build a math-verify reward function for ``GRPOTrainer(reward_funcs=[...])``, with other values than
+    :func:`math_reward`'s +1 / -1, another timeout or worker count; the result is picklable.
+
+    Call signature: ``reward(completions, solution, **kwargs) -> list[float | None]``.
+
+    Args:
+        correct: reward of a verified answer; must be the highest value.
+        wrong: reward of an answer that parses but does not verify.
+        unparseable: reward when there is no answer, it cannot be parsed, or grading timed out;
+            ``None`` (default) means the same as ``wrong``, as in the CE-GPPO paper.
+        timeout_s: hard bound on the grading time of one completion (the worker is killed after it).
+        num_workers: grading processes of this rank; ``None`` = CPUs / local ranks, at most 8.
+        name: the function's ``__name__``; TRL logs ``rewards/<name>/mean`` and this reward logs ``<name>/...``
+            metrics (``accuracy``, ``no_answer_frac``, ``unparseable_frac``, ``timeouts``, ``unparseable_gold``,
+            ``gold_timeouts``).
+
+    Completions whose gold answer cannot be parsed get ``None`` (TRL ignores them) and are counted in
+    ``<name>/unparseable_gold``. Completions whose gold's parse hit the timeout also get ``None`` on that call and
+    are counted in ``<name>/gold_timeouts``; the gold is retried on later calls (see :data:`MAX_GOLD_TIMEOUTS`).
+    """
+    return _MathReward(
+        correct=correct, wrong=wrong, unparseable=unparseable, timeout_s=timeout_s, num_workers=num_workers, name=name
+    )
 
 
-_DEFAULT_MATH_REWARD = MathReward()
+_DEFAULT_MATH_REWARD = _MathReward()
 
 
 def math_reward(
