@@ -262,3 +262,12 @@ def tiny_recipe_run(wheel_venv, tmp_path_factory) -> RecipeRun:
     assert not (cwd / "recipes").exists()
     proc = run_checked(["cegppo-train", "--config", TINY_RECIPE, "--output_dir", "run"], cwd, wheel_env(wheel_venv))
     return RecipeRun(cwd, cwd / "run", proc)
+
+
+@pytest.fixture(scope="session")
+def tiny_recipe_model_dir(tiny_recipe_run) -> Path:
+    """The tiny model exactly as `builtin:tiny` builds it for the tiny recipe (its seed and SFT steps): the shared
+    recipe run built it in `<output_dir>/tiny-init`. Read only."""
+    path = tiny_recipe_run.out / "tiny-init"
+    assert (path / "config.json").is_file() and (path / "tiny_build.json").is_file()
+    return path

@@ -5,12 +5,12 @@ shared quick demo's warm start (conftest's `quick_demo`), which solves some but 
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from launching import free_port
 
 
 pytestmark = pytest.mark.slow  # launches processes that train
@@ -20,17 +20,11 @@ TIMEOUT_S = 900
 FIGURES = ("heldout/avg@4", "heldout/pass@1", "heldout/pass@4")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(model_dir: Path, heldout: Path, out: Path, processes: int) -> list[dict]:
     out.mkdir(parents=True)
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
-        "--master_port", str(_free_port()), str(WORKER), str(model_dir), str(heldout), str(out),
+        "--master_port", str(free_port()), str(WORKER), str(model_dir), str(heldout), str(out),
     ]  # fmt: skip
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)

@@ -17,7 +17,6 @@
 
 import ast
 import functools
-import os
 import re
 import shlex
 import subprocess
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import pytest
 from conftest import DEMO_OUTPUT, HUB_MODELS, TINY_RECIPE
+from launching import subprocess_env
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,14 +131,8 @@ def classify(argv: list[str]) -> str:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _env() -> dict:
-    env = dict(os.environ)
-    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    return env
-
-
 def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    proc = subprocess.run(argv, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    proc = subprocess.run(argv, cwd=cwd, env=subprocess_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0, (
         f"`{shlex.join(argv)}` failed ({proc.returncode})\n--- stdout ---\n{proc.stdout[-3000:]}\n"
         f"--- stderr ---\n{proc.stderr[-6000:]}"

@@ -18,14 +18,13 @@ keeping none, and a micro-batch left empty on every process.
 """
 
 import json
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from launching import free_port, subprocess_env
 
 
 HERE = Path(__file__).resolve().parent
@@ -63,12 +62,6 @@ def _scenarios(world: int, loss_types=LOSS_TYPES) -> list[dict]:
     return scenarios
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(world: int, backend: str, scenarios: list[dict], model_dir: Path, out_dir: Path) -> None:
     scenarios_file = out_dir / "scenarios.json"
     scenarios_file.write_text(json.dumps(scenarios))
@@ -78,17 +71,16 @@ def _launch(world: int, backend: str, scenarios: list[dict], model_dir: Path, ou
     elif backend == "ddp":
         cmd = [
             sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world),
-            "--master_port", str(_free_port()), *worker,
+            "--master_port", str(free_port()), *worker,
         ]  # fmt: skip
     else:  # the shipped accelerate config, as the recipes launch it
         cmd = [
             sys.executable, "-m", "accelerate.commands.launch",
             "--config_file", str(HERE.parent / "accelerate_configs" / f"{backend}.yaml"),
-            "--num_processes", str(world), "--mixed_precision", "no", "--main_process_port", str(_free_port()),
+            "--num_processes", str(world), "--mixed_precision", "no", "--main_process_port", str(free_port()),
             *worker,
         ]  # fmt: skip
-    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    proc = subprocess.run(cmd, env=subprocess_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0, f"worker failed ({proc.returncode})\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
 
 

@@ -8,14 +8,13 @@ DeepSpeed run compiles a small communication op with g++/ninja (about 25 s, cach
 """
 
 import json
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from launching import free_port, subprocess_env
 
 
 pytestmark = pytest.mark.slow  # trains, on one and on two processes
@@ -36,26 +35,8 @@ CEGPPO_METRICS = (
 TIMEOUT_S = 900  # generous: the machine is shared; a normal run takes well under a minute
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _env() -> dict:
-    env = dict(os.environ)
-    env.update(
-        HF_HUB_OFFLINE="1",
-        HF_HUB_DISABLE_TELEMETRY="1",
-        TOKENIZERS_PARALLELISM="false",
-        OMP_NUM_THREADS="1",  # 2 processes on 2 cores
-        PYTHONUNBUFFERED="1",
-    )
-    return env
-
-
 def _run(cmd: list[str]) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    proc = subprocess.run(cmd, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
     if proc.returncode != 0:
         pytest.fail(
             f"command failed ({proc.returncode}): {' '.join(cmd)}\n--- stdout ---\n{proc.stdout[-4000:]}\n"
@@ -71,18 +52,9 @@ def _launch(output_dir: Path, accelerate_config: str, *extra: str, processes: in
         "--config_file", str(ROOT / "accelerate_configs" / accelerate_config),
         "--num_processes", str(processes),
         "--mixed_precision", "no",  # the trainer runs with bf16=False on CPU; the configs say bf16 for GPUs
-        "--main_process_port", str(_free_port()),
+        "--main_process_port", str(free_port()),
     ]  # fmt: skip
     return _run([*launcher, *train_args])
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tiny_recipe_run):
-    """The tiny model exactly as `builtin:tiny` builds it for the recipe: the shared single-process run built it in
-    `<output_dir>/tiny-init` (read only here)."""
-    path = tiny_recipe_run.out / "tiny-init"
-    assert (path / "config.json").is_file() and (path / "tiny_build.json").is_file()
-    return path
 
 
 def _check_logs(output_dir: Path, world_size: int) -> list[dict]:
@@ -130,35 +102,35 @@ def test_single_process_builtin_tiny(tiny_recipe_run):
     _assert_trained_full_model(out, out / "tiny-init")
 
 
-def test_two_processes_ddp_lora(tmp_path, tiny_model_dir):
+def test_two_processes_ddp_lora(tmp_path, tiny_recipe_model_dir):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "ddp-lora"
     _launch(
         out, "multi_gpu.yaml",
-        "--model_name_or_path", str(tiny_model_dir),
+        "--model_name_or_path", str(tiny_recipe_model_dir),
         "--use_peft", "true", "--lora_r", "8", "--lora_alpha", "16", "--lora_target_modules", "all-linear",
     )  # fmt: skip
     _check_logs(out, world_size=2)
     assert (out / "adapter_config.json").is_file() and not (out / "model.safetensors").exists()
-    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    base = AutoModelForCausalLM.from_pretrained(tiny_recipe_model_dir)
     model = PeftModel.from_pretrained(base, out)
     lora_b = [p for n, p in model.named_parameters() if "lora_B" in n]
     assert lora_b and any(p.abs().sum() > 0 for p in lora_b), "LoRA B matrices are still zero: nothing was trained"
 
 
 @pytest.mark.parametrize("sharding", ["zero2", "zero3", "fsdp2"])
-def test_two_processes_sharded(tmp_path, tiny_model_dir, sharding):
+def test_two_processes_sharded(tmp_path, tiny_recipe_model_dir, sharding):
     """DeepSpeed ZeRO-2 / ZeRO-3 and the FSDP2 config on two CPU processes, with dynamic sampling (the processes keep
     different numbers of rows); the saved model is the full one. accelerate 1.16 runs an FSDP config as DDP when no
     GPU is present, so on CPU the fsdp2 case checks that the shipped config launches and trains, not FSDP2 itself."""
     out = tmp_path / sharding
     _launch(
-        out, f"{sharding}.yaml", "--model_name_or_path", str(tiny_model_dir),
+        out, f"{sharding}.yaml", "--model_name_or_path", str(tiny_recipe_model_dir),
         "--cegppo_exclude_zero_advantage_groups", "true",
     )  # fmt: skip
     steps = _check_logs(out, world_size=2)
     kept = [e["cegppo/informative_group_frac"] for e in steps if "cegppo/informative_group_frac" in e]
     assert kept and min(kept) < 1.0, f"no group was dropped, so dynamic sampling was not exercised: {kept}"
-    _assert_trained_full_model(out, tiny_model_dir)
+    _assert_trained_full_model(out, tiny_recipe_model_dir)

@@ -38,10 +38,8 @@ fast.
 """
 
 import json
-import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -51,6 +49,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from launching import free_port, subprocess_env
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -284,24 +283,6 @@ def test_doc_launch_lines_use_a_walked_config_and_recipe():
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _env() -> dict:
-    env = dict(os.environ)
-    env.update(
-        HF_HUB_OFFLINE="1",
-        HF_HUB_DISABLE_TELEMETRY="1",
-        TOKENIZERS_PARALLELISM="false",
-        OMP_NUM_THREADS="1",  # 2 processes on 2 cores
-        PYTHONUNBUFFERED="1",
-    )
-    return env
-
-
 @pytest.fixture(scope="module")
 def walk_model_dir(tmp_path_factory):
     """The tiny model, warm-started for `WALK_SFT_STEPS` steps (how `builtin:tiny` builds it), built once."""
@@ -320,10 +301,10 @@ def walk_model_dir(tmp_path_factory):
 def _launch(recipe: Path, config: str, processes: int, model_dir: Path, output_dir: Path) -> float:
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS_DIR / config)]
     if processes > 1:
-        launcher += ["--num_processes", str(processes), "--main_process_port", str(_free_port())]
+        launcher += ["--num_processes", str(processes), "--main_process_port", str(free_port())]
     cmd = [*launcher, *LAUNCHER_OVERRIDES, str(SCRIPT), "--config", str(recipe), *override_args(model_dir, output_dir)]
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    proc = subprocess.run(cmd, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
         pytest.fail(

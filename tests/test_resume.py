@@ -15,8 +15,6 @@ on it is a different run. A checkpoint at a generation-batch boundary resumes th
 """
 
 import json
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from launching import free_port, subprocess_env
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,40 +98,6 @@ RUN_ARGS = (
 TIME_KEYS = ("step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _env() -> dict:
-    env = dict(os.environ)
-    env.update(
-        HF_HUB_OFFLINE="1",
-        HF_HUB_DISABLE_TELEMETRY="1",
-        TOKENIZERS_PARALLELISM="false",
-        OMP_NUM_THREADS="1",  # 2 processes on 2 cores
-        PYTHONUNBUFFERED="1",
-    )
-    return env
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    """The tiny model exactly as `builtin:tiny` builds it for the tiny recipe (its seed and SFT steps), built once."""
-    from cegppo_trl.tiny_model import materialize_tiny
-
-    recipe = yaml.safe_load(TINY_RECIPE.read_text())
-    path = tmp_path_factory.mktemp("tiny") / "tiny-init"
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        materialize_tiny(str(path), seed=recipe["seed"], sft_steps=recipe["tiny_sft_steps"])
-    finally:
-        torch.set_num_threads(threads)
-    return path
-
-
 def _train(output_dir: Path, model_dir: Path, processes: int, *extra: str) -> dict:
     train_args = [str(SCRIPT), "--config", str(TINY_RECIPE), "--model_name_or_path", str(model_dir)]
     train_args += [*RUN_ARGS, "--output_dir", str(output_dir), *extra]
@@ -142,10 +107,10 @@ def _train(output_dir: Path, model_dir: Path, processes: int, *extra: str) -> di
         cmd = [
             sys.executable, "-m", "accelerate.commands.launch",
             "--config_file", str(ROOT / "accelerate_configs" / "multi_gpu.yaml"),
-            "--num_processes", str(processes), "--mixed_precision", "no", "--main_process_port", str(_free_port()),
+            "--num_processes", str(processes), "--mixed_precision", "no", "--main_process_port", str(free_port()),
             *train_args,
         ]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    proc = subprocess.run(cmd, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
     if proc.returncode != 0:
         pytest.fail(
             f"command failed ({proc.returncode}): {' '.join(cmd)}\n--- stdout ---\n{proc.stdout[-4000:]}\n"
@@ -170,8 +135,8 @@ def _controller(checkpoint: Path) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("processes", [1, 2], ids=["1-process", "2-processes-ddp"])
-def test_resume_at_a_generation_batch_boundary_is_the_uninterrupted_run(tiny_model_dir, tmp_path, processes):
-    full = _train(tmp_path / "full", tiny_model_dir, processes)
+def test_resume_at_a_generation_batch_boundary_is_the_uninterrupted_run(tiny_recipe_model_dir, tmp_path, processes):
+    full = _train(tmp_path / "full", tiny_recipe_model_dir, processes)
     assert sorted(full) == list(range(1, MAX_STEPS + 1))
     # Generation batches start at steps 1, 3, 5 (only those log the rewards): checkpoint-4 ends one, checkpoint-3 is
     # inside one.
@@ -183,7 +148,9 @@ def test_resume_at_a_generation_batch_boundary_is_the_uninterrupted_run(tiny_mod
 
     checkpoint = tmp_path / "full" / f"checkpoint-{BOUNDARY}"
     assert _controller(checkpoint)["num_updates"] == BOUNDARY
-    resumed = _train(tmp_path / "resumed", tiny_model_dir, processes, "--resume_from_checkpoint", str(checkpoint))
+    resumed = _train(
+        tmp_path / "resumed", tiny_recipe_model_dir, processes, "--resume_from_checkpoint", str(checkpoint)
+    )
     # Steps 1-4 come from the checkpoint's trainer_state.json; steps 5-6 are trained again. Losses, rewards, entropy,
     # betas, clip fractions, grad norms: all bit for bit.
     assert sorted(resumed) == sorted(full)
@@ -197,7 +164,7 @@ def test_resume_at_a_generation_batch_boundary_is_the_uninterrupted_run(tiny_mod
     # The other side of the rule: from the checkpoint inside a generation batch the run continues with fresh
     # completions, and is another run from its first step on.
     middle = tmp_path / "full" / f"checkpoint-{MIDDLE}"
-    other = _train(tmp_path / "middle", tiny_model_dir, processes, "--resume_from_checkpoint", str(middle))
+    other = _train(tmp_path / "middle", tiny_recipe_model_dir, processes, "--resume_from_checkpoint", str(middle))
     assert "reward" in other[MIDDLE + 1], "no fresh generation after resuming inside a generation batch"
     assert other[MIDDLE + 1]["loss"] != full[MIDDLE + 1]["loss"]
     assert other[MAX_STEPS]["cegppo/beta1"] != full[MAX_STEPS]["cegppo/beta1"]
