@@ -7,8 +7,9 @@ what it uses. `_PUBLIC_NAMES` is the one table of which name lives where; `__all
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ._lazy import lazy_names
 
 
 __version__ = "0.1.0"
@@ -46,17 +47,7 @@ _PUBLIC_NAMES = {
 __all__ = sorted(_PUBLIC_NAMES)
 
 
-def __getattr__(name: str) -> Any:
-    module = _PUBLIC_NAMES.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value  # later lookups skip __getattr__
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_names(__name__, globals(), _PUBLIC_NAMES)
 
 
 if TYPE_CHECKING:  # static analysers and IDEs see the names eagerly
