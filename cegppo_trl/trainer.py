@@ -154,7 +154,8 @@ class _ForwardCapture:
         self.forward = _Forward(logps, entropies, clamped, aux_loss)
 
 
-# Metrics appended once per optimizer step (at the accumulation boundary), not once per micro-batch.
+# Metrics appended once per optimizer step (at the accumulation boundary), not once per micro-batch: TRL 1.16's
+# `entropy_coef` (in `_compute_loss`, when `sync_gradients`) and this trainer's betas and controller state.
 STEP_METRICS = ("entropy_coef", "cegppo/beta1", "cegppo/beta2", "cegppo/entropy_error", "cegppo/entropy_integral")
 
 
