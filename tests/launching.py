@@ -1,4 +1,5 @@
-"""What the tests that start processes share: a free local port and the environment of a test subprocess."""
+"""What the tests that start processes share: a free local port, the environment of a test subprocess, and the
+metrics every training step of a launched run must log."""
 
 import os
 import socket
@@ -23,3 +24,18 @@ def subprocess_env() -> dict[str, str]:
         PYTHONUNBUFFERED="1",
     )
     return env
+
+
+# Logged at every optimizer step of a CE-GPPO run (CE-GPPO's own metrics and TRL's that it relies on).
+STEP_METRICS = (
+    "cegppo/beta1_token_frac",
+    "cegppo/beta2_token_frac",
+    "cegppo/beta1_grad_share",
+    "cegppo/beta2_grad_share",
+    "cegppo/beta1",
+    "cegppo/beta2",
+    "cegppo/quadrant/neg_low/token_frac",
+    "cegppo/quadrant/pos_low/token_frac",
+    "clip_ratio/region_mean",
+    "entropy",
+)

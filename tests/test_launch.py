@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from launching import free_port, subprocess_env
+from launching import STEP_METRICS, free_port, subprocess_env
 
 
 pytestmark = pytest.mark.slow  # trains, on one and on two processes
@@ -23,15 +23,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "train_cegppo.py"
 RECIPE = ROOT / "recipes" / "tiny" / "cegppo" / "config_cpu.yaml"
 MAX_STEPS = 4
-CEGPPO_METRICS = (
-    "cegppo/beta1_token_frac",
-    "cegppo/beta2_token_frac",
-    "cegppo/beta1_grad_share",
-    "cegppo/beta2_grad_share",
-    "cegppo/beta1",
-    "cegppo/beta2",
-    "cegppo/quadrant/neg_low/token_frac",
-)
 TIMEOUT_S = 900  # generous: the machine is shared; a normal run takes well under a minute
 
 
@@ -63,7 +54,7 @@ def _check_logs(output_dir: Path, world_size: int) -> list[dict]:
     steps = [e for e in state["log_history"] if "loss" in e]
     assert [e["step"] for e in steps] == list(range(1, MAX_STEPS + 1))
     for entry in steps:
-        missing = [m for m in (*CEGPPO_METRICS, "entropy", "clip_ratio/region_mean") if m not in entry]
+        missing = [m for m in STEP_METRICS if m not in entry]
         assert not missing, f"step {entry['step']} lacks {missing}"
         assert 0.0 <= entry["cegppo/beta1_token_frac"] <= 1.0 and 0.0 <= entry["cegppo/beta2_token_frac"] <= 1.0
         assert (entry["cegppo/beta1"], entry["cegppo/beta2"]) == (0.5, 1.0)

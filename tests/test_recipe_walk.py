@@ -49,7 +49,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from launching import free_port, subprocess_env
+from launching import STEP_METRICS, free_port, subprocess_env
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,18 +94,6 @@ OVERRIDES = {
     "use_cpu": "true",
 }
 LAUNCHER_OVERRIDES = ("--mixed_precision", "no")  # plus --num_processes and a free --main_process_port
-CEGPPO_METRICS = (
-    "cegppo/beta1_token_frac",
-    "cegppo/beta2_token_frac",
-    "cegppo/beta1_grad_share",
-    "cegppo/beta2_grad_share",
-    "cegppo/beta1",
-    "cegppo/beta2",
-    "cegppo/quadrant/neg_low/token_frac",
-    "cegppo/quadrant/pos_low/token_frac",
-    "clip_ratio/region_mean",
-    "entropy",
-)
 # (accelerate config, recipe) pairs that tests/test_launch.py runs (the tiny recipe on 2 processes).
 LAUNCH_TESTED = frozenset(
     (config, "tiny/cegppo/config_cpu.yaml") for config in ("multi_gpu.yaml", "zero2.yaml", "zero3.yaml", "fsdp2.yaml")
@@ -321,7 +309,7 @@ def _check_logs(output_dir: Path, values: dict, processes: int):
     assert [e["step"] for e in steps] == list(range(1, MAX_STEPS + 1))
     controller = values.get("cegppo_entropy_target") is not None
     for entry in steps:
-        missing = [m for m in CEGPPO_METRICS if m not in entry]
+        missing = [m for m in STEP_METRICS if m not in entry]
         assert not missing, f"step {entry['step']} lacks {missing}"
         if not controller:
             assert entry["cegppo/beta1"] == values.get("cegppo_beta1", 0.5)
