@@ -5,6 +5,7 @@ Public API
 - :func:`load_math_dataset` -- a local file (jsonl / json / parquet / csv), a Hub id, or ``"builtin:arithmetic"``
   / ``"builtin:arithmetic_eval"`` -> ``datasets.Dataset`` with columns ``prompt`` and ``solution``.
 - :func:`build_prompt` -- the prompt convention used for every row.
+- :func:`resolve_instruction` -- the instruction words both commands accept (``none``, ``default``, a template).
 - :func:`make_arithmetic_rows` -- the deterministic generator of the built-in arithmetic data set.
 - :func:`load_builtin_rows` -- the raw ``{"problem", "answer"}`` rows of a built-in data set.
 - :data:`DEFAULT_INSTRUCTION`, :data:`BUILTIN_DATASETS`.
@@ -37,6 +38,7 @@ __all__ = [
     "build_prompt",
     "load_builtin_rows",
     "load_math_dataset",
+    "resolve_instruction",
     "write_jsonl",
     "make_arithmetic_rows",
 ]
@@ -79,6 +81,37 @@ class DatasetFormatError(ValueError):
 # ----------------------------------------------------------------------------------------------------------------
 # Prompt convention
 # ----------------------------------------------------------------------------------------------------------------
+
+
+# A format-style placeholder: `{name}` not right after a letter, so LaTeX such as `\\boxed{answer}` is not one.
+_PLACEHOLDER_RE = re.compile(r"(?<![A-Za-z])\{([A-Za-z_]\w*)\}")
+
+
+def resolve_instruction(value: str | None) -> str | None:
+    """The instruction a command-line word means, one vocabulary for ``cegppo-train`` and ``cegppo-eval``.
+
+    ``"none"`` or ``""`` -> None (the problem alone); ``"default"`` -> :data:`DEFAULT_INSTRUCTION`; a text whose only
+    placeholder is ``{problem}`` -> itself (a template); any other text -> itself (appended to the problem). None
+    stays None (the caller's own default applies).
+
+    Raises:
+        ValueError: the text has a placeholder other than ``{problem}`` (e.g. ``{question}``), which would otherwise
+            reach every prompt literally.
+    """
+    if value is None:
+        return None
+    word = value.strip().lower()
+    if word in ("", "none"):
+        return None
+    if word == "default":
+        return DEFAULT_INSTRUCTION
+    unknown = sorted({name for name in _PLACEHOLDER_RE.findall(value) if name != "problem"})
+    if unknown:
+        raise ValueError(
+            f"--instruction has the placeholder {{{unknown[0]}}}, but the only placeholder is {{problem}} (the "
+            f"problem text): write {{problem}} where the problem goes, or leave out the braces to append plain text."
+        )
+    return value
 
 
 def build_prompt(

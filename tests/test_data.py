@@ -18,6 +18,7 @@ from cegppo_trl.data import (
     build_prompt,
     load_math_dataset,
     make_arithmetic_rows,
+    resolve_instruction,
 )
 from cegppo_trl.rewards import math_reward
 
@@ -192,6 +193,31 @@ def test_build_prompt():
     assert build_prompt("P") == _user("P")
     assert build_prompt("P", instruction=None) == [{"role": "user", "content": "P"}]
     assert build_prompt("P", "S", "I")[0] == {"role": "system", "content": "S"}
+
+
+@pytest.mark.parametrize(
+    ("word", "meaning"),
+    [
+        (None, None),
+        ("", None),
+        ("none", None),
+        (" None ", None),
+        ("default", DEFAULT_INSTRUCTION),
+        ("DEFAULT", DEFAULT_INSTRUCTION),
+        ("Q: {problem}\nA:", "Q: {problem}\nA:"),
+        ("Answer in \\boxed{answer}.", "Answer in \\boxed{answer}."),  # LaTeX braces are not placeholders
+        ("Think first.", "Think first."),
+    ],
+)
+def test_resolve_instruction_is_the_one_vocabulary(word, meaning):
+    assert resolve_instruction(word) == meaning
+    if meaning is not None and meaning != DEFAULT_INSTRUCTION:
+        assert build_prompt("P", instruction=resolve_instruction(word))[-1]["content"] in ("P\n" + meaning, "Q: P\nA:")
+
+
+def test_resolve_instruction_names_an_unknown_placeholder_and_the_fix():
+    with pytest.raises(ValueError, match=r"\{question\}.*only placeholder is \{problem\}.*write \{problem\}"):
+        resolve_instruction("{question} Please reason step by step.")
 
 
 # ---------------------------------------------------------------------------------------------------------------
