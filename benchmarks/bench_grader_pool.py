@@ -1,4 +1,4 @@
-"""The grading pool of cegppo_trl.rewards (``grading._GraderPool``) against ``pebble.ProcessPool``, on the same batches.
+"""The grading pool of cegppo_trl.rewards (``grading.GraderPool``) against ``pebble.ProcessPool``, on the same batches.
 
 Both pools grade raw ``(answer, gold)`` pairs with math-verify (LaTeX extraction, no signal timeouts inside) and a
 per-task timeout; pebble's worker function does the same parse/verify as ours, with the same 3 GiB address-space
@@ -93,7 +93,7 @@ class OwnPool:
         self.grading, self.workers = grading, workers
 
     def grade(self, pairs, timeout_s: float) -> list[str]:
-        return [status for status, _ in self.grading._get_pool(self.workers).grade(pairs, timeout_s)]
+        return [status for status, _ in self.grading.pool_for(self.workers).grade(pairs, timeout_s)]
 
     def close(self) -> None:
         self.grading.shutdown_grading_workers()
@@ -235,7 +235,7 @@ def case_rank(kind: str, workers: int, timeout_s: float) -> dict:
     """One rank of a 2-process launch: its own pool, ordinary and hostile pairs; reports its worker pids."""
     from cegppo_trl.rewards import grading
 
-    workers = grading._default_num_workers()  # CPUs / LOCAL_WORLD_SIZE, as math_reward does
+    workers = grading.default_num_workers()  # CPUs / LOCAL_WORLD_SIZE, as math_reward does
     start = time.perf_counter()
     pool = POOLS[kind](workers)
     statuses = pool.grade([*HOSTILE[:2], *[(a, g) for a, g, _ in ORDINARY_CHECK]], timeout_s)
@@ -398,7 +398,7 @@ def main() -> None:
     import pebble
 
     print(
-        f"own _GraderPool vs pebble {pebble.__version__} ProcessPool; {len(os.sched_getaffinity(0))} CPUs, "
+        f"own GraderPool vs pebble {pebble.__version__} ProcessPool; {len(os.sched_getaffinity(0))} CPUs, "
         f"{args.workers} workers, timeout {args.timeout} s, Python {sys.version.split()[0]}, load average "
         f"{os.getloadavg()[0]:.1f} before start"
     )

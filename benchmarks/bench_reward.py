@@ -9,7 +9,13 @@ TRL's function runs serially in a child process, as it does in the trainer (main
 hostile inputs never finish there, so each item is capped (``--trl-cap``, default 15 s) and the child restarted:
 its mix figures are then bounds (marked ``>=`` / ``<=``).
 
+math_reward is measured in a fresh process per row (new workers, cold caches), through its public API only, so that
+``--baseline DIR`` can measure another checkout of the package the same way (DIR holds a ``cegppo_trl/`` folder, e.g.
+``git archive <commit> cegppo_trl | tar -x -C DIR``): each row runs for this checkout and the baseline in turn, and a
+ratio row compares them, with the number of completions whose status differs.
+
 Usage: python benchmarks/bench_reward.py [--n 2048] [--timeout 3.0] [--workers N] [--trl-cap 15] [--skip-trl]
+       [--baseline DIR]
 """
 
 from __future__ import annotations
@@ -21,11 +27,13 @@ import random
 import select
 import subprocess
 import sys
-import time
+import tempfile
 from math import gcd
+from pathlib import Path
 
 
 GROUP = 16  # completions per prompt
+ROOT = Path(__file__).resolve().parent.parent  # this checkout
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -142,36 +150,69 @@ def pool_pair(completion: str, gold: str) -> tuple[str, str] | None:
     from cegppo_trl.rewards import extract_answer, prefilter
 
     answer = extract_answer(completion)
-    if answer is None or answer == gold or prefilter._fast_verdict(answer, gold) is not None:
+    if answer is None or answer == gold or prefilter.fast_verdict(answer, gold) is not None:
         return None
     return answer, gold
 
 
-def run_ours(items: list[tuple[str, str]], timeout_s: float, workers: int | None) -> dict:
-    from cegppo_trl import rewards
-    from cegppo_trl.rewards import grading
+_OURS_CHILD = r"""
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+from cegppo_trl.rewards import grade_completions
+import cegppo_trl
+with open(sys.argv[2]) as f:
+    items = json.load(f)
+timeout_s, workers = float(sys.argv[3]), int(sys.argv[4])
+grade_completions([r"\boxed{x}"], ["x"], timeout_s=timeout_s, num_workers=workers)  # start-up, untimed
+start = time.perf_counter()
+results = grade_completions([c for c, _ in items], [g for _, g in items], timeout_s=timeout_s, num_workers=workers)
+elapsed = time.perf_counter() - start
+print(json.dumps({"package": cegppo_trl.__file__, "seconds": elapsed, "latencies": [r.seconds for r in results],
+                  "statuses": [r.status for r in results]}))
+"""
 
-    rewards.shutdown_grading_workers()  # fresh workers, cold caches
-    grading._GOLD_STATUS.clear()
-    grading._VERDICTS.clear()
-    grading._GOLD_TIMEOUTS.clear()
-    rewards.grade_completions([r"\boxed{x}"], ["x"], timeout_s=timeout_s, num_workers=workers)  # start-up, untimed
-    start = time.perf_counter()
-    results = rewards.grade_completions(
-        [c for c, _ in items], [g for _, g in items], timeout_s=timeout_s, num_workers=workers
-    )
-    elapsed = time.perf_counter() - start
-    latencies = [r.seconds for r in results]
-    statuses = [r.status for r in results]
+
+def run_ours(items: list[tuple[str, str]], timeout_s: float, workers: int, root: Path = ROOT) -> dict:
+    """Grade ``items`` with one ``grade_completions`` call of the package under ``root``, in a fresh process."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+        json.dump(items, f)
+        f.flush()
+        argv = [sys.executable, "-c", _OURS_CHILD, str(root), f.name, str(timeout_s), str(workers)]
+        out = subprocess.run(argv, stdout=subprocess.PIPE, check=True, text=True).stdout
+    report = json.loads(out.strip().splitlines()[-1])
+    if not Path(report["package"]).resolve().is_relative_to(root.resolve()):
+        raise SystemExit(f"measured {report['package']}, not the package under {root}")
+    statuses = report["statuses"]
     return {
         "n": len(items),
-        "seconds": elapsed,
-        "rate": len(items) / elapsed,
-        "p99": _percentile(latencies, 0.99),
-        "max": max(latencies),
+        "seconds": report["seconds"],
+        "rate": len(items) / report["seconds"],
+        "p99": _percentile(report["latencies"], 0.99),
+        "max": max(report["latencies"]),
         "timeouts": statuses.count("timeout") + statuses.count("error"),
         "correct": statuses.count("correct"),
+        "statuses": statuses,
     }
+
+
+def run_ours_parts(parts: dict[str, list], timeout_s: float, workers: int, roots: list[Path]) -> list[dict]:
+    """``{part: measurement}`` for each root; each part is measured for every root in turn (side by side)."""
+    measured: list[dict] = [{} for _ in roots]
+    for part, items in parts.items():
+        for i, root in enumerate(roots):
+            measured[i][part] = run_ours(items, timeout_s, workers, root)
+    return measured
+
+
+def _row(label: str, ours: dict) -> tuple[str, ...]:
+    mix = ours["mix"]
+    cells = (f"{ours['ordinary']['rate']:.0f}", f"{mix['rate']:.0f}", f"{mix['p99'] * 1000:.0f} ms")
+    return (label, *cells, f"{mix['max']:.2f} s", f"{ours['pool only']['rate']:.0f}")
+
+
+def _ratio_row(label: str, ours: dict, other: dict) -> tuple[str, ...]:
+    ratios = {part: f"{ours[part]['rate'] / other[part]['rate']:.2f}x" for part in ours}
+    return (label, ratios["ordinary"], ratios["mix"], "", "", ratios["pool only"])
 
 
 _TRL_CHILD = r"""
@@ -256,14 +297,16 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=None, help="grading processes (default: CPUs / local ranks)")
     parser.add_argument("--trl-cap", type=float, default=15.0, help="seconds before a TRL grading call is abandoned")
     parser.add_argument("--skip-trl", action="store_true", help="only measure cegppo_trl.math_reward")
+    parser.add_argument("--baseline", type=Path, help="another checkout (a folder holding cegppo_trl/) to compare")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    if args.baseline is not None and not (args.baseline / "cegppo_trl" / "__init__.py").is_file():
+        parser.error(f"--baseline {args.baseline}: no cegppo_trl/__init__.py there; pass the folder that holds it")
 
-    from cegppo_trl import rewards
     from cegppo_trl.rewards import grading
 
     ordinary, hostile, kinds = build_mix(args.n, args.seed)
-    workers = args.workers or grading._default_num_workers()
+    workers = args.workers or grading.default_num_workers()
     cpus = len(os.sched_getaffinity(0))
     print(
         f"mix: {len(ordinary)} ordinary + {len(hostile)} slow/hostile completions ({len(HOSTILE_KINDS)} kinds); "
@@ -275,27 +318,19 @@ def main() -> None:
         f"ordinary completions decided in-process (no answer, answer == gold, or plain numbers): "
         f"{local / len(ordinary):.0%}"
     )
-
-    ours_ordinary = run_ours(ordinary, args.timeout, workers)
-    ours_mix = run_ours(ordinary + hostile, args.timeout, workers)
-    rewards.shutdown_grading_workers()
     distinct: dict[tuple[str, str], tuple[str, str]] = {}
     for c, g in ordinary:  # pairs no shortcut decides: plain numbers, identical strings, repeats in the batch
         pair = pool_pair(c, g)
         if pair is not None:
             distinct.setdefault(pair, (c, g))
-    ours_pool_only = run_ours(list(distinct.values()), args.timeout, workers)
-    rewards.shutdown_grading_workers()
-
-    rows = [
-        (
-            "cegppo math_reward",
-            f"{ours_ordinary['rate']:.0f}",
-            f"{ours_mix['rate']:.0f}",
-            f"{ours_mix['p99'] * 1000:.0f} ms",
-            f"{ours_mix['max']:.2f} s",
-        )
-    ]
+    parts = {"ordinary": ordinary, "mix": ordinary + hostile, "pool only": list(distinct.values())}
+    roots = [ROOT] if args.baseline is None else [ROOT, args.baseline]
+    measured = run_ours_parts(parts, args.timeout, workers, roots)
+    ours = measured[0]
+    rows = [_row("cegppo math_reward", ours)]
+    if args.baseline is not None:
+        rows.append(_row(f"baseline ({args.baseline})", measured[1]))
+        rows.append(_ratio_row("ratio (ours / baseline)", ours, measured[1]))
     trl = None
     if not args.skip_trl:
         trl = run_trl(ordinary, kinds, args.trl_cap)
@@ -307,18 +342,20 @@ def main() -> None:
                 f"{'<=' if trl['capped'] else ''}{trl['mix_rate']:.1f}",
                 f"{bound}{trl['p99'] * 1000:.0f} ms",
                 f"{bound}{trl['max']:.2f} s",
+                "",
             )
         )
         rows.append(
             (
                 "ratio (ours / trl)",
-                f"{ours_ordinary['rate'] / trl['ordinary_rate']:.1f}x",
-                f"{'>=' if trl['capped'] else ''}{ours_mix['rate'] / trl['mix_rate']:.0f}x",
+                f"{ours['ordinary']['rate'] / trl['ordinary_rate']:.1f}x",
+                f"{bound}{ours['mix']['rate'] / trl['mix_rate']:.0f}x",
+                "",
                 "",
                 "",
             )
         )
-    header = ("", "ordinary c/s", "mix c/s", "p99 latency", "max latency")
+    header = ("", "ordinary c/s", "mix c/s", "p99 latency", "max latency", "pool-only c/s")
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     print()
     for row in [header, *rows]:
@@ -326,13 +363,19 @@ def main() -> None:
         print("  ".join(str(cell).rjust(w) if i else str(cell).ljust(w) for i, (cell, w) in enumerate(cells)))
     print()
     print(
-        f"cegppo: ordinary part {ours_ordinary['n']} in {ours_ordinary['seconds']:.2f} s; mix {ours_mix['n']} in "
-        f"{ours_mix['seconds']:.2f} s with {ours_mix['timeouts']} timeouts; the {ours_pool_only['n']} distinct "
-        f"(answer, gold) pairs of the ordinary part that need math-verify alone: {ours_pool_only['rate']:.0f} c/s"
+        f"cegppo: ordinary part {ours['ordinary']['n']} in {ours['ordinary']['seconds']:.2f} s; mix "
+        f"{ours['mix']['n']} in {ours['mix']['seconds']:.2f} s with {ours['mix']['timeouts']} timeouts; the "
+        f"{ours['pool only']['n']} distinct (answer, gold) pairs of the ordinary part that need math-verify alone "
+        f"(pool-only column)"
     )
+    if args.baseline is not None:
+        for part in parts:
+            differ = sum(a != b for a, b in zip(ours[part]["statuses"], measured[1][part]["statuses"], strict=True))
+            print(f"statuses that differ from the baseline, {part}: {differ} of {ours[part]['n']}")
     if trl is not None:
         print(
-            f"agreement on the ordinary part: cegppo {ours_ordinary['correct']} correct, trl {trl['correct']} correct"
+            f"agreement on the ordinary part: cegppo {ours['ordinary']['correct']} correct, trl {trl['correct']} "
+            "correct"
         )
         slow = ", ".join(
             f"{k} {'>' if capped else ''}{s:.2f} s" for k, (s, capped) in trl["kind_seconds"].items() if s > 0.05

@@ -252,9 +252,9 @@ def test_fast_path_agrees_with_math_verify():
         ("-5", "5"),
         ("12345678901234567890", "12345678901234567891"),
     ]
-    decided = [prefilter._fast_verdict(a, g) for a, g in pairs]
+    decided = [prefilter.fast_verdict(a, g) for a, g in pairs]
     assert all(d is not None for d in decided)
-    pool = grading._get_pool(1)
+    pool = grading.pool_for(1)
     verified = [status for status, _ in pool.grade(pairs, timeout_s=10.0)]
     assert decided[:-1] == verified[:-1]
     # math-verify compares floats to 15 digits and calls these equal; exact comparison (ours) is stricter.
@@ -338,7 +338,7 @@ def _alive(pid: int) -> bool:
 
 def test_worker_timer_stops_a_tower_that_skips_the_prefilter():
     """Sent straight to a real worker, 9^{9^{9}} is cut by the worker's own timer and the worker stays usable."""
-    pool = grading._get_pool(1)
+    pool = grading.pool_for(1)
     start = time.perf_counter()
     ((status, seconds),) = pool.grade([("9^{9^{9}}", "1")], timeout_s=1.0)
     assert status == "timeout"
@@ -363,7 +363,7 @@ for line in sys.stdin:
 
 def test_pool_kills_hung_workers_and_survives_crashes():
     """The parent's SIGKILL backstop, requeueing and crash handling, with a worker that ignores its timer."""
-    pool = grading._GraderPool(1, argv=[sys.executable, "-c", _FAKE_WORKER])
+    pool = grading.GraderPool(1, argv=[sys.executable, "-c", _FAKE_WORKER])
     try:
         pool.grade([("0", "0")], timeout_s=30.0)  # start-up
         (first_pid,) = pool.worker_pids()
@@ -414,8 +414,8 @@ completions = [r"\boxed{\frac{1}{2}}", r"\boxed{2\sqrt{2}}", r"\boxed{9^{9^{9^{9
                "x" * 100000]
 start = time.perf_counter()
 values = math_reward(completions, ["0.5", r"\sqrt{8}", "1", str(rank), "1"])
-pids = [p for pool in grading._POOLS.values() for p in pool.worker_pids()]
-print(json.dumps({"rank": rank, "values": values, "pids": pids, "workers": grading._default_num_workers(),
+pids = grading.worker_pids()
+print(json.dumps({"rank": rank, "values": values, "pids": pids, "workers": grading.default_num_workers(),
                   "seconds": time.perf_counter() - start}))
 """
 
@@ -443,7 +443,7 @@ def test_two_processes_grade_concurrently_and_leave_no_workers(tmp_path):
 
 def test_shutdown_reaps_workers_and_pool_restarts():
     assert math_reward([r"\boxed{\sqrt{4}}"], ["2"]) == [1.0]
-    pids = [p for pool in grading._POOLS.values() for p in pool.worker_pids()]
+    pids = grading.worker_pids()
     assert pids
     shutdown_grading_workers()
     assert not any(_alive(pid) for pid in pids)

@@ -1,6 +1,6 @@
 """Slow golds are not bad golds: a gold whose parse hits the soft timeout is retried on later calls (bounded).
 
-The grading worker is made slow on purpose through the real pool: ``_GraderPool(size, argv=...)`` starts a small
+The grading worker is made slow on purpose through the real pool: ``GraderPool(size, argv=...)`` starts a small
 wrapper that replaces ``math_verify.parse`` by one that sleeps (far past any soft timeout) on the first parses of
 chosen gold strings, then runs the real worker program (``cegppo_trl/rewards/worker.py``) unchanged.
 """
@@ -43,12 +43,12 @@ def slow_gold_pool(monkeypatch):
     """``make(slow_parses, *golds)``: route grading to one worker whose first parses of ``golds`` are slow."""
     pools = []
 
-    def make(slow_parses: int, *golds: str) -> grading._GraderPool:
+    def make(slow_parses: int, *golds: str) -> grading.GraderPool:
         argv = [sys.executable, "-c", _SLOW_GOLD_WORKER, str(WORKER_FILE), str(slow_parses), *golds]
-        pool = grading._GraderPool(1, argv=argv)
+        pool = grading.GraderPool(1, argv=argv)
         pools.append(pool)
         monkeypatch.setattr(
-            rewards.reward, "_get_pool", lambda num_workers: pool
+            rewards.reward, "pool_for", lambda num_workers: pool
         )  # where grade_completions looks it up
         pool.grade([("1", "1")], timeout_s=60.0)  # start-up and warm-up, outside the timed calls
         return pool
@@ -133,7 +133,7 @@ def test_gold_timeout_status_in_grade_completions(slow_gold_pool):
 
 
 def test_lru_forgets_least_recently_used():
-    cache = grading._LRU(2)
+    cache = grading.LRU(2)
     cache["a"] = 1
     cache["b"] = 2
     assert cache.get("a") == 1  # "a" is now the most recent

@@ -121,8 +121,9 @@ def _last_match(pattern: re.Pattern, text: str) -> re.Match | None:
     return match
 
 
-def _extract(text: str) -> tuple[str | None, str]:
-    """(answer, status) where status is ``ok``, ``no_answer`` or ``unparseable`` (unclosed final box)."""
+def answer_and_status(text: str) -> tuple[str | None, str]:
+    """The answer in a completion's ``text`` and its status: ``ok``, ``no_answer``, or ``unparseable`` (an unclosed
+    final box); what :func:`extract_answer` and the reward both use."""
     text = text.replace("\x00", "")
     tail = _after_think(text)
     if tail is None:
@@ -156,7 +157,7 @@ def extract_answer(completion: Any) -> str | None:
     text = completion_text(completion)
     if text is None:
         return None
-    return _extract(text)[0]
+    return answer_and_status(text)[0]
 
 
 def normalize_gold(solution: Any) -> str | None:

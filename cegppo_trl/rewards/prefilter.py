@@ -1,8 +1,8 @@
 """Cheap checks in the calling process, before any answer reaches a grading worker.
 
-- :func:`_reject_reason`: answers (and golds) that sympy cannot grade in bounded time (too long, nested too deep,
+- :func:`reject_reason`: answers (and golds) that sympy cannot grade in bounded time (too long, nested too deep,
   exponent towers, factorials or binomials of huge numbers) are rejected; they count as unparseable.
-- :func:`_fast_verdict`: pairs of plain numbers (``72``, ``-3``, ``1,000``, ``0.5``, ``\\frac{3}{4}``) are compared
+- :func:`fast_verdict`: pairs of plain numbers (``72``, ``-3``, ``1,000``, ``0.5``, ``\\frac{3}{4}``) are compared
   exactly, without sympy; a test checks these verdicts against math-verify.
 """
 
@@ -35,6 +35,81 @@ class _TooBig(Exception):
     pass
 
 
+class _SmallIntParser:
+    """Recursive descent over the tokens of a tiny integer expression; every value is checked against the bound.
+
+    Grammar: ``expr := factor (('+' | '-' | '*') factor)*``, ``factor := atom '!'* ('^' factor)?``,
+    ``atom := '-' atom | digits | '{' expr '}' | '(' expr ')'``. Malformed input raises ``ValueError`` or
+    ``IndexError``; a value above ``MAX_SMALL_INT`` raises ``_TooBig`` before it is computed.
+    """
+
+    def __init__(self, tokens: list[str]) -> None:
+        self.tokens = tokens
+        self.pos = 0
+
+    def peek(self) -> str | None:
+        return self.tokens[self.pos] if self.pos < len(self.tokens) else None
+
+    def take(self) -> str:
+        self.pos += 1
+        return self.tokens[self.pos - 1]
+
+    def expr(self) -> int:
+        v = self.factor()
+        while self.peek() in ("+", "-", "*"):
+            op = self.take()
+            rhs = self.factor()
+            v = _checked(v + rhs if op == "+" else v - rhs if op == "-" else v * rhs)
+        return v
+
+    def factor(self) -> int:
+        base = self.atom()
+        while self.peek() == "!":
+            self.take()
+            if base < 0 or base > 20:  # 21! > 10**19, far beyond the bound anyway
+                raise _TooBig
+            base = _checked(math.factorial(base))
+        if self.peek() == "^":
+            self.take()
+            return _power(base, self.factor())  # right associative
+        return base
+
+    def atom(self) -> int:
+        t = self.take()
+        if t == "-":
+            return -self.atom()
+        if t.isdigit():
+            if len(t) > 6:
+                raise _TooBig
+            return _checked(int(t))
+        closing = {"{": "}", "(": ")"}.get(t)
+        if closing is None:
+            raise ValueError(t)
+        v = self.expr()
+        if self.take() != closing:
+            raise ValueError(closing)
+        return v
+
+
+def _checked(v: int) -> int:
+    if abs(v) > MAX_SMALL_INT:
+        raise _TooBig
+    return v
+
+
+def _power(base: int, exponent: int) -> int:
+    """``base ** exponent``, or ``_TooBig`` when its magnitude would pass the bound (checked with logarithms)."""
+    if base in (0, 1):
+        return base
+    if base == -1:
+        return 1 if exponent % 2 == 0 else -1
+    if exponent < 0:
+        return 0  # a fraction; magnitude is small, which is all the pre-filter needs
+    if exponent * math.log10(abs(base)) > math.log10(MAX_SMALL_INT):
+        raise _TooBig
+    return _checked(base**exponent)
+
+
 def _small_int_value(expr: str) -> int | None:
     """Value of a tiny integer expression (digits, ``+ - *``, ``^``, ``!``, braces), bounded by ``MAX_SMALL_INT``.
 
@@ -44,71 +119,12 @@ def _small_int_value(expr: str) -> int | None:
     tokens = [t for t in _INT_TOKEN_RE.findall(expr) if not t.isspace()]
     if "".join(tokens) != re.sub(r"\s+", "", expr) or not tokens:
         return None
-    pos = 0
-
-    def check(v: int) -> int:
-        if abs(v) > MAX_SMALL_INT:
-            raise _TooBig
-        return v
-
-    def peek() -> str | None:
-        return tokens[pos] if pos < len(tokens) else None
-
-    def take() -> str:
-        nonlocal pos
-        pos += 1
-        return tokens[pos - 1]
-
-    def atom() -> int:
-        t = take()
-        if t == "-":
-            return -atom()
-        if t.isdigit():
-            if len(t) > 6:
-                raise _TooBig
-            return check(int(t))
-        closing = {"{": "}", "(": ")"}.get(t)
-        if closing is None:
-            raise ValueError(t)
-        v = expr_()
-        if take() != closing:
-            raise ValueError(closing)
-        return v
-
-    def factor() -> int:
-        base = atom()
-        while peek() == "!":
-            take()
-            if base < 0 or base > 20:  # 21! > 10**19, far beyond the bound anyway
-                raise _TooBig
-            base = check(math.factorial(base))
-        if peek() == "^":
-            take()
-            exponent = factor()  # right associative
-            if base in (0, 1):
-                return base
-            if base == -1:
-                return 1 if exponent % 2 == 0 else -1
-            if exponent < 0:
-                return 0  # a fraction; magnitude is small, which is all the pre-filter needs
-            if exponent * math.log10(abs(base)) > math.log10(MAX_SMALL_INT):
-                raise _TooBig
-            return check(base**exponent)
-        return base
-
-    def expr_() -> int:
-        v = factor()
-        while peek() in ("+", "-", "*"):
-            op = take()
-            rhs = factor()
-            v = check(v + rhs if op == "+" else v - rhs if op == "-" else v * rhs)
-        return v
-
+    parser = _SmallIntParser(tokens)
     try:
-        value = expr_()
+        value = parser.expr()
     except (ValueError, IndexError):
         return None
-    return value if pos == len(tokens) else None
+    return value if parser.pos == len(tokens) else None
 
 
 def _value_over(expr: str, bound: int, *, magnitude: bool = True) -> bool:
@@ -168,7 +184,7 @@ def _operand_before(s: str, i: int) -> str:
     return ""
 
 
-def _reject_reason(s: str) -> str | None:
+def reject_reason(s: str) -> str | None:
     """Why ``s`` must not reach sympy (unbounded time or memory), or ``None`` if it is safe to grade."""
     if len(s) > MAX_ANSWER_CHARS:
         return "too long"
@@ -198,7 +214,7 @@ _PLAIN_NUMBER_RE = re.compile(r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
 _PLAIN_FRACTION_RE = re.compile(r"([+-]?)\\[dt]?frac\{([+-]?\d+)\}\{([+-]?\d+)\}|([+-]?\d+)/(\d+)")
 
 
-def _exact_number(s: str) -> Fraction | None:
+def exact_number(s: str) -> Fraction | None:
     """Exact value of a plain number (``-12``, ``1,000``, ``0.25``, ``\\frac{3}{4}``, ``3/4``), else ``None``."""
     s = s.replace(" ", "").replace("\\!", "").replace("{,}", ",")
     if len(s) > 60:
@@ -217,16 +233,16 @@ def _exact_number(s: str) -> Fraction | None:
     return None
 
 
-def _fast_verdict(answer: str, gold: str) -> str | None:
+def fast_verdict(answer: str, gold: str) -> str | None:
     """Decide plain-number pairs without sympy; ``None`` means "ask math-verify".
 
     Equal exact values are correct. Two different integers are wrong (math-verify agrees: they differ by at least 1,
     far above its 1e-6 rounding). Other unequal numbers go to math-verify, which accepts e.g. 0.333333 for 1/3.
     """
-    a = _exact_number(answer)
+    a = exact_number(answer)
     if a is None:
         return None
-    g = _exact_number(gold)
+    g = exact_number(gold)
     if g is None:
         return None
     if a == g:

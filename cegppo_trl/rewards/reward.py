@@ -14,14 +14,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from .extract import _extract, completion_text, has_boxed_answer, normalize_gold
-from .grading import _GOLD_STATUS, _GOLD_TIMEOUTS, _VERDICTS, _default_num_workers, _get_pool
-from .prefilter import _exact_number, _fast_verdict, _reject_reason
+from .extract import answer_and_status, completion_text, has_boxed_answer, normalize_gold
+from .grading import GradingMemory, default_num_workers, pool_for
+from .prefilter import exact_number, fast_verdict, reject_reason
 from .worker import (
     BAD_GOLD,
     CORRECT,
     ERROR,
-    GOLD_OK,
     GOLD_TIMEOUT,
     NO_ANSWER,
     STATUSES,
@@ -108,83 +107,94 @@ def grade_completions(
             "completion (TRL repeats the dataset's `solution` column for every generation)."
         )
     _check_grading_settings(timeout_s, num_workers)
-    workers = _default_num_workers() if num_workers is None else num_workers
-
+    pool = pool_for(default_num_workers() if num_workers is None else num_workers)
     start = time.perf_counter()
-    statuses: list[str | None] = [None] * len(completions)
-    answers: list[str | None] = [None] * len(completions)
-    golds: list[str | None] = []
-    tasks: list[tuple[str | None, str]] = []
-    task_rows: list[list[int]] = []  # rows that take their status from each task
-    task_of_pair: dict[tuple[str | None, str], int] = {}
-    needs_gold_check: list[int] = []
+    batch = _GradingBatch(pool.memory)
+    for completion, solution in zip(completions, solutions, strict=True):
+        batch.add_row(completion, solution)
+    batch.add_gold_checks()
+    batch.seconds = [(time.perf_counter() - start) / max(1, len(completions))] * len(completions)
+    if batch.tasks:
+        batch.apply(pool.grade(batch.tasks, float(timeout_s)))
+    return batch.results(solutions)
 
-    def add_task(answer: str | None, gold: str, row: int | None = None) -> None:
-        """Queue ``(answer, gold)`` for a worker once per batch: GRPO groups repeat the same answers a lot."""
-        index = task_of_pair.get((answer, gold))
-        if index is None:
-            index = task_of_pair[(answer, gold)] = len(tasks)
-            tasks.append((answer, gold))
-            task_rows.append([])
-        if row is not None:
-            task_rows[index].append(row)
 
-    for row, (completion, solution) in enumerate(zip(completions, solutions, strict=True)):
+class _GradingBatch:
+    """One :func:`grade_completions` call: each row's status decided in-process where that is cheap and exact, the
+    ``(answer, gold)`` tasks for the workers (once per distinct pair), then the workers' replies merged in."""
+
+    def __init__(self, memory: GradingMemory) -> None:
+        self.memory = memory
+        self.statuses: list[str | None] = []
+        self.answers: list[str | None] = []
+        self.golds: list[str | None] = []
+        self.seconds: list[float] = []
+        self.tasks: list[tuple[str | None, str]] = []
+        self.task_rows: list[list[int]] = []  # rows that take their status from each task
+        self.task_of_pair: dict[tuple[str | None, str], int] = {}
+        self.needs_gold_check: list[int] = []  # rows decided locally whose gold is not yet known to parse
+        self.timed_out: set[str] = set()  # golds whose parse timed out on this call and that nothing settled
+
+    def add_row(self, completion: Any, solution: Any) -> None:
+        """Extract the row's answer and decide its status locally, or queue a task for a worker."""
+        row = len(self.statuses)
         gold = normalize_gold(solution)
-        if gold is not None and _reject_reason(gold):
+        if gold is not None and reject_reason(gold):
             gold = None
-        golds.append(gold)
         text = completion_text(completion)
-        answer, extract_status = (None, NO_ANSWER) if text is None else _extract(text)
-        answers[row] = answer
-        if gold is None or _GOLD_STATUS.get(gold) is False:
-            statuses[row] = BAD_GOLD
-            continue
-        if answer is None:
-            statuses[row] = extract_status
-        elif _reject_reason(answer):
-            statuses[row] = UNPARSEABLE
-        elif " ".join(answer.split()) == " ".join(gold.split()):
-            statuses[row] = CORRECT  # the same string verifies whenever the gold parses (checked below)
-        else:
-            verdict = _fast_verdict(answer, gold) or _VERDICTS.get((answer, gold))
-            if verdict is None:
-                add_task(answer, gold, row)
-                continue
-            statuses[row] = verdict
-        # Graded locally: the gold still has to be known to parse, else the row must be skipped (None).
-        if _exact_number(gold) is None and gold not in _GOLD_STATUS:
-            needs_gold_check.append(row)
-    golds_in_tasks = {gold for _, gold in tasks}
-    for row in needs_gold_check:
-        if golds[row] not in golds_in_tasks:
-            add_task(None, golds[row])  # type: ignore[arg-type]
-    local_seconds = (time.perf_counter() - start) / max(1, len(completions))
+        answer, extract_status = (None, NO_ANSWER) if text is None else answer_and_status(text)
+        self.golds.append(gold)
+        self.answers.append(answer)
+        if gold is None or self.memory.gold_is_bad(gold):
+            self.statuses.append(BAD_GOLD)
+            return
+        status = self._local_status(answer, extract_status, gold)
+        self.statuses.append(status)
+        if status is None:
+            self.add_task(answer, gold, row)
+        elif exact_number(gold) is None and not self.memory.gold_is_known(gold):
+            self.needs_gold_check.append(row)  # graded locally: the gold still has to be known to parse
 
-    seconds = [local_seconds] * len(completions)
-    slow_golds: set[str] = set()  # golds whose parse timed out in some task of this call
-    timed_out: set[str] = set()  # ... and that no task of this call (nor an earlier call) settled
-    if tasks:
-        outcomes = _get_pool(workers).grade(tasks, float(timeout_s))
-        for (answer, gold), rows, (status, spent) in zip(tasks, task_rows, outcomes, strict=True):
-            if status == BAD_GOLD:
-                _GOLD_STATUS[gold] = False
-            elif status == GOLD_TIMEOUT:
-                slow_golds.add(gold)
-            elif status in (CORRECT, WRONG, UNPARSEABLE, GOLD_OK):
-                _GOLD_STATUS[gold] = True
-                if answer is not None and len(answer) + len(gold) <= 256:  # bounded memory per entry
-                    _VERDICTS[(answer, gold)] = status
+    def _local_status(self, answer: str | None, extract_status: str, gold: str) -> str | None:
+        """The row's status when no worker is needed, else ``None``."""
+        if answer is None:
+            return extract_status
+        if reject_reason(answer):
+            return UNPARSEABLE
+        if " ".join(answer.split()) == " ".join(gold.split()):
+            return CORRECT  # the same string verifies whenever the gold parses (checked by add_gold_checks)
+        return fast_verdict(answer, gold) or self.memory.verdict(answer, gold)
+
+    def add_task(self, answer: str | None, gold: str, row: int | None = None) -> None:
+        """Queue ``(answer, gold)`` for a worker once per batch: GRPO groups repeat the same answers a lot."""
+        index = self.task_of_pair.get((answer, gold))
+        if index is None:
+            index = self.task_of_pair[(answer, gold)] = len(self.tasks)
+            self.tasks.append((answer, gold))
+            self.task_rows.append([])
+        if row is not None:
+            self.task_rows[index].append(row)
+
+    def add_gold_checks(self) -> None:
+        """A gold-only task for each gold of a locally graded row that no task of this batch already carries."""
+        golds_in_tasks = {gold for _, gold in self.tasks}
+        for row in self.needs_gold_check:
+            if self.golds[row] not in golds_in_tasks:
+                self.add_task(None, self.golds[row])  # type: ignore[arg-type]
+
+    def apply(self, outcomes: Sequence[tuple[str, float]]) -> None:
+        """Take each task's ``(status, seconds)`` for its rows, remember what it says, count slow golds once."""
+        slow_golds: set[str] = set()  # golds whose parse timed out in some task of this call
+        for task, rows, (status, spent) in zip(self.tasks, self.task_rows, outcomes, strict=True):
+            self.memory.learn(task, status)
+            if status == GOLD_TIMEOUT:
+                slow_golds.add(task[1])
             for row in rows:
-                statuses[row] = status
-                seconds[row] = spent
-        timed_out = {gold for gold in slow_golds if gold not in _GOLD_STATUS}
-        for gold in timed_out:  # one count per call, however many tasks carried the gold
-            count = _GOLD_TIMEOUTS.get(gold, 0) + 1
-            _GOLD_TIMEOUTS[gold] = count
-            if count >= MAX_GOLD_TIMEOUTS:
-                _GOLD_STATUS[gold] = False  # settled: later calls skip it without a worker round trip
-                _GOLD_TIMEOUTS.pop(gold)
+                self.statuses[row] = status
+                self.seconds[row] = spent
+        self.timed_out = {gold for gold in slow_golds if not self.memory.gold_is_known(gold)}
+        for gold in self.timed_out:  # one count per call, however many tasks carried the gold
+            count = self.memory.count_gold_timeout(gold, MAX_GOLD_TIMEOUTS)
             _warn_gold_once(
                 gold,
                 "math_reward: parsing gold answer %.200r hit the timeout (%d of %d); its completions get reward None "
@@ -195,22 +205,25 @@ def grade_completions(
                 " and, from now on, it is treated as unparseable" if count >= MAX_GOLD_TIMEOUTS else "",
             )
 
-    results = []
-    for row, status in enumerate(statuses):
-        gold = golds[row]
-        if gold is not None and status not in (BAD_GOLD, GOLD_TIMEOUT):
-            if gold in timed_out:
-                status = GOLD_TIMEOUT  # decided locally, but the gold could not be checked in time
-            elif _GOLD_STATUS.get(gold) is False:
-                status = BAD_GOLD
-        if status == BAD_GOLD:
-            _warn_gold_once(
-                repr(solutions[row]),
-                "math_reward: gold answer %.200r cannot be parsed; its completions get reward None (skipped by TRL).",
-                solutions[row],
-            )
-        results.append(GradeResult(status, answers[row], seconds[row]))  # type: ignore[arg-type]
-    return results
+    def results(self, solutions: Sequence[Any]) -> list[GradeResult]:
+        """One result per row; a locally decided row whose gold turned out bad or slow takes the gold's status."""
+        results = []
+        for row, status in enumerate(self.statuses):
+            gold = self.golds[row]
+            if gold is not None and status not in (BAD_GOLD, GOLD_TIMEOUT):
+                if gold in self.timed_out:
+                    status = GOLD_TIMEOUT  # decided locally, but the gold could not be checked in time
+                elif self.memory.gold_is_bad(gold):
+                    status = BAD_GOLD
+            if status == BAD_GOLD:
+                _warn_gold_once(
+                    repr(solutions[row]),
+                    "math_reward: gold answer %.200r cannot be parsed; its completions get reward None (skipped by "
+                    "TRL).",
+                    solutions[row],
+                )
+            results.append(GradeResult(status, self.answers[row], self.seconds[row]))  # type: ignore[arg-type]
+        return results
 
 
 def _warn_gold_once(key: str, message: str, *args: Any) -> None:

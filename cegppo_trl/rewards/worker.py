@@ -110,8 +110,52 @@ def load_math_verify() -> tuple[Callable[[str], list], Callable[[list, list], bo
     return parse_latex, verify_parsed
 
 
-def _worker_main() -> None:  # pragma: no cover - runs in the worker (exercised by the tests through the pool)
-    """Grade ``[id, answer|null, gold, soft_timeout]`` JSON lines from stdin, reply ``[id, status, seconds]``."""
+class _Grader:
+    """math-verify with the soft timeout, and an LRU of parsed golds (a GRPO batch repeats each gold many times)."""
+
+    def __init__(self, parse_latex: Callable[[str], list], verify: Callable[[list, list], bool]) -> None:
+        self.parse_latex = parse_latex
+        self.verify = verify
+        self.budget = 0.0  # soft timeout of the gold parse in progress (the LRU keys on the gold alone)
+        self.parsed_gold = functools.lru_cache(maxsize=50_000)(self._parse_gold)
+
+    def _parse_gold(self, gold: str) -> list:
+        """The parsed gold (``[]`` if it does not parse); a soft timeout raises ``_GoldTimeout`` and is not cached."""
+        parsed = _with_soft_timeout(lambda: self.parse_latex(gold), self.budget)
+        if isinstance(parsed, str):  # TIMEOUT: a slow parse is no verdict; the next task with this gold retries it
+            raise _GoldTimeout
+        return parsed
+
+    def grade(self, answer: str | None, gold: str, soft: float) -> str:
+        """The status of ``answer`` against ``gold`` (``gold_ok`` for a gold-only check) within ``soft`` seconds."""
+        start = time.perf_counter()
+        self.budget = soft
+        try:
+            gold_parsed = self.parsed_gold(gold)
+        except _GoldTimeout:
+            return GOLD_TIMEOUT
+        if not gold_parsed:
+            return BAD_GOLD
+        if answer is None:
+            return GOLD_OK
+
+        def grade_answer() -> str:
+            answer_parsed = self.parse_latex(answer)
+            if not answer_parsed:
+                return UNPARSEABLE
+            return CORRECT if self.verify(gold_parsed, answer_parsed) else WRONG
+
+        return _with_soft_timeout(grade_answer, soft - (time.perf_counter() - start))
+
+    def warm_up(self) -> None:
+        """Pay sympy's first comparisons before announcing readiness, not inside the first step's timeouts."""
+        for answer, gold in WARM_UP:
+            self.grade(answer, gold, 60.0)
+        self.parsed_gold.cache_clear()
+
+
+def _reply_stream() -> Any:  # pragma: no cover - runs in the worker
+    """Take stdout for the replies alone, ignore Ctrl-C, arm the timer's handler and cap the address space."""
     out = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # anything a library prints goes to stderr, never into the reply stream
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business; it kills us if needed
@@ -122,40 +166,14 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker (exercised 
         resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE_LIMIT, ADDRESS_SPACE_LIMIT))
     except (ImportError, ValueError, OSError):
         pass
-    parse_latex, verify = load_math_verify()
-    budget = [0.0]  # soft timeout of the gold parse in progress (lru_cache keys on the gold alone)
+    return out
 
-    @functools.lru_cache(maxsize=50_000)
-    def parsed_gold(gold: str) -> list:
-        """The parsed gold (``[]`` if it does not parse); a soft timeout raises ``_GoldTimeout`` and is not cached."""
-        parsed = _with_soft_timeout(lambda: parse_latex(gold), budget[0])
-        if isinstance(parsed, str):  # TIMEOUT: a slow parse is no verdict; the next task with this gold retries it
-            raise _GoldTimeout
-        return parsed
 
-    def grade(answer: str | None, gold: str, soft: float) -> str:
-        start = time.perf_counter()
-        budget[0] = soft
-        try:
-            gold_parsed = parsed_gold(gold)
-        except _GoldTimeout:
-            return GOLD_TIMEOUT
-        if not gold_parsed:
-            return BAD_GOLD
-        if answer is None:
-            return GOLD_OK
-
-        def grade_answer() -> str:
-            answer_parsed = parse_latex(answer)
-            if not answer_parsed:
-                return UNPARSEABLE
-            return CORRECT if verify(gold_parsed, answer_parsed) else WRONG
-
-        return _with_soft_timeout(grade_answer, soft - (time.perf_counter() - start))
-
-    for answer, gold in WARM_UP:  # paid before announcing readiness, not inside the first step's timeouts
-        grade(answer, gold, 60.0)
-    parsed_gold.cache_clear()
+def _worker_main() -> None:  # pragma: no cover - runs in the worker (exercised by the tests through the pool)
+    """Grade ``[id, answer|null, gold, soft_timeout]`` JSON lines from stdin, reply ``[id, status, seconds]``."""
+    out = _reply_stream()
+    grader = _Grader(*load_math_verify())
+    grader.warm_up()
     out.write(json.dumps(["ready", os.getpid()]) + "\n")
     stdin = sys.stdin.buffer
     while True:
@@ -165,7 +183,7 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker (exercised 
         task_id, answer, gold, soft = json.loads(line)
         start = time.perf_counter()
         try:
-            status = grade(answer, gold, float(soft))
+            status = grader.grade(answer, gold, float(soft))
         except Exception:  # noqa: BLE001 - a grading bug must cost one completion, not the worker
             status = ERROR
         except _SoftTimeout:
