@@ -37,14 +37,14 @@ from cegppo_trl.evaluation import (
     save_eval_settings,
     summarize_counts,
 )
-from cegppo_trl.scripts.eval import build_parser, main
+from cegppo_trl.evaluation.settings import EvalArguments
+from cegppo_trl.scripts.eval import main, parse_arguments
 
 
 ROOT = Path(__file__).resolve().parents[1]
 STANDINS = Path(__file__).resolve().parent / "standins"
 # The tiny model is SFT-trained on this user message format (the tiny recipe's and the demo's instruction).
 TINY_INSTRUCTION = "{problem} Put the final answer in \\boxed{}."
-RUN_OPTIONS = {"model", "datasets", "output", "save_completions", "no_progress", "help"}
 
 
 def brute_force_pass_at_k(outcomes, k):
@@ -147,26 +147,32 @@ def test_summarize_counts_leaves_out_unparseable_golds():
 
 
 def test_every_setting_is_one_field_one_flag_and_one_report_entry(model_dir, tmp_path):
-    """The flags are EvalSettings' fields (plus the run options), a command line sets exactly those fields, and the
-    report records every field."""
-    parser = build_parser()
-    dests = {action.dest for action in parser._actions}
+    """The flags are EvalSettings' fields (plus EvalArguments'), each spelled --name, --name-with-dashes or as the
+    messages spell it (`EvalSettings.flag`); a command line sets exactly those fields, and the report records every
+    field."""
     names = {f.name for f in dataclasses.fields(EvalSettings)}
-    assert dests - RUN_OPTIONS == names
     given = {
         "instruction": "{problem} Answer in \\boxed{}.", "system_prompt": "Be brief.", "temperature": 0.7,
         "top_p": 0.9, "top_k": 5, "max_new_tokens": 7, "k": 3, "pass_ks": [1, 3], "seed": 4, "timeout_s": 2.0,
         "split": "validation", "problem_column": "question", "answer_column": "final", "max_problems": 9,
         "backend": "vllm", "dtype": "float32", "base_model": "org/base", "batch_size": 8, "device": "cpu",
-        "max_model_len": 4096, "gpu_memory_utilization": 0.5, "tensor_parallel_size": 2, "merge_dir": "merged",
+        "use_kernels": False, "max_model_len": 4096, "gpu_memory_utilization": 0.5, "tensor_parallel_size": 2,
+        "merge_dir": "merged",
     }  # fmt: skip
     assert set(given) == names, "this test gives every field a non-default value"
-    argv = ["m", "--datasets", "x.jsonl"]
-    for name, value in given.items():
-        argv += [EvalSettings.flag(name), *map(str, value if isinstance(value, list) else [value])]
-    settings = EvalSettings.from_namespace(parser.parse_args(argv))
-    assert dataclasses.asdict(settings) == given
-    assert EvalSettings.from_namespace(parser.parse_args(["m", "--datasets", "x"])) == EvalSettings()
+    spellings = (lambda n: f"--{n}", lambda n: "--" + n.replace("_", "-"), EvalSettings.flag)
+    for spell in spellings:
+        argv = ["m", "--datasets", "x.jsonl"]
+        for name, value in given.items():
+            argv += [spell(name), *map(str, value if isinstance(value, list) else [value])]
+        arguments, settings = parse_arguments(argv)
+        assert dataclasses.asdict(settings) == given, spell("top_p")
+        assert arguments == EvalArguments(datasets=["x.jsonl"], model_name_or_path="m")
+    assert parse_arguments(["m", "--datasets", "x"])[1] == EvalSettings()
+    run = ["--datasets", "a", "b", "--output", "r.json", "--save_completions", "--no-progress"]
+    assert parse_arguments(["--model_name_or_path", "m", *run])[0] == EvalArguments(
+        datasets=["a", "b"], model_name_or_path="m", output="r.json", save_completions=True, progress=False
+    )
 
     data = write_problems(tmp_path / "p.jsonl", [1, 2])
     report = evaluate_model(str(model_dir), [str(data)], k=1, max_new_tokens=2, temperature=0.0, progress=False)
@@ -189,9 +195,20 @@ def test_every_setting_is_one_field_one_flag_and_one_report_entry(model_dir, tmp
 def test_bad_settings_fail_once_with_the_flag_named(field, value, flag, capsys, tmp_path):
     with pytest.raises(ValueError, match=f"^{flag} \\({field}\\)") as error:
         EvalSettings(**{field: value}).validate()
-    with pytest.raises(SystemExit) as exit_info:  # the command: the same message, before anything loads
-        main(["model", "--datasets", "builtin:arithmetic_eval", flag, str(value), "--output", str(tmp_path / "r")])
-    assert exit_info.value.code == 2 and str(error.value) in capsys.readouterr().err
+    for spelling in (flag, "--" + field):  # the command, either spelling: the same message, before anything loads
+        with pytest.raises(SystemExit) as exit_info:
+            main(
+                [
+                    "model",
+                    "--datasets",
+                    "builtin:arithmetic_eval",
+                    spelling,
+                    str(value),
+                    "--output",
+                    str(tmp_path / "r"),
+                ]
+            )
+        assert exit_info.value.code == 2 and capsys.readouterr().err == f"cegppo-eval: error: {error.value}\n"
     if field in ("top_p", "temperature", "max_new_tokens", "top_k"):  # generation checks with the same code
         with pytest.raises(ValueError, match=f"^{flag} \\({field}\\)"):
             generate_completions(None, None, ["p"], 2, **{field: value})
@@ -545,9 +562,9 @@ def test_vllm_backend_without_vllm_says_how_to_install(model_dir, tmp_path, monk
 
 def test_vllm_extra_is_trls_own_range():
     """`pip install "cegppo-trl[vllm]"` installs TRL's vllm extra, so the vLLM range is the one TRL supports."""
+    import tomllib
     from importlib.metadata import requires
 
-    import tomllib
     from packaging.requirements import Requirement
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -696,13 +713,15 @@ def test_avg_at_k_callback_checks_its_arguments(tiny_model, tiny_tokenizer, arit
 
 
 def test_settings_and_the_command_line_do_not_import_torch():
+    """The command line is parsed and checked before any model code loads: TRL's parser (transformers'
+    HfArgumentParser) imports neither torch nor the model classes."""
     code = (
         "import sys\n"
         "from cegppo_trl.evaluation import EvalSettings, pass_at_k, evaluate_completions, parse_dataset_spec\n"
-        "from cegppo_trl.scripts.eval import build_parser\n"
-        "EvalSettings.from_namespace(build_parser().parse_args(['m', '--datasets', 'x'])).validate()\n"
+        "from cegppo_trl.scripts.eval import parse_arguments\n"
+        "assert parse_arguments(['m', '--datasets', 'x'])[1] == EvalSettings()\n"
         "parse_dataset_spec('math-ai/aime25:test')\n"
-        "print(sorted({'torch', 'transformers', 'trl'} & {m.split('.')[0] for m in sys.modules}))\n"
+        "print(sorted({'torch', 'transformers.modeling_utils'} & set(sys.modules)))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

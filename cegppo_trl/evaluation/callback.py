@@ -79,7 +79,7 @@ class AvgAtKCallback(TrainerCallback):
             k=k, pass_ks=None if pass_ks is None else list(pass_ks), temperature=temperature, top_p=top_p,
             top_k=top_k, max_new_tokens=max_new_tokens, batch_size=batch_size, max_problems=max_problems,
             timeout_s=timeout_s,
-        ).validate()  # fmt: skip
+        )  # fmt: skip  # the same checks (and messages) as cegppo-eval's
         if not isinstance(eval_steps, int) or eval_steps < 1:
             raise ValueError(f"eval_steps must be an integer >= 1, got {eval_steps!r}.")
         if eval_dataset is None:

@@ -43,77 +43,88 @@ def _sampling_kwargs(temperature: float, top_p: float, top_k: int) -> dict[str, 
     return {"do_sample": True, "temperature": float(temperature), "top_p": float(top_p), "top_k": int(top_k)}
 
 
+def _eos_id(model, tokenizer) -> int | list[int]:
+    eos_id = model.generation_config.eos_token_id
+    return tokenizer.eos_token_id if eos_id is None else eos_id
+
+
+def _completion_entropy(logits: Sequence[torch.Tensor], new_tokens: torch.Tensor, eos_ids: torch.Tensor):
+    """(summed entropy, token count) of a batch's completions: TRL's `entropy_from_logits` of the unprocessed
+    next-token distribution, over every generated token up to and including the first eos, as TRL's `entropy` metric
+    counts completion tokens."""
+    from trl.trainer.utils import entropy_from_logits
+
+    entropy = entropy_from_logits(torch.stack(list(logits), dim=1).float())
+    is_eos = torch.isin(new_tokens, eos_ids)
+    in_completion = (is_eos.long().cumsum(1) - is_eos.long()) == 0  # up to the first eos
+    return float(entropy[in_completion].sum()), int(in_completion.sum())
+
+
+def _generate_batch(model, tokenizer, ids: list[list[int]], sampling: dict[str, Any], with_entropy: bool):
+    """(texts, summed entropy, token count) of one left-padded batch of prompts."""
+    device = next(model.parameters()).device
+    eos_id = _eos_id(model, tokenizer)
+    batch = tokenizer.pad({"input_ids": ids}, padding_side="left", return_tensors="pt").to(device)
+    generated = model.generate(
+        **batch, eos_token_id=eos_id, pad_token_id=tokenizer.pad_token_id, use_cache=True,
+        return_dict_in_generate=True, output_logits=with_entropy, **sampling,
+    )  # fmt: skip
+    new_tokens = generated.sequences[:, batch["input_ids"].shape[1] :]
+    texts = tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
+    if not with_entropy:
+        return texts, 0.0, 0
+    eos_ids = torch.tensor(eos_id if isinstance(eos_id, list) else [eos_id], device=device)
+    return (texts, *_completion_entropy(generated.logits, new_tokens, eos_ids))
+
+
+def _progress_bar(progress: bool | str, total: int):
+    if not progress:
+        return None
+    from tqdm.auto import tqdm
+
+    description = progress if isinstance(progress, str) else "generating"
+    return tqdm(total=total, desc=description, unit="sample", dynamic_ncols=True)
+
+
 @torch.no_grad()
 def _generate(
     model, tokenizer, prompts, k, *, temperature, top_p, top_k, max_new_tokens, batch_size, seed, progress,
     with_entropy,
 ) -> tuple[list[list[str]], float, int]:  # fmt: skip
     """(completions, summed entropy, completion tokens): the one generation loop of `generate_completions` and
-    `generate_with_entropy`. The entropy (nats, of the unprocessed next-token distribution, TRL's
-    `entropy_from_logits`) is summed over every generated token up to and including the first eos, as TRL's `entropy`
-    metric counts completion tokens."""
-    from trl.trainer.utils import entropy_from_logits
-
+    `generate_with_entropy` (the entropy: `_completion_entropy`)."""
     from .settings import EvalSettings
 
-    EvalSettings(
-        k=k, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens, batch_size=batch_size
-    ).validate()
+    # Constructing the settings checks the values (a bad one is named by its cegppo-eval flag).
+    EvalSettings(k=k, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
+                 batch_size=batch_size)  # fmt: skip
     if tokenizer.pad_token_id is None:
         raise ValueError(
             "the tokenizer has no pad token; set one first (e.g. tokenizer.pad_token = tokenizer.eos_token)."
         )
-    device = next(model.parameters()).device
-    pad_id = tokenizer.pad_token_id
-    eos_id = model.generation_config.eos_token_id
-    if eos_id is None:
-        eos_id = tokenizer.eos_token_id
-    eos_ids = torch.tensor(eos_id if isinstance(eos_id, list) else [eos_id], device=device)
+    sampling = {"max_new_tokens": max_new_tokens, **_sampling_kwargs(temperature, top_p, top_k)}
     encoded = [prompt_token_ids(tokenizer, p) for p in prompts]
     jobs = [(i, j) for i in range(len(prompts)) for j in range(k)]
     # Longest prompts first, so each batch pads little and the first batch shows the worst-case memory.
     jobs.sort(key=lambda job: -len(encoded[job[0]]))
     out: list[list[str | None]] = [[None] * k for _ in prompts]
     entropy_sum, token_count = 0.0, 0
-
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        description = progress if isinstance(progress, str) else "generating"
-        bar = tqdm(total=len(jobs), desc=description, unit="sample", dynamic_ncols=True)
+    bar = _progress_bar(progress, len(jobs))
     was_training = model.training
     model.eval()
+    device = next(model.parameters()).device
     fork_devices = [device.index if device.index is not None else 0] if device.type == "cuda" else []
     try:
         with torch.random.fork_rng(devices=fork_devices):
             torch.manual_seed(seed)
             for start in range(0, len(jobs), batch_size):
                 chunk = jobs[start : start + batch_size]
-                batch = tokenizer.pad(
-                    {"input_ids": [encoded[i] for i, _ in chunk]}, padding_side="left", return_tensors="pt"
-                ).to(device)
-                width = batch["input_ids"].shape[1]
-                generated = model.generate(
-                    **batch,
-                    max_new_tokens=max_new_tokens,
-                    eos_token_id=eos_id,
-                    pad_token_id=pad_id,
-                    use_cache=True,
-                    return_dict_in_generate=True,
-                    output_logits=with_entropy,
-                    **_sampling_kwargs(temperature, top_p, top_k),
+                texts, entropy, tokens = _generate_batch(
+                    model, tokenizer, [encoded[i] for i, _ in chunk], sampling, with_entropy
                 )
-                new_tokens = generated.sequences[:, width:]
-                texts = tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
                 for (i, j), text in zip(chunk, texts):
                     out[i][j] = text
-                if with_entropy:
-                    entropy = entropy_from_logits(torch.stack(generated.logits, dim=1).float())
-                    is_eos = torch.isin(new_tokens, eos_ids)
-                    in_completion = (is_eos.long().cumsum(1) - is_eos.long()) == 0  # up to the first eos
-                    entropy_sum += float(entropy[in_completion].sum())
-                    token_count += int(in_completion.sum())
+                entropy_sum, token_count = entropy_sum + entropy, token_count + tokens
                 if bar is not None:
                     bar.update(len(chunk))
     finally:
@@ -185,13 +196,21 @@ def _load_tokenizer(source: ModelSource):
     return tokenizer
 
 
-def load_model(source: ModelSource, dtype: str = "auto", device: str = "cpu"):
+def load_model(source: ModelSource, dtype: str = "auto", device: str = "cpu", use_kernels: bool | None = None):
     """(model, tokenizer) of `source` on `device`: the full model, or the base with the LoRA adapter merged into it
-    (peft's `PeftModel.from_pretrained(...).merge_and_unload()`, the same code as `merge_adapter`)."""
+    (peft's `PeftModel.from_pretrained(...).merge_and_unload()`, the same code as `merge_adapter`). `use_kernels`:
+    transformers' Hub kernels (None: transformers' default); a kernel that is neither cached nor downloadable is one
+    `HubKernelUnavailableError` naming the fix."""
     from transformers import AutoModelForCausalLM
 
+    from ..hub_kernels import explain_uncached_hub_kernels
+
+    options = (
+        {"dtype": _DTYPES[dtype]} if use_kernels is None else {"dtype": _DTYPES[dtype], "use_kernels": use_kernels}
+    )
     try:
-        model = AutoModelForCausalLM.from_pretrained(source.path, dtype=_DTYPES[dtype])
+        with explain_uncached_hub_kernels(flag_fix="--use_kernels false in cegppo-eval"):
+            model = AutoModelForCausalLM.from_pretrained(source.path, **options)
     except (OSError, ValueError) as error:
         if os.path.isdir(source.path):
             raise
@@ -227,7 +246,7 @@ class HFGenerator:
 
     def __init__(self, source: ModelSource, settings):
         self.settings = settings
-        self.model, self.tokenizer = load_model(source, settings.dtype, _device(settings.device))
+        self.model, self.tokenizer = load_model(source, settings.dtype, _device(settings.device), settings.use_kernels)
 
     def __call__(self, prompts: Sequence[Any], progress: bool | str = False) -> list[list[str]]:
         s = self.settings

@@ -2,10 +2,11 @@
 
 Order of work, so that a mistake costs seconds and a failure late in a long run loses nothing:
 
-1. the settings are checked (`EvalSettings.validate`), the model source is checked (a full model, a LoRA adapter and
-   its base, or a Hub id), and the prompt and sampling the model declares are read;
+1. the settings are checked (`EvalSettings` checks itself on construction), the report's path is checked to be
+   writable, the model source is checked (a full model, a LoRA adapter and its base, or a Hub id), and the prompt and
+   sampling the model declares are read;
 2. every data set is loaded, with its own split (``ID:SPLIT``); all failures are reported together, before any model
-   code runs;
+   code runs; then the header of every local ``*.safetensors`` file is checked (a truncated file is named);
 3. the model is loaded (or the vLLM engine built) once;
 4. each set is generated and graded in turn, and the report (all finished sets, ``"pending"``: the others) is written
    to `output` as soon as a set finishes, atomically (a killed run leaves the last complete report).
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -65,6 +67,54 @@ def load_eval_datasets(names: Sequence[str], settings: EvalSettings) -> tuple[li
     return specs, loaded
 
 
+def check_output_path(path: str | os.PathLike) -> None:
+    """Raise OSError naming ``--output`` and the fix unless a report can be written at `path` (its folder, or the
+    nearest existing folder above it, takes a new file; `path` is not a directory). Checked before anything loads, so
+    that an unwritable path costs seconds, not a whole run's results. Writes nothing that stays."""
+    path = os.path.abspath(os.path.expanduser(os.fspath(path)))
+    if os.path.isdir(path):
+        raise IsADirectoryError(
+            f"--output {path!r} is a directory; pass the path of the JSON report, e.g. {path}/eval.json."
+        )
+    folder = os.path.dirname(path)
+    while not os.path.exists(folder):  # write_report creates the missing folders
+        folder = os.path.dirname(folder)
+    try:
+        if not os.path.isdir(folder):
+            raise NotADirectoryError(f"{folder!r} is a file")
+        handle, probe = tempfile.mkstemp(prefix=".cegppo-eval-probe-", dir=folder)
+        os.close(handle)
+        os.remove(probe)
+    except OSError as error:
+        reason = error.strerror or str(error)
+        raise OSError(
+            f"--output {path!r} cannot be written ({reason} in {folder}); nothing was evaluated. Pass --output a path "
+            "in a writable folder."
+        ) from None
+
+
+def check_weights(source: ModelSource) -> None:
+    """Raise OSError naming the file unless every ``*.safetensors`` file of a local model (and adapter) has a whole
+    header and data (`safetensors.safe_open` reads the header and checks the file's size against it; no weights are
+    read). An interrupted download, copy or save otherwise fails deep inside the loader."""
+    from safetensors import SafetensorError, safe_open
+
+    for folder in (source.path, source.adapter):
+        if folder is None or not os.path.isdir(folder):
+            continue
+        for name in sorted(os.listdir(folder)):
+            if not name.endswith(".safetensors"):
+                continue
+            try:
+                with safe_open(os.path.join(folder, name), framework="np"):
+                    pass
+            except SafetensorError as error:
+                raise OSError(
+                    f"{os.path.join(folder, name)}: the weights cannot be read ({error}); the file is incomplete or "
+                    "damaged (an interrupted download, copy or save): save or copy the model again."
+                ) from None
+
+
 def write_report(report: dict[str, Any], path: str | os.PathLike) -> None:
     """Write `report` as JSON to `path` atomically (a temporary file, then `os.replace`)."""
     path = os.fspath(path)
@@ -80,6 +130,39 @@ def _make_generator(source: ModelSource, settings: EvalSettings):
     from .generation import HFGenerator, VLLMGenerator
 
     return (VLLMGenerator if settings.backend == "vllm" else HFGenerator)(source, settings)
+
+
+def _set_metrics(spec: DatasetSpec, rows, completions, settings: EvalSettings, save_completions: bool):
+    """One set's entry of the report: its figures, where it came from, and per problem its correct count (and, with
+    `save_completions`, its completions and their grading statuses)."""
+    from ..data import _problem_text
+
+    prompts, solutions = list(rows["prompt"]), list(rows["solution"])
+    result = evaluate_completions(completions, solutions, settings.pass_ks, timeout_s=settings.timeout_s)
+    problems = []
+    for i, (prompt, solution) in enumerate(zip(prompts, solutions)):
+        entry = {"index": i, "problem": _problem_text(prompt)[0], "solution": solution,
+                 "num_correct": result["num_correct"][i]}  # fmt: skip
+        if save_completions:
+            entry["completions"] = completions[i]
+            entry["statuses"] = result["statuses"][i]
+        problems.append(entry)
+    metrics = {key: value for key, value in result.items() if key not in ("num_correct", "statuses")}
+    metrics.update(source=spec.source, split=spec.split if not _is_local(spec) else None)
+    return metrics, problems
+
+
+def _checked_settings(model_name_or_path: str, settings: EvalSettings, log) -> tuple[EvalSettings, ModelSource, list]:
+    """The model source (checked) and the settings with the prompt and sampling the model declares filled in."""
+    source = resolve_model_source(model_name_or_path, settings.base_model)
+    settings, from_checkpoint = settings.resolve(*source.settings_dirs)  # checked again by EvalSettings.__post_init__
+    if from_checkpoint and log is not None:
+        shown = ", ".join(f"{name} {getattr(settings, name)!r}" for name in from_checkpoint)
+        log(
+            f"{model_name_or_path} declares its evaluation settings (cegppo_prompt.json, generation_config.json): "
+            f"using {shown}. Flags override them."
+        )
+    return settings, source, from_checkpoint
 
 
 def evaluate_model(
@@ -102,23 +185,16 @@ def evaluate_model(
     ``--datasets`` entries: local files, ``builtin:...`` sets, Hub ids, ``ID:SPLIT``.
 
     Returns the report ``{"model", "source", "settings", "datasets": {name: metrics}, "pending", "seconds"}``; with
-    `output` it is also written there after every finished set. `log` receives progress messages (the command
-    prints them to stderr), `on_result(name, metrics)` each set's figures as soon as they are known.
+    `output` it is also written there after every finished set (`output` is checked to be writable first). `log`
+    receives progress messages (the command prints them to stderr), `on_result(name, metrics)` each set's figures as
+    soon as they are known.
     """
-    from ..data import _problem_text
-
-    settings = replace(settings or EvalSettings(), **overrides)
-    settings.validate()
-    source = resolve_model_source(model_name_or_path, settings.base_model)
-    settings, from_checkpoint = settings.resolve(*source.settings_dirs)
-    settings.validate()
-    if from_checkpoint and log is not None:
-        shown = ", ".join(f"{name} {getattr(settings, name)!r}" for name in from_checkpoint)
-        log(
-            f"{model_name_or_path} declares its evaluation settings (cegppo_prompt.json, generation_config.json): "
-            f"using {shown}. Flags override them."
-        )
+    settings = replace(settings or EvalSettings(), **overrides)  # checked by EvalSettings.__post_init__
+    if output is not None:
+        check_output_path(output)
+    settings, source, from_checkpoint = _checked_settings(model_name_or_path, settings, log)
     specs, data = load_eval_datasets(list(datasets), settings)
+    check_weights(source)
 
     start_all = time.perf_counter()
     report: dict[str, Any] = {
@@ -135,25 +211,9 @@ def evaluate_model(
         for spec in specs:
             start = time.perf_counter()
             rows = data[spec.name]
-            prompts, solutions = list(rows["prompt"]), list(rows["solution"])
-            completions = generate(prompts, progress=spec.name if progress else False)
-            result = evaluate_completions(completions, solutions, settings.pass_ks, timeout_s=settings.timeout_s)
-            problems = []
-            for i, (prompt, solution) in enumerate(zip(prompts, solutions)):
-                entry = {
-                    "index": i,
-                    "problem": _problem_text(prompt)[0],
-                    "solution": solution,
-                    "num_correct": result["num_correct"][i],
-                }
-                if save_completions:
-                    entry["completions"] = completions[i]
-                    entry["statuses"] = result["statuses"][i]
-                problems.append(entry)
-            metrics = {key: value for key, value in result.items() if key not in ("num_correct", "statuses")}
-            metrics.update(source=spec.source, split=spec.split if not _is_local(spec) else None)
-            metrics["seconds"] = time.perf_counter() - start
-            metrics["problems"] = problems
+            completions = generate(list(rows["prompt"]), progress=spec.name if progress else False)
+            metrics, problems = _set_metrics(spec, rows, completions, settings, save_completions)
+            metrics.update(seconds=time.perf_counter() - start, problems=problems)
             report["datasets"][spec.name] = metrics
             report["pending"].remove(spec.name)
             report["seconds"] = time.perf_counter() - start_all

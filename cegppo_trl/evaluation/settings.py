@@ -1,21 +1,26 @@
-"""What `cegppo-eval` can be told, declared once, and the settings that travel with a saved model.
+"""What `cegppo-eval` can be told, declared once in TRL's way, and the settings that travel with a saved model.
 
-`EvalSettings` is the one declaration of every setting: its fields are `evaluate_model`'s keywords, the command's
-flags (`add_arguments`) and the report's ``"settings"`` (`dataclasses.asdict`); `EvalSettings.validate` is the one
-check of their values. The prompt and sampling fields (`CHECKPOINT_SETTINGS`) may be left at None, meaning "the
-model's own": a model directory (or LoRA adapter folder) with a ``cegppo_prompt.json`` declares the prompt it was
-trained with there and its sampling in ``generation_config.json`` (`save_eval_settings`, called by ``cegppo-train``
-and ``cegppo-demo``); without that file they take the paper's values (each field's ``fallback``).
+Two dataclasses, parsed by TRL's `TrlParser` (transformers' `HfArgumentParser` + ``--config EVAL.yaml``) exactly as
+``cegppo-train`` parses its own, so a flag has one name and both spellings (``--problem_column``,
+``--problem-column``):
+
+- `EvalSettings` -- how to evaluate: its fields are `evaluate_model`'s keywords, the command's flags and the report's
+  ``"settings"``; `__post_init__` checks them (`validate`: one message naming the flag and the fix);
+- `EvalArguments` -- what to evaluate and where the report goes (the model, ``--datasets``, ``--output``).
+
+The prompt and sampling fields (`CHECKPOINT_SETTINGS`) may be left at None, meaning "the model's own": a model
+directory (or LoRA adapter folder) with a ``cegppo_prompt.json`` declares the prompt it was trained with there and its
+sampling in ``generation_config.json`` (`save_eval_settings`, called by ``cegppo-train`` and ``cegppo-demo``); without
+that file they take the paper's values (`PAPER_SETTINGS`).
 
 Nothing here imports torch: the command line parses and checks its input before any model code loads.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 
@@ -25,8 +30,10 @@ __all__ = [
     "DEFAULT_MAX_NEW_TOKENS",
     "DEFAULT_TEMPERATURE",
     "DEFAULT_TOP_P",
+    "PAPER_SETTINGS",
     "PROMPT_FILE",
     "DatasetSpec",
+    "EvalArguments",
     "EvalSettings",
     "ModelSource",
     "load_eval_settings",
@@ -43,216 +50,312 @@ DEFAULT_TEMPERATURE = 0.6  # the paper's evaluation sampling
 DEFAULT_TOP_P = 0.95
 DEFAULT_MAX_NEW_TOKENS = 32768  # the paper evaluates DeepSeek-R1-Distill-Qwen-1.5B / 7B with up to 32k tokens
 DEFAULT_BATCH_SIZE = 64
-GROUPS = {
-    "prompt": "prompt and sampling (default: the model's own, from its cegppo_prompt.json and generation_config.json "
-    "when it has the former, which cegppo-train and cegppo-demo write; else the paper's value shown)",
-    "samples": "samples and figures",
-    "data": "data sets",
-    "model": "model and generation backend",
+#: The prompt and sampling of a model that declares none (the paper's evaluation; "default": the DeepSeek-R1
+#: instruction of `load_math_dataset`).
+PAPER_SETTINGS = {
+    "instruction": "default",
+    "system_prompt": "",
+    "temperature": DEFAULT_TEMPERATURE,
+    "top_p": DEFAULT_TOP_P,
+    "top_k": 0,
+    "max_new_tokens": DEFAULT_MAX_NEW_TOKENS,
 }
+#: The settings a model directory may declare (None in `EvalSettings` = take the model's).
+CHECKPOINT_SETTINGS = tuple(PAPER_SETTINGS)
 
 
-def _prompt_text(value: str) -> str:
-    """The command line's words for a prompt part: 'none' = nothing, 'default' = load_math_dataset's instruction."""
-    from ..data import DEFAULT_INSTRUCTION
-
-    return {"none": "", "default": DEFAULT_INSTRUCTION}.get(value.strip().lower(), value)
-
-
-def _setting(default: Any, help: str, group: str, *, type: Any = str, fallback: Any = MISSING, **argparse_kwargs):
-    """One setting: its default, its help, its flag's group and argparse options, and (prompt and sampling) the
-    paper's value used when neither the caller nor the model sets it."""
-    metadata = {"help": help, "group": group, "type": type, "argparse": argparse_kwargs}
-    if fallback is not MISSING:
-        metadata["fallback"] = fallback
+def _option(default: Any, help: str, *aliases: str, **argparse_options: Any):
+    """A field with TRL's metadata: its help, the other spellings it accepts (the training script's name for the
+    same thing; `HfArgumentParser` adds the dashed spelling of every name itself) and argparse options (choices)."""
+    if default is not None and not isinstance(default, bool) and "(default" not in help:
+        help += f" (default: {default})"
+    metadata = {"help": help, **argparse_options}
+    if aliases:
+        metadata["aliases"] = [spelling for alias in aliases for spelling in (alias, alias.replace("_", "-"))]
     return field(default=default, metadata=metadata)
+
+
+def _prompt_words(name: str, value: Any) -> Any:
+    """The command line's words for a prompt part: `resolve_instruction`'s vocabulary (shared with cegppo-train:
+    'none', 'default', a ``{problem}`` template) for the instruction, 'none' for the system prompt; "" = nothing."""
+    if not isinstance(value, str):
+        return value
+    if name == "instruction":
+        from ..data import resolve_instruction
+
+        return resolve_instruction(value) or ""
+    if name == "system_prompt":
+        return "" if value.strip().lower() == "none" else value
+    return value
 
 
 @dataclass
 class EvalSettings:
-    """Every setting of `cegppo-eval` / `evaluate_model` (flag: ``--`` + the name with dashes, `pass_ks`:
-    ``--pass-k``). The prompt and sampling fields default to None: the model's own settings, else the paper's."""
+    """
+    How `cegppo-eval` and `evaluate_model` evaluate (flags: ``--name`` or ``--name-with-dashes``; a field's other
+    spellings are ``cegppo-train``'s names for the same thing, e.g. ``--max_completion_length``).
+
+    Parameters that control the prompt and sampling (None: the model's own, else `PAPER_SETTINGS`):
+
+        instruction (`str`, *optional*):
+            Text appended to each problem; a text with `{problem}` is a template; `none`: nothing; `default`:
+            `load_math_dataset`'s DeepSeek-R1 `\\boxed{}` instruction (the words of `cegppo-train --instruction`).
+        system_prompt (`str`, *optional*):
+            System message (`none`: no system message).
+        temperature (`float`, *optional*):
+            Sampling temperature; 0 is greedy decoding and needs `k=1`.
+        top_p (`float`, *optional*):
+            Nucleus sampling, in (0, 1].
+        top_k (`int`, *optional*):
+            Top-k cut, 0 = none.
+        max_new_tokens (`int`, *optional*):
+            Maximum completion length (`cegppo-train`'s `max_completion_length`).
+
+    Parameters that control the samples and figures:
+
+        k (`int`, *optional*, defaults to `4`):
+            Samples per problem (the paper: 32; MATH500: 4).
+        pass_ks (`list[int]`, *optional*):
+            pass@j values to report, each <= k (default: 1 and k); flag `--pass-k`.
+        seed (`int`, *optional*, defaults to `0`):
+            Sampling seed; each data set starts from it.
+        timeout_s (`float`, *optional*):
+            Grading time limit per completion (default 3 s; `cegppo-train`'s `reward_timeout_s`).
+
+    Parameters that control the data sets:
+
+        split (`str`, *optional*, defaults to `"test"`):
+            Split of the Hub data sets written without one (`ID:SPLIT` sets its own).
+        problem_column, answer_column (`str`, *optional*):
+            The columns (default: found by `load_math_dataset`).
+        max_problems (`int`, *optional*):
+            Evaluate only the first N problems of each set.
+
+    Parameters that control the model and the generation backend:
+
+        backend (`str`, *optional*, defaults to `"hf"`):
+            `hf` (transformers' `generate`) or `vllm`.
+        dtype (`str`, *optional*, defaults to `"auto"`):
+            Weights dtype: `auto`, `float32`, `bfloat16` or `float16`.
+        base_model (`str`, *optional*):
+            Base model of a LoRA adapter folder (default: `base_model_name_or_path` of its `adapter_config.json`).
+        batch_size (`int`, *optional*, defaults to `64`):
+            hf: sequences per `generate` call; it changes which samples are drawn, not their distribution.
+        device (`str`, *optional*, defaults to `"auto"`):
+            hf: device (auto: cuda if available).
+        use_kernels (`bool`, *optional*):
+            hf: transformers' Hub kernels (`false`: plain PyTorch layers, e.g. on a GPU machine without Hub access;
+            default: transformers' choice, on unless `USE_HUB_KERNELS=0`).
+        max_model_len, gpu_memory_utilization, tensor_parallel_size, merge_dir:
+            vllm: the engine's context length, GPU memory fraction, GPUs per model, and where a LoRA adapter merged
+            into its base is written (default: a temporary directory, removed after the run).
+    """
+
+    _argument_group_name = (
+        "evaluation settings (EvalSettings); a prompt or sampling flag not given takes the model's own value (its "
+        f"{PROMPT_FILE}, generation_config.json), else the one after 'else'"
+    )
 
     # Prompt and sampling (CHECKPOINT_SETTINGS)
-    instruction: str | None = _setting(
+    instruction: str | None = _option(
         None,
         "text appended to each problem; a text with {problem} is a template; 'none': nothing; 'default': "
-        "load_math_dataset's 'Please reason step by step, and put your final answer within \\boxed{}.' (default: "
-        "'default')",
-        "prompt",
-        fallback="default",
+        "'Please reason step by step, and put your final answer within \\boxed{}.' (else: 'default')",
     )
-    system_prompt: str | None = _setting(None, "system message ('none': no system message)", "prompt", fallback="")
-    temperature: float | None = _setting(None, "sampling temperature, 0 = greedy", "prompt", type=float,
-                                         fallback=DEFAULT_TEMPERATURE)  # fmt: skip
-    top_p: float | None = _setting(None, "nucleus sampling top_p", "prompt", type=float, fallback=DEFAULT_TOP_P)
-    top_k: int | None = _setting(None, "top-k cut, 0 = none", "prompt", type=int, fallback=0)
-    max_new_tokens: int | None = _setting(
+    system_prompt: str | None = _option(None, "system message; 'none': no system message (else: none)")
+    temperature: float | None = _option(None, f"sampling temperature, 0 = greedy (else: {DEFAULT_TEMPERATURE})")
+    top_p: float | None = _option(None, f"nucleus sampling top_p (else: {DEFAULT_TOP_P})")
+    top_k: int | None = _option(None, "top-k cut, 0 = none (else: 0)")
+    max_new_tokens: int | None = _option(
         None,
-        "maximum completion length (DeepSeek-R1-Distill models reason for thousands of tokens; shorter caps cut "
-        "their \\boxed{} answer off)",
-        "prompt",
-        type=int,
-        fallback=DEFAULT_MAX_NEW_TOKENS,
+        f"maximum completion length (else: {DEFAULT_MAX_NEW_TOKENS}; DeepSeek-R1-Distill models reason for thousands "
+        "of tokens, and shorter caps cut their \\boxed{} answer off)",
+        "--max_completion_length",
     )
     # Samples and figures
-    k: int = _setting(4, "samples per problem (the paper: 32; MATH500: 4)", "samples", type=int)
-    pass_ks: list[int] | None = _setting(None, "pass@j values to report, each <= k (default: 1 and k)", "samples",
-                                         type=int, nargs="+", flag="--pass-k", metavar="J")  # fmt: skip
-    seed: int = _setting(0, "sampling seed; each data set starts from it", "samples", type=int)
-    timeout_s: float | None = _setting(None, "grading time limit per completion (default 3 s)", "samples", type=float)
+    k: int = _option(4, "samples per problem (the paper: 32; MATH500: 4)")
+    pass_ks: list[int] | None = _option(None, "pass@j values to report, each <= k (default: 1 and k)", "--pass_k",
+                                        metavar="J")  # fmt: skip
+    seed: int = _option(0, "sampling seed; each data set starts from it")
+    timeout_s: float | None = _option(None, "grading time limit per completion (default: 3 s)", "--reward_timeout_s")
     # Data sets
-    split: str = _setting(
-        "test", "split of the Hub data sets written without one (ID:SPLIT sets its own)", "data", metavar="SPLIT"
-    )
-    problem_column: str | None = _setting(None, "problem column (default: found by load_math_dataset)", "data")
-    answer_column: str | None = _setting(None, "answer column (default: found by load_math_dataset)", "data")
-    max_problems: int | None = _setting(None, "evaluate only the first N problems of each set", "data", type=int)
+    split: str = _option("test", "split of the Hub data sets written without one (ID:SPLIT sets its own)",
+                         "--dataset_test_split")  # fmt: skip
+    problem_column: str | None = _option(None, "problem column (default: found by load_math_dataset)")
+    answer_column: str | None = _option(None, "answer column (default: found by load_math_dataset)")
+    max_problems: int | None = _option(None, "evaluate only the first N problems of each set")
     # Model and backend
-    backend: str = _setting("hf", "generation backend", "model", choices=("hf", "vllm"))
-    dtype: str = _setting("auto", "weights dtype", "model", choices=("auto", "float32", "bfloat16", "float16"))
-    base_model: str | None = _setting(
-        None, "base model of a LoRA adapter folder (default: base_model_name_or_path of its adapter_config.json)",
-        "model",
-    )  # fmt: skip
-    batch_size: int = _setting(
-        DEFAULT_BATCH_SIZE,
-        "hf: sequences per generate call; it changes which samples are drawn, not their distribution (lower it "
-        "for long completions)",
-        "model",
-        type=int,
+    backend: str = _option("hf", "generation backend", choices=("hf", "vllm"))
+    dtype: str = _option("auto", "weights dtype", choices=("auto", "float32", "bfloat16", "float16"))
+    base_model: str | None = _option(
+        None, "base model of a LoRA adapter folder (default: base_model_name_or_path of its adapter_config.json)"
     )
-    device: str = _setting("auto", "hf: device (auto: cuda if available)", "model")
-    max_model_len: int | None = _setting(None, "vllm: context length (default: the model's)", "model", type=int)
-    gpu_memory_utilization: float = _setting(0.9, "vllm: fraction of GPU memory for the engine", "model", type=float)
-    tensor_parallel_size: int = _setting(1, "vllm: GPUs per model (tensor parallelism)", "model", type=int)
-    merge_dir: str | None = _setting(
-        None, "vllm + LoRA adapter: where the merged model is written (default: a temporary directory, removed "
-        "after the run)", "model",
+    batch_size: int = _option(
+        DEFAULT_BATCH_SIZE,
+        "hf: sequences per generate call; it changes which samples are drawn, not their distribution (lower it for "
+        "long completions)",
+    )
+    device: str = _option("auto", "hf: device (auto: cuda if available)")
+    use_kernels: bool | None = _option(
+        None, "hf: transformers' Hub kernels; false on a GPU machine without Hub access (default: transformers' "
+        "choice: on unless USE_HUB_KERNELS=0)",
+    )  # fmt: skip
+    max_model_len: int | None = _option(None, "vllm: context length (default: the model's)")
+    gpu_memory_utilization: float = _option(0.9, "vllm: fraction of GPU memory for the engine")
+    tensor_parallel_size: int = _option(1, "vllm: GPUs per model (tensor parallelism)")
+    merge_dir: str | None = _option(
+        None, "vllm + LoRA adapter: where the merged model is written (default: a temporary directory, removed after "
+        "the run)",
     )  # fmt: skip
 
     def __post_init__(self):
         # The words 'none' and 'default' mean the same in Python as on the command line; None = not given.
         for name in ("instruction", "system_prompt"):
-            if isinstance(getattr(self, name), str):
-                setattr(self, name, _prompt_text(getattr(self, name)))
-
-    # ------------------------------------------------------------------------------------------------------------
+            setattr(self, name, _prompt_words(name, getattr(self, name)))
+        self.validate()
 
     @staticmethod
     def flag(name: str) -> str:
-        """The command-line flag of field `name`."""
-        spec = next(f for f in fields(EvalSettings) if f.name == name)
-        return spec.metadata["argparse"].get("flag") or "--" + name.replace("_", "-")
+        """The command-line flag of field `name`, as messages spell it."""
+        return "--pass-k" if name == "pass_ks" else "--" + name.replace("_", "-")
 
-    @classmethod
-    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        """Add one flag per field to `parser`, in groups; every default is None so that `from_namespace` keeps the
-        dataclass's defaults and knows what was given."""
-        groups = {name: parser.add_argument_group(title) for name, title in GROUPS.items()}
-        for spec in fields(cls):
-            options = dict(spec.metadata["argparse"])
-            flag = options.pop("flag", None) or "--" + spec.name.replace("_", "-")
-            default = spec.metadata.get("fallback", spec.default)
-            help = spec.metadata["help"]
-            if "(default" not in help:  # a help text that explains its default says it itself
-                help += f" (default: {'none' if default in ('', None) else default})"
-            groups[spec.metadata["group"]].add_argument(
-                flag, dest=spec.name, type=spec.metadata["type"], default=None, help=help, **options
-            )
+    def _need(self, ok: bool, name: str, what: str) -> None:
+        if not ok:
+            raise ValueError(f"{self.flag(name)} ({name}) {what}, got {getattr(self, name)!r}.")
 
-    @classmethod
-    def from_namespace(cls, namespace: argparse.Namespace) -> EvalSettings:
-        given = {f.name: getattr(namespace, f.name) for f in fields(cls) if getattr(namespace, f.name) is not None}
-        return cls(**given)
-
-    def resolve(self, *model_dirs: str | os.PathLike | None) -> tuple[EvalSettings, list[str]]:
-        """Fill the prompt and sampling fields left at None: from the first of `model_dirs` that has a
-        ``cegppo_prompt.json`` (`load_eval_settings`), else the paper's values. Returns the filled settings and the
-        names taken from the model."""
-        saved: dict[str, Any] = {}
-        for directory in model_dirs:
-            if directory is not None and os.path.isdir(os.path.expanduser(os.fspath(directory))):
-                saved = load_eval_settings(directory) or {}
-                if saved:
-                    break
-        values, from_checkpoint = {}, []
-        for spec in fields(self):
-            if "fallback" not in spec.metadata or getattr(self, spec.name) is not None:
-                continue
-            if saved.get(spec.name) is not None:
-                values[spec.name] = saved[spec.name]
-                from_checkpoint.append(spec.name)
-            else:
-                fallback = spec.metadata["fallback"]
-                values[spec.name] = _prompt_text(fallback) if isinstance(fallback, str) else fallback
-        return replace(self, **values), from_checkpoint
+    def _need_int(self, name: str, minimum: int, what: str) -> None:
+        value = getattr(self, name)
+        self._need(isinstance(value, int) and not isinstance(value, bool) and value >= minimum, name, what)
 
     def validate(self) -> EvalSettings:
-        """Raise ValueError naming the flag and the fix for the first bad value; returns self."""
-
-        def need(ok: bool, name: str, what: str) -> None:
-            if not ok:
-                raise ValueError(f"{self.flag(name)} ({name}) {what}, got {getattr(self, name)!r}.")
-
-        def positive_int(name: str, allow_none: bool = False) -> None:
-            value = getattr(self, name)
-            if value is None and allow_none:
-                return
-            need(
-                isinstance(value, int) and not isinstance(value, bool) and value >= 1, name, "must be an integer >= 1"
-            )
-
-        for name in ("k", "batch_size", "tensor_parallel_size"):
-            positive_int(name)
-        for name in ("max_new_tokens", "max_problems", "max_model_len"):
-            positive_int(name, allow_none=True)
+        """Raise ValueError naming the flag and the fix for the first bad value (called by `__post_init__`, so
+        every instance is valid); returns self."""
+        for name in ("k", "batch_size", "tensor_parallel_size", "max_new_tokens", "max_problems", "max_model_len"):
+            if name in ("k", "batch_size", "tensor_parallel_size") or getattr(self, name) is not None:  # None: unset
+                self._need_int(name, 1, "must be an integer >= 1")
         for name in ("instruction", "system_prompt", "problem_column", "answer_column", "base_model", "merge_dir"):
-            need(getattr(self, name) is None or isinstance(getattr(self, name), str), name, "must be a string")
+            self._need(getattr(self, name) is None or isinstance(getattr(self, name), str), name, "must be a string")
+        self._check_sampling()
         if self.pass_ks is not None:
-            need(
+            self._need(
                 bool(self.pass_ks) and all(isinstance(j, int) and 1 <= j <= self.k for j in self.pass_ks),
                 "pass_ks",
                 f"needs values between 1 and --k = {self.k}",
             )
+        if self.timeout_s is not None:
+            self._need(self.timeout_s > 0, "timeout_s", "must be > 0 seconds")
+        self._need(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", "must be in (0, 1]")
+        self._need(isinstance(self.split, str) and bool(self.split), "split", "must be a split name such as test")
+        self._need(self.use_kernels in (None, True, False), "use_kernels", "must be true or false")
+        for spec in fields(self):
+            choices = spec.metadata.get("choices")
+            if choices:
+                self._need(getattr(self, spec.name) in choices, spec.name, f"must be one of {', '.join(choices)}")
+        return self
+
+    def _check_sampling(self) -> None:
         if self.temperature is not None:
-            need(self.temperature >= 0, "temperature", "must be >= 0 (0 = greedy)")
-            need(
+            self._need(self.temperature >= 0, "temperature", "must be >= 0 (0 = greedy)")
+            self._need(
                 self.temperature > 0 or self.k == 1,
                 "temperature",
                 f"0 is greedy decoding, so all --k {self.k} samples would be equal; pass --k 1 or a temperature > 0",
             )
         if self.top_p is not None:
-            need(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
+            self._need(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
         if self.top_k is not None:
-            need(isinstance(self.top_k, int) and self.top_k >= 0, "top_k", "must be an integer >= 0 (0 = no cut)")
-        if self.timeout_s is not None:
-            need(self.timeout_s > 0, "timeout_s", "must be > 0 seconds")
-        need(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", "must be in (0, 1]")
-        need(isinstance(self.split, str) and bool(self.split), "split", "must be a split name such as test")
-        for spec in fields(self):
-            choices = spec.metadata["argparse"].get("choices")
-            if choices:
-                need(getattr(self, spec.name) in choices, spec.name, f"must be one of {', '.join(choices)}")
-        return self
+            self._need_int("top_k", 0, "must be an integer >= 0 (0 = no cut)")
+
+    def resolve(self, *model_dirs: str | os.PathLike | None) -> tuple[EvalSettings, list[str]]:
+        """Fill the prompt and sampling fields left at None: from the first of `model_dirs` that has a
+        ``cegppo_prompt.json`` (`load_eval_settings`), else `PAPER_SETTINGS`. Returns the filled settings and the
+        names taken from the model."""
+        values, from_checkpoint = _fill_from_model(
+            {name: getattr(self, name) for name in CHECKPOINT_SETTINGS}, model_dirs
+        )
+        return replace(self, **values), from_checkpoint
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-#: The settings a model directory may declare (None in `EvalSettings` = take the model's).
-CHECKPOINT_SETTINGS = tuple(f.name for f in fields(EvalSettings) if "fallback" in f.metadata)
+@dataclass
+class EvalArguments:
+    """
+    What `cegppo-eval` evaluates and where its report goes (the command's arguments besides `EvalSettings`).
+
+    Args:
+        datasets (`list[str]`):
+            Data sets: local `.jsonl`/`.json`/`.parquet`/`.csv` files, `builtin:arithmetic_eval`, Hub ids, or
+            `ID:SPLIT` (e.g. `HuggingFaceH4/aime_2024:train`); all are checked before the model loads. Also
+            `--dataset_name` (`cegppo-train`'s name).
+        model_name_or_path (`str`, *optional*):
+            The model: a saved model directory, a LoRA adapter folder, a `checkpoint-N` folder or a Hub id. On the
+            command line it is usually the first, positional argument `MODEL`.
+        output (`str`, *optional*, defaults to `"eval_report.json"`):
+            The JSON report, rewritten after every set; its folder is checked to be writable before anything loads.
+        save_completions (`bool`, *optional*, defaults to `False`):
+            Store the completions and their grading statuses in the report.
+        progress (`bool`, *optional*, defaults to `True`):
+            A progress bar per set (`--no-progress`: none).
+    """
+
+    _argument_group_name = "what to evaluate and the report (EvalArguments)"
+
+    datasets: list[str] = field(
+        metadata={
+            "help": "data sets: local .jsonl/.json/.parquet/.csv files, builtin:arithmetic_eval, Hub ids, or ID:SPLIT "
+            "(e.g. HuggingFaceH4/aime_2024:train); all are checked before the model loads",
+            "aliases": ["--dataset_name", "--dataset-name"],
+            "metavar": "SET",
+        }
+    )
+    model_name_or_path: str | None = _option(None, "the model, if not given as the first argument MODEL")
+    output: str = _option("eval_report.json", "JSON report, rewritten after every set")
+    save_completions: bool = _option(False, "store the completions in the report")
+    progress: bool = _option(True, "a progress bar per set (--no-progress: none)")
+
+    def __post_init__(self):
+        if isinstance(self.datasets, str):
+            self.datasets = [self.datasets]
+        if not self.datasets or not all(isinstance(name, str) and name for name in self.datasets):
+            raise ValueError(f"--datasets needs one or more data set names, got {self.datasets!r}.")
+        if not isinstance(self.output, str) or not self.output.strip():
+            raise ValueError(f"--output needs the path of the JSON report, got {self.output!r}.")
+
+
+def _fill_from_model(given: dict[str, Any], model_dirs) -> tuple[dict[str, Any], list[str]]:
+    """`given` (CHECKPOINT_SETTINGS, None = not given) with each None filled from the first of `model_dirs` that
+    declares its settings, else from `PAPER_SETTINGS`; and the names taken from the model."""
+    saved: dict[str, Any] = {}
+    for directory in model_dirs:
+        if directory is not None and os.path.isdir(os.path.expanduser(os.fspath(directory))):
+            saved = load_eval_settings(directory) or {}
+            if saved:
+                break
+    values, from_checkpoint = {}, []
+    for name, value in given.items():
+        if value is not None:
+            values[name] = _prompt_words(name, value)
+        elif saved.get(name) is not None:
+            values[name] = saved[name]
+            from_checkpoint.append(name)
+        else:
+            values[name] = _prompt_words(name, PAPER_SETTINGS[name])
+    return values, from_checkpoint
 
 
 def resolve_eval_settings(
     model_name_or_path: str | os.PathLike, settings: EvalSettings | None = None, **given: Any
 ) -> tuple[dict[str, Any], list[str]]:
-    """The prompt and sampling `cegppo-eval` uses for a model: given values (not None) win, then the model's
-    (`load_eval_settings`), then the paper's. Returns ``({name: value} for CHECKPOINT_SETTINGS, names taken from the
-    model)``."""
-    settings = replace(settings or EvalSettings(), **given)
-    resolved, from_checkpoint = settings.resolve(model_name_or_path)
-    return {name: getattr(resolved, name) for name in CHECKPOINT_SETTINGS}, from_checkpoint
+    """The prompt and sampling `cegppo-eval` uses for a model: given values (not None) win, then those of
+    `settings`, then the model's (`load_eval_settings`), then the paper's. Returns ``({name: value} for
+    CHECKPOINT_SETTINGS, names taken from the model)``."""
+    settings = settings or EvalSettings()
+    EvalSettings(k=1, **given)  # checks the given values (k=1: greedy is a valid prompt and sampling here)
+    current = {name: getattr(settings, name) for name in CHECKPOINT_SETTINGS}
+    current.update({name: value for name, value in given.items() if value is not None})
+    return _fill_from_model(current, [model_name_or_path])
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -292,7 +395,7 @@ def save_eval_settings(
         raise FileNotFoundError(
             f"{model_dir!r} holds no saved model (no config.json or {ADAPTER_FILE}); save the model first."
         )
-    EvalSettings(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens).validate()
+    EvalSettings(k=1, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens)  # checks
     try:
         generation = GenerationConfig.from_pretrained(model_dir, local_files_only=True)
     except OSError:  # no generation_config.json yet (e.g. an adapter folder)
@@ -356,18 +459,6 @@ def load_eval_settings(model_dir: str | os.PathLike) -> dict[str, Any] | None:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _hub_id_error(name: str) -> str | None:
-    """None if `name` is a valid Hub repo id (huggingface_hub's own check), else its message."""
-    from huggingface_hub.errors import HFValidationError
-    from huggingface_hub.utils import validate_repo_id
-
-    try:
-        validate_repo_id(name)
-    except HFValidationError as error:
-        return str(error)
-    return None
-
-
 @dataclass(frozen=True)
 class ModelSource:
     """Where the weights come from. `path`: the full model to load (a local directory or a Hub id); `adapter`: a
@@ -393,6 +484,8 @@ class ModelSource:
 
 def _check_local_or_hub(name: str, what: str, fix: str) -> str:
     """`name` as a local model directory (expanded) or a Hub id; a path that does not exist is an error naming it."""
+    from ..data import _can_be_hub_id  # huggingface_hub's repo-id check, the one of the package
+
     path = os.path.expanduser(name)
     where = os.path.abspath(path)
     if os.path.isdir(path):
@@ -405,7 +498,7 @@ def _check_local_or_hub(name: str, what: str, fix: str) -> str:
     looks_local = name.startswith((".", "/", "~")) or (
         "/" in name.rstrip("/") and os.path.isdir(os.path.dirname(path.rstrip(os.sep)) or ".")
     )
-    if looks_local or _hub_id_error(name) is not None:
+    if looks_local or not _can_be_hub_id(name):
         raise FileNotFoundError(
             f"{what} {name!r} does not exist ({where}"
             + ("" if os.path.isdir(parent) else f"; its parent {parent} does not exist either")
