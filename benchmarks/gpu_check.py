@@ -1,22 +1,34 @@
-"""One-command GPU check of CE-GPPO vs TRL's GRPO (dapo): bf16, full random-init Qwen2 shapes, gradient checkpointing.
+"""The GPU check as one command: on one CUDA GPU (target: one H200, bf16) in about 6 minutes, every part below.
 
-    python benchmarks/gpu_check.py            # on one CUDA GPU (target: H200 141 GB); ~3-4 min, hard cap 8 min
-    python benchmarks/gpu_check.py --smoke    # same code on CPU at tiny shapes (what tests/test_gpu_check.py runs)
+    python benchmarks/gpu_check.py            # one CUDA GPU; refuses (exit 2) without one
+    python benchmarks/gpu_check.py --smoke    # every part on CPU at tiny shapes (tests/test_gpu_check.py runs it)
 
-Prints, one `RESULT` line per case (Qwen2-1.5B full fine-tuning, Qwen2-7B full fine-tuning, Qwen2-1.5B LoRA r=32
-all-linear, as in recipes/DeepSeek-R1-Distill-Qwen-1.5B/cegppo/config_lora.yaml), completion length 4096:
+Parts (`--parts`, default all), each printing its lines as it finishes:
 
-* `step_ratio` / `lb_ratio` / `mem_ratio`: CE-GPPO / GRPO for the training step (zero_grad + loss + backward +
-  AdamW step), loss + backward alone, and the loss + backward peak above the level before it
-  (`torch.cuda.max_memory_allocated`), interleaved repeats, medians; `extra_ms`, `extra_mib` absolute;
-* `tok_per_s`: completion tokens per second of the CE-GPPO step;
-* `delta_frac`: the fraction of the CE-GPPO step spent in CE-GPPO's own loss code (the correction, its
-  aggregation and all `cegppo/` metrics: `CEGPPOTrainer._cegppo_loss_delta`, timed with CUDA events), and
-  `diff_frac` = (CE-GPPO step - GRPO step) / CE-GPPO step, which also counts the correction's backward;
+1. `loss`: CE-GPPO vs TRL's GRPO (dapo) at real shapes, random-init Qwen2 models built on the GPU, bf16, gradient
+   checkpointing, 4096 tokens; one `RESULT <case>:` line per case (Qwen2-1.5B full, Qwen2-1.5B LoRA r=32 all-linear,
+   Qwen2-7B full):
+   * `step_ratio` / `lb_ratio` / `mem_ratio`: CE-GPPO / GRPO for the training step (zero_grad + loss + backward +
+     AdamW step), loss + backward alone, and the loss + backward peak above the level before it
+     (`torch.cuda.max_memory_allocated`), interleaved repeats, medians; `extra_ms`, `extra_mib` absolute;
+   * `tok_per_s`: completion tokens per second of the CE-GPPO step;
+   * `delta_frac`: the share of the CE-GPPO step spent in CE-GPPO's own loss code (`_cegppo_loss_delta`, timed with
+     CUDA events); `diff_frac` = (CE-GPPO step - GRPO step) / CE-GPPO step, which also counts the correction's
+     backward;
+   then one `EQ8` line: in bf16 (small batch), the trainer's loss and gradient (all parameters) against an independent
+   implementation of paper Eq. 8 on the same log-probs, with GRPO's gradient as a control that must *not* match.
+2. `sync`: one `RESULT sync:` line, the synchronizing calls of one micro-batch's loss + backward for GRPO and for
+   CE-GPPO (plain, with the entropy controller, with the SFT term), and where CE-GPPO's extra ones are
+   (benchmarks/gpu_check_sync.py).
+3. `lora`, `paper`: recipes/DeepSeek-R1-Distill-Qwen-1.5B/cegppo/config_lora.yaml and config_paper.yaml launched as a
+   user launches them (`accelerate launch --config_file accelerate_configs/single_gpu.yaml examples/train_cegppo.py
+   --config <recipe> ...`) on a random-init model of R1-Distill-1.5B's shape built locally, 256-token completions,
+   8 steps; one `RECIPE <name>:` line each (steps trained, the saved output, the first step's generation, what was
+   swapped), then `cegppo-eval` on the output: one `EVAL <name>:` line (problems, accuracy as avg@k)
+   (benchmarks/gpu_check_recipes.py).
 
-then one `EQ8` line: in bf16 on the GPU (small batch), the trainer's loss and gradient (all parameters) against an
-independent implementation of paper Eq. 8 on the same log-probs (token-mean), with GRPO's gradient as a control
-that must *not* match. Exit status 0 only if every case ran and EQ8 passed; 2 when there is no GPU (refused).
+Ends with `GPU_CHECK DONE ok: ...`; exit status 0 only if every part ran and passed (EQ8 PASS, every recipe trained
+every step and saved, every evaluation read its model); 2 when there is no GPU (refused).
 """
 
 from __future__ import annotations
@@ -24,13 +36,18 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import shutil
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bench_scaling as bs  # noqa: E402
+import gpu_check_recipes as rc  # noqa: E402
+import gpu_check_sync as sync  # noqa: E402
 import torch  # noqa: E402
 
 
@@ -45,18 +62,30 @@ SMOKE_CASES = [(name, bs.TINY, 2, lora) for name, _, _, lora in FULL_CASES]
 LORA = dict(r=32, lora_alpha=64, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
 
 
+PARTS = ("loss", "sync", "lora", "paper")
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, same code path")
     p.add_argument("--force-no-cuda", action="store_true", help="behave as if no GPU were present (tests)")
-    p.add_argument("--cases", nargs="+", default=None, help="subset of: " + " ".join(c[0] for c in FULL_CASES))
-    p.add_argument("--completion-len", type=int, default=None, help="default 4096 (smoke: 64)")
+    p.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="parts to run (default: all)")
+    p.add_argument(
+        "--cases", nargs="+", default=None, help="loss cases, a subset of: " + " ".join(c[0] for c in FULL_CASES)
+    )
+    p.add_argument("--completion-len", type=int, default=None, help="loss benchmark tokens (default 4096; smoke: 32)")
     p.add_argument("--batch", type=int, default=None, help="completions per micro-batch (default 1; smoke: 2)")
-    p.add_argument("--repeats", type=int, default=None, help="interleaved rounds per case (default 5; smoke: 2)")
+    p.add_argument("--repeats", type=int, default=None, help="interleaved rounds per case (default 5; smoke: 1)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument(
-        "--deadline-s", type=float, default=None, help="skip the cases left after this many seconds (GPU default 420)"
+        "--deadline-s", type=float, default=None, help="skip the loss cases left after this many seconds (GPU: 150)"
     )
+    p.add_argument("--workdir", default=None, help="folder for the recipe runs' model, outputs, logs and reports "
+                   "(kept; default: a temporary folder, removed at the end)")  # fmt: skip
+    p.add_argument("--recipe-completion-len", type=int, default=None, help="recipes' max_completion_length "
+                   "(default 256; smoke: 16)")  # fmt: skip
+    p.add_argument("--hf-generation", action="store_true", help="HF generation in the recipes even if vLLM is here")
+    p.add_argument("--timeout-scale", type=float, default=1.0, help="multiply the recipe and eval time limits")
     return p.parse_args(argv)
 
 
@@ -176,19 +205,20 @@ def run_case(name, shape, layers, lora, device, dtype, completion_len, batch_siz
     if do_eq8:
         ok = eq8_check(trainers, model, params, shape, device, batch_size=4, completion_len=min(512, completion_len))
     del trainers, optimizer, batch, model, params
+    free_device_memory(device)
+    return ok
+
+
+def free_device_memory(device):
+    """Release what the last part held, so that the next one (or a launched run) has the device to itself."""
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-    return ok
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    if not args.smoke and (args.force_no_cuda or not torch.cuda.is_available()):
-        print(REFUSAL.format(version=torch.__version__), file=sys.stderr, flush=True)
-        return 2
-    start = time.perf_counter()
+def versions_line(args, device) -> str | None:
+    """The `GPU_CHECK start:` line (packages and settings), or None with a message when a package is missing."""
     try:
         import datasets
         import peft
@@ -199,30 +229,28 @@ def main(argv=None) -> int:
     except ImportError as e:  # pragma: no cover - depends on the machine
         print(
             f"gpu_check: missing package ({e}). Bring the wheels listed in docs/scaling.md "
-            "('GPU check') and put their --target folder on PYTHONPATH.",
+            "('Running the check on an offline GPU machine') and put their --target folder on PYTHONPATH.",
             file=sys.stderr,
         )
-        return 3
-    device = torch.device("cpu") if args.smoke else torch.device("cuda")
-    dtype = getattr(torch, args.dtype)
-    completion_len = args.completion_len or (64 if args.smoke else 4096)
-    batch_size = args.batch or (2 if args.smoke else 1)
-    repeats = args.repeats or (2 if args.smoke else 5)
-    cases = SMOKE_CASES if args.smoke else FULL_CASES
-    if args.cases:
-        unknown = set(args.cases) - {c[0] for c in cases}
-        if unknown:
-            print(f"gpu_check: unknown case(s) {sorted(unknown)}", file=sys.stderr)
-            return 1
-        cases = [c for c in cases if c[0] in args.cases]
-    deadline = args.deadline_s if args.deadline_s is not None else (float("inf") if args.smoke else 420.0)
+        return None
     gpu = torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu (smoke)"
-    print(
+    return (
         f"GPU_CHECK start: device={gpu} torch={torch.__version__} transformers={transformers.__version__} "
         f"trl={trl.__version__} peft={peft.__version__} datasets={datasets.__version__} "
-        f"cegppo_trl={cegppo_trl.__version__} dtype={args.dtype} T={completion_len} B={batch_size} repeats={repeats}",
-        flush=True,
+        f"cegppo_trl={cegppo_trl.__version__} dtype={args.dtype} parts={','.join(args.parts)}"
     )
+
+
+def loss_part(args, device, dtype, start) -> tuple[bool, int, int]:
+    """The loss benchmark at real shapes (one RESULT line per case) with EQ8 on the first: (ok, cases run, cases)."""
+    completion_len = args.completion_len or (32 if args.smoke else 4096)
+    batch_size = args.batch or (2 if args.smoke else 1)
+    repeats = args.repeats or (1 if args.smoke else 5)
+    cases = SMOKE_CASES if args.smoke else FULL_CASES
+    if args.cases:
+        cases = [c for c in cases if c[0] in args.cases]
+    deadline = args.deadline_s if args.deadline_s is not None else (float("inf") if args.smoke else 150.0)
+    print(f"# loss benchmark: T={completion_len} B={batch_size} repeats={repeats}", flush=True)
     ok, ran = True, 0
     for i, (name, shape, layers, lora) in enumerate(cases):
         elapsed = time.perf_counter() - start
@@ -230,13 +258,57 @@ def main(argv=None) -> int:
             print(f"SKIPPED {name}: {elapsed:.0f} s elapsed > --deadline-s {deadline:.0f}", flush=True)
             ok = False
             continue
-        do_eq8 = i == 0
-        case_ok = run_case(name, shape, layers, lora, device, dtype, completion_len, batch_size, repeats, do_eq8)
+        case_ok = run_case(name, shape, layers, lora, device, dtype, completion_len, batch_size, repeats, i == 0)
         ok, ran = ok and case_ok, ran + 1
         print(f"# {name} done at {time.perf_counter() - start:.0f} s", flush=True)
-    print(
-        f"GPU_CHECK {'DONE ok' if ok else 'DONE with failures'}: {ran} case(s) in {time.perf_counter() - start:.0f} s"
-    )
+    return ok, ran, len(cases)
+
+
+def recipes_part(args) -> tuple[bool, str]:
+    """The LoRA and paper recipes end to end, then `cegppo-eval` on each output: (ok, summary)."""
+    names = [name for name in ("lora", "paper") if name in args.parts]
+    sizes = rc.Sizes.for_mode(args.smoke, args.recipe_completion_len, args.timeout_scale)
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="gpu_check_"))
+    try:
+        trained, evaluated = rc.run_recipes(names, workdir, sizes, args.hf_generation)
+    finally:
+        if not args.workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+    ok = trained == evaluated == len(names)
+    return ok, f"recipes {trained}/{len(names)}, evals {evaluated}/{len(names)}"
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not args.smoke and (args.force_no_cuda or not torch.cuda.is_available()):
+        print(REFUSAL.format(version=torch.__version__), file=sys.stderr, flush=True)
+        return 2
+    unknown = set(args.cases or ()) - {c[0] for c in FULL_CASES}
+    if unknown:
+        print(f"gpu_check: unknown case(s) {sorted(unknown)}; known: {[c[0] for c in FULL_CASES]}", file=sys.stderr)
+        return 1
+    start = time.perf_counter()
+    device = torch.device("cpu") if args.smoke else torch.device("cuda")
+    dtype = getattr(torch, args.dtype)
+    header = versions_line(args, device)
+    if header is None:
+        return 3
+    print(header, flush=True)
+    ok, summary = True, []
+    if "loss" in args.parts:
+        loss_ok, ran, total = loss_part(args, device, dtype, start)
+        ok = ok and loss_ok
+        summary.append(f"loss {ran}/{total} case(s)")
+    if "sync" in args.parts:
+        ok = sync.sync_part(bs, device, dtype, args.smoke) and ok
+        summary.append("sync")
+        free_device_memory(device)
+    if "lora" in args.parts or "paper" in args.parts:
+        recipes_ok, text = recipes_part(args)
+        ok = ok and recipes_ok
+        summary.append(text)
+    status = "DONE ok" if ok else "DONE with failures"
+    print(f"GPU_CHECK {status}: {', '.join(summary)} in {time.perf_counter() - start:.0f} s", flush=True)
     return 0 if ok else 1
 
 

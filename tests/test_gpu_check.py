@@ -1,9 +1,17 @@
-"""benchmarks/gpu_check.py (refusal without a GPU, `--smoke` on CPU) and bench_scaling.py's smallest setting."""
+"""benchmarks/gpu_check.py, the GPU check as one command (issue 20): its refusal without a GPU, each part in process
+(loss benchmark + EQ8, host-sync count), the plan of its recipe runs, the reward that splits groups, and
+`python benchmarks/gpu_check.py --smoke` end to end as a user runs it (every part on CPU, slow); bench_scaling.py's
+smallest setting."""
 
 import math
 import os
+import re
+import subprocess
 import sys
+import time
+from pathlib import Path
 
+import pytest
 import torch
 
 
@@ -11,6 +19,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 import bench_scaling  # noqa: E402
 import gpu_check  # noqa: E402
+import gpu_check_recipes  # noqa: E402
+import split_reward  # noqa: E402
+
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOKE_TIMEOUT_S = 3600  # generous: 2 shared CPU cores; ~110 s on a machine with a load average of ~3
 
 
 def test_gpu_check_refuses_without_cuda_flag(capsys):
@@ -34,17 +48,105 @@ def test_gpu_check_refusal_as_a_command():
     assert "REFUSED" in proc.stderr
 
 
-def test_gpu_check_smoke_runs_every_case_and_eq8(capsys):
-    rc = gpu_check.main(["--smoke", "--repeats", "1", "--completion-len", "32"])
+def _line(out: str, prefix: str) -> str:
+    lines = [line for line in out.splitlines() if line.startswith(prefix)]
+    assert len(lines) == 1, f"expected one line starting {prefix!r}, got {lines}\n{out[-4000:]}"
+    return lines[0]
+
+
+def _field(line: str, name: str) -> str:
+    match = re.search(rf"(?:^|\s){re.escape(name)}=(\S+)", line)
+    assert match, f"no {name}= in: {line}"
+    return match.group(1)
+
+
+def check_loss_lines(out: str) -> None:
+    """One RESULT line per loss case with positive finite ratios, and EQ8 PASS."""
+    for case in ("qwen2-1.5b", "qwen2-1.5b-lora", "qwen2-7b"):
+        line = _line(out, f"RESULT {case}:")
+        assert "grad_ckpt=1" in line
+        for name in ("step_ratio", "lb_ratio", "mem_ratio", "tok_per_s", "delta_frac"):
+            value = float(_field(line, name))
+            assert math.isfinite(value) and (value > 0 or name == "delta_frac"), (name, line)
+    assert _line(out, "EQ8 ").startswith("EQ8 PASS")
+
+
+def check_sync_line(out: str) -> None:
+    """GRPO's count is positive, no CE-GPPO variant makes fewer, and every extra one is in CE-GPPO's own code."""
+    line = _line(out, "RESULT sync:")
+    assert line.startswith("RESULT sync: ok"), line
+    grpo = int(_field(line, "grpo"))
+    assert grpo > 0, line
+    for name in ("cegppo", "cegppo_entropy", "cegppo_sft"):
+        assert int(_field(line, name)) >= grpo, line
+        where = _line(out, f"# sync {name} beyond grpo at:")
+        assert all(key.startswith("cegppo_trl/") for key in re.findall(r"'([^']+)':", where)), where
+
+
+def test_gpu_check_loss_part_runs_every_case_and_eq8(capsys):
+    rc = gpu_check.main(["--smoke", "--parts", "loss"])
     out = capsys.readouterr().out
     assert rc == 0, out
-    for case in ("qwen2-1.5b", "qwen2-1.5b-lora", "qwen2-7b"):
-        line = next(line for line in out.splitlines() if line.startswith(f"RESULT {case}:"))
-        for field in ("step_ratio=", "lb_ratio=", "mem_ratio=", "tok_per_s=", "delta_frac=", "grad_ckpt=1"):
-            assert field in line, (field, line)
-    eq8 = next(line for line in out.splitlines() if line.startswith("EQ8 "))
-    assert eq8.startswith("EQ8 PASS"), eq8
-    assert "GPU_CHECK DONE ok: 3 case(s)" in out
+    check_loss_lines(out)
+    assert "GPU_CHECK DONE ok: loss 3/3 case(s) in" in out
+
+
+def test_gpu_check_sync_part_counts_cegppo_next_to_grpo(capsys):
+    rc = gpu_check.main(["--smoke", "--parts", "sync"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    check_sync_line(out)
+    assert "method=python_host_reads" in out  # on CPU; CUDA's sync debug mode on a GPU
+
+
+def test_split_reward_splits_some_groups_and_leaves_others_uniform():
+    """With math's -1, the total is +1 / -1 in split groups and -1 throughout the others (dynamic sampling's case)."""
+    prompts = [[{"role": "user", "content": f"What is {i}+{i}?"}] for i in range(40)]
+    split, uniform = 0, 0
+    for prompt in prompts:
+        completions = [[{"role": "assistant", "content": f"answer {j} {prompt[0]['content']}"}] for j in range(8)]
+        rewards = split_reward.split_groups(completions, prompts=[prompt] * 8)
+        assert set(rewards) <= {0.0, 2.0}
+        if split_reward.prompt_is_split(prompt):
+            split += len(set(rewards)) == 2
+        else:
+            uniform += set(rewards) == {0.0}
+    assert split >= 10 and uniform >= 10, (split, uniform)
+    assert split_reward.split_groups(["a", "b"]) == split_reward.split_groups(["a", "b"])  # deterministic
+
+
+# What the recipe runs may give on the command line after --config: size and hardware, nothing else.
+RECIPE_SIZE_FLAGS = {
+    "model_name_or_path",
+    "dataset_name",
+    "problem_column",
+    "answer_column",
+    "reward_funcs",
+    "max_completion_length",
+    "max_steps",
+    "output_dir",
+    "gradient_accumulation_steps",
+    "steps_per_generation",
+}
+RECIPE_HARDWARE_FLAGS = {"use_vllm", "use_cpu", "bf16", "dtype"}
+
+
+@pytest.mark.parametrize("smoke", [True, False], ids=["smoke", "gpu"])
+@pytest.mark.parametrize("run", gpu_check_recipes.RUNS, ids=lambda r: r.name)
+def test_recipe_runs_launch_as_users_do_and_change_only_size_and_hardware(run, smoke, tmp_path):
+    sizes = gpu_check_recipes.Sizes.for_mode(smoke)
+    command = gpu_check_recipes.train_command(run, tmp_path / "m", tmp_path / "o", sizes, vllm=False)
+    launch = command.index("examples/train_cegppo.py")
+    assert command[1:5] == ["-m", "accelerate.commands.launch", "--config_file", "accelerate_configs/single_gpu.yaml"]
+    assert command[launch + 1 : launch + 3] == ["--config", str(run.recipe.relative_to(ROOT))]
+    assert run.recipe.exists()
+    flags = {word[2:] for word in command[launch + 3 :] if word.startswith("--")}
+    assert flags <= RECIPE_SIZE_FLAGS | RECIPE_HARDWARE_FLAGS, flags - RECIPE_SIZE_FLAGS - RECIPE_HARDWARE_FLAGS
+    assert ("use_cpu" in flags) == smoke and ("bf16" in flags) == smoke
+    recipe = gpu_check_recipes.read_recipe(run)
+    # the run keeps the recipe's off-policy structure: 8 optimizer steps per generation batch, max_steps one batch
+    assert recipe["steps_per_generation"] // recipe["gradient_accumulation_steps"] == sizes.max_steps == 8
+    assert recipe["cegppo_exclude_zero_advantage_groups"] is True
 
 
 def test_eq8_reference_matches_core():
@@ -93,3 +195,36 @@ def test_bench_scaling_smallest_setting(capsys):
         assert r["clipped_frac"] > 0  # the batch is off-policy: CE-GPPO has clipped tokens to act on
     assert "# worst:" in out and "variant" in out
     assert "correction backward=" in out
+
+
+@pytest.mark.slow
+def test_gpu_check_smoke_as_one_command_prints_every_part(tmp_path):
+    """`python benchmarks/gpu_check.py --smoke`: every part on CPU, each with its line and sane values."""
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/gpu_check.py", "--smoke", "--workdir", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=SMOKE_TIMEOUT_S,
+    )
+    out = proc.stdout
+    assert proc.returncode == 0, f"{out[-6000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"
+    check_loss_lines(out)
+    check_sync_line(out)
+    for name, marker in (("lora", "adapter_config.json"), ("paper", "config.json")):
+        line = _line(out, f"RECIPE {name}:")
+        assert line.startswith(f"RECIPE {name}: ok rc=0"), line
+        assert _field(line, "steps") == "8/8", line
+        saved = Path(_field(line, "saved"))
+        assert (saved / marker).exists(), line
+        assert 0.0 < float(_field(line, "kept_groups")) <= 1.0, line  # informative groups kept (dynamic sampling)
+        assert "use_vllm=false" in line and "bf16=false" in line, line  # the CPU swaps are said
+        evaluation = _line(out, f"EVAL {name}:")
+        assert evaluation.startswith(f"EVAL {name}: ok rc=0"), evaluation
+        assert 0.0 <= float(_field(evaluation, "accuracy")) <= 1.0, evaluation
+        assert int(_field(evaluation, "problems")) == gpu_check_recipes.Sizes.for_mode(True).eval_problems
+        assert Path(_field(evaluation, "report")).exists()
+    assert "lora_alpha" in (tmp_path / "out_lora" / "adapter_config.json").read_text()  # LoRA stayed on
+    assert _line(out, "GPU_CHECK DONE ok:").endswith(" s")
+    print(f"gpu_check --smoke: {time.perf_counter() - start:.0f} s")

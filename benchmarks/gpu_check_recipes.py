@@ -1,0 +1,386 @@
+"""The GPU check's end-to-end part: the shipped DeepSeek-R1-Distill-Qwen-1.5B CE-GPPO recipes launched as a user
+launches them, on a random-init model of that shape built locally, then `cegppo-eval` on what each run saved.
+
+    accelerate launch --config_file accelerate_configs/single_gpu.yaml examples/train_cegppo.py --config <recipe> ...
+
+Only size and hardware are swapped, on the command line after `--config` (TrlParser lets flags override a recipe):
+
+* size: the random-init model (`build_random_model`: R1-Distill-1.5B's shape with the tiny local tokenizer, nothing
+  downloaded; `--smoke`: a tiny shape) in place of the Hub model; `builtin:arithmetic` (columns `problem` /
+  `answer`) in place of the Hub data set; short completions; `max_steps` 8 (one generation batch: 1 on-policy and 7
+  off-policy steps); for the LoRA recipe a smaller generation batch (`gradient_accumulation_steps` 2,
+  `steps_per_generation` 16: still 8 optimizer steps per generation batch, as the recipe has); a `split_groups`
+  reward added to `math` (benchmarks/split_reward.py: a random model gets every answer wrong, so `math` alone gives
+  no gradient and nothing for dynamic sampling to remove).
+* hardware, only where the recipe's setting cannot run: HF generation where vLLM is not installed (`use_vllm false`);
+  on CPU (`--smoke`) fp32 in place of bf16 (`bf16 false`, `dtype float32`, `use_cpu true`, launcher `--cpu
+  --mixed_precision no`); the paper recipe on one process with `single_gpu.yaml` in place of the accelerate config
+  its header names; `USE_HUB_KERNELS=0` (the check runs offline, HF_HUB_OFFLINE=1; see docs/scaling.md).
+
+Every other recipe option stays on as the recipe has it (dynamic sampling, the SFT term, LoRA, oversampling, betas,
+clip ranges, batch per device, learning rate and schedule, activation checkpointing, saving, seed). Each run prints one
+`RECIPE` line and each evaluation one `EVAL` line; the lines say what was swapped.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = Path(__file__).resolve().parent
+RECIPES = ROOT / "recipes" / "DeepSeek-R1-Distill-Qwen-1.5B" / "cegppo"
+LAUNCH_CONFIG = "accelerate_configs/single_gpu.yaml"
+TRAIN_SCRIPT = "examples/train_cegppo.py"
+REWARDS = ["math", "split_reward.split_groups"]
+# deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B's config.json (Qwen2): 1.78 B parameters with untied embeddings; tied here
+# (as the GPU run of 2026-12-04 built it), 1.54 B.
+R1_DISTILL_1_5B = dict(
+    vocab_size=151936,
+    hidden_size=1536,
+    intermediate_size=8960,
+    num_hidden_layers=28,
+    num_attention_heads=12,
+    num_key_value_heads=2,
+    tie_word_embeddings=True,
+    rope_theta=10000.0,
+    max_position_embeddings=131072,
+)
+TINY_SHAPE = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    tie_word_embeddings=True,
+    max_position_embeddings=4096,
+)
+
+
+@dataclass
+class RecipeRun:
+    """One shipped recipe and the batch sizes the check swaps in (empty: the recipe's own)."""
+
+    name: str
+    recipe: Path
+    batch: dict = field(default_factory=dict)
+
+
+RUNS = [
+    RecipeRun("lora", RECIPES / "config_lora.yaml", {"gradient_accumulation_steps": 2, "steps_per_generation": 16}),
+    RecipeRun("paper", RECIPES / "config_paper.yaml"),
+]
+
+
+@dataclass
+class Sizes:
+    """What differs between the GPU check and its `--smoke` run on CPU."""
+
+    smoke: bool
+    completion_len: int
+    max_steps: int = 8
+    eval_problems: int = 32
+    eval_k: int = 2
+    eval_new_tokens: int = 128
+    train_timeout_s: float = 300.0
+    eval_timeout_s: float = 180.0
+
+    @classmethod
+    def for_mode(cls, smoke: bool, completion_len: int | None = None, timeout_scale: float = 1.0) -> Sizes:
+        if smoke:
+            sizes = cls(True, completion_len or 16, eval_problems=8, eval_new_tokens=16)
+            sizes.train_timeout_s, sizes.eval_timeout_s = 1500.0, 600.0  # 2 shared CPU cores, other jobs running
+        else:
+            sizes = cls(False, completion_len or 256)
+        sizes.train_timeout_s *= timeout_scale
+        sizes.eval_timeout_s *= timeout_scale
+        return sizes
+
+
+def build_random_model(path: Path, smoke: bool) -> str:
+    """A random-init Qwen2 model with the tiny local tokenizer saved to `path` (no download); returns a summary.
+
+    GPU: DeepSeek-R1-Distill-Qwen-1.5B's shape in bf16, built on the GPU. `--smoke`: a tiny shape in fp32 on CPU."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from cegppo_trl.tiny_model import build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer()
+    shape = dict(TINY_SHAPE, vocab_size=len(tokenizer)) if smoke else R1_DISTILL_1_5B
+    special = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    special["pad_token_id"] = tokenizer.pad_token_id
+    config = Qwen2Config(**shape, rms_norm_eps=1e-6, initializer_range=0.02, use_cache=True, **special)
+    torch.manual_seed(0)
+    device = "cpu" if smoke else "cuda"
+    with torch.device(device):
+        model = Qwen2ForCausalLM(config).to(torch.float32 if smoke else torch.bfloat16)
+    for key, value in special.items():
+        setattr(model.generation_config, key, value)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    n_params = sum(p.numel() for p in model.parameters())
+    del model
+    if not smoke:
+        torch.cuda.empty_cache()
+    label = "tiny shape" if smoke else "DeepSeek-R1-Distill-Qwen-1.5B shape"
+    return (
+        f"random-init {label}: {n_params / 1e6:,.1f}M params, vocab {shape['vocab_size']}, tokenizer {len(tokenizer)}"
+    )
+
+
+def recipe_launch_header(recipe: Path) -> str:
+    """The accelerate config the recipe's header comment launches it with (e.g. 'zero2.yaml --num_processes 8')."""
+    match = re.search(r"--config_file accelerate_configs/(\S+)( --num_processes \d+)?", recipe.read_text())
+    return (match.group(1) + (match.group(2) or "")).strip() if match else "(none named)"
+
+
+def use_vllm_here(smoke: bool, hf_generation: bool) -> bool:
+    """Whether the recipes' vLLM generation can run here: on a GPU, with vLLM installed, unless told otherwise."""
+    return not smoke and not hf_generation and importlib.util.find_spec("vllm") is not None
+
+
+def swaps(run: RecipeRun, sizes: Sizes, vllm: bool) -> list[str]:
+    """The hardware swaps of one run, each with why (printed in its RECIPE line)."""
+    out = []
+    if not vllm:
+        out.append("use_vllm=false (HF generation: " + ("CPU)" if sizes.smoke else "vllm not installed)"))
+    if sizes.smoke:
+        out.append("bf16=false dtype=float32 use_cpu=true, launcher --cpu --mixed_precision no (CPU: no bf16)")
+    header = recipe_launch_header(run.recipe)
+    if header != Path(LAUNCH_CONFIG).name:
+        out.append(f"single_gpu.yaml in place of {header} (one device)")
+    out.append("USE_HUB_KERNELS=0 (offline)")
+    return out
+
+
+def train_command(run: RecipeRun, model_dir: Path, output_dir: Path, sizes: Sizes, vllm: bool) -> list[str]:
+    """`accelerate launch --config_file accelerate_configs/single_gpu.yaml examples/train_cegppo.py --config ...`."""
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", LAUNCH_CONFIG]
+    if sizes.smoke:
+        launcher += ["--cpu", "--mixed_precision", "no"]
+    args = ["--config", str(run.recipe.relative_to(ROOT)), "--model_name_or_path", str(model_dir)]
+    args += ["--dataset_name", "builtin:arithmetic", "--problem_column", "problem", "--answer_column", "answer"]
+    args += ["--reward_funcs", *REWARDS, "--max_completion_length", str(sizes.completion_len)]
+    args += ["--max_steps", str(sizes.max_steps), "--output_dir", str(output_dir)]
+    for key, value in run.batch.items():
+        args += [f"--{key}", str(value)]
+    if not vllm:
+        args += ["--use_vllm", "false"]
+    if sizes.smoke:
+        args += ["--use_cpu", "true", "--bf16", "false", "--dtype", "float32"]
+    return launcher + [TRAIN_SCRIPT] + args
+
+
+def eval_command(model_dir: Path, report: Path, sizes: Sizes) -> list[str]:
+    """`cegppo-eval MODEL --datasets builtin:arithmetic_eval ...` (the console script next to this Python)."""
+    script = Path(sys.executable).parent / "cegppo-eval"
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "cegppo_trl.scripts.eval"]
+    return command + [
+        str(model_dir),
+        "--datasets",
+        "builtin:arithmetic_eval",
+        "--max-problems",
+        str(sizes.eval_problems),
+        "--k",
+        str(sizes.eval_k),
+        "--max-new-tokens",
+        str(sizes.eval_new_tokens),
+        "--no-progress",
+        "--output",
+        str(report),
+    ]
+
+
+def child_env(smoke: bool) -> dict[str, str]:
+    """This environment, offline, with benchmarks/ (the split reward) and the repository on PYTHONPATH."""
+    env = dict(os.environ)
+    paths = [str(BENCHMARKS), str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env.update(PYTHONPATH=os.pathsep.join(paths), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env.update(PYTHONUNBUFFERED="1", HF_HUB_DISABLE_TELEMETRY="1")
+    env.setdefault("USE_HUB_KERNELS", "0")
+    if smoke:
+        env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+class GpuMemoryPeak:
+    """The device-wide peak of used GPU memory (all processes, this one's CUDA context too), sampled every 0.5 s."""
+
+    def __init__(self, active: bool):
+        self.active, self.peak_bytes = active, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self):
+        while not self._stop.is_set():
+            free, total = torch.cuda.mem_get_info()
+            self.peak_bytes = max(self.peak_bytes, total - free)
+            self._stop.wait(0.5)
+
+    def __enter__(self):
+        if self.active:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if self.active:
+            self._thread.join()
+
+    def text(self) -> str:
+        return f"gpu_peak_gib={self.peak_bytes / 2**30:.1f}" if self.active else "gpu_peak_gib=nan"
+
+
+def run_logged(command: list[str], log_path: Path, env: dict, timeout_s: float) -> tuple[int, float]:
+    """Run `command` in the repository root with its output in `log_path`; (exit status, seconds). 124: timed out."""
+    start = time.perf_counter()
+    with open(log_path, "w") as log:
+        log.write("$ " + " ".join(command) + "\n")
+        log.flush()
+        try:
+            rc = subprocess.run(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s)
+            status = rc.returncode
+        except subprocess.TimeoutExpired:
+            status = 124
+    return status, time.perf_counter() - start
+
+
+def log_tail(log_path: Path, lines: int = 8) -> str:
+    """The last error-looking lines of a log (or its last lines), for a failed run's report."""
+    text = log_path.read_text(errors="replace").splitlines() if log_path.exists() else []
+    errors = [line for line in text if re.search(r"Error|error:|Traceback|cegppo-(train|eval):", line)]
+    return " | ".join((errors or text)[-lines:])[-1500:]
+
+
+def read_recipe(run: RecipeRun) -> dict:
+    """The recipe's values with the check's batch overrides applied."""
+    import yaml
+
+    return {**yaml.safe_load(run.recipe.read_text()), **run.batch}
+
+
+def training_summary(output_dir: Path, recipe: dict) -> dict:
+    """What the run's `trainer_state.json` and saved output say: steps, step times, generation, dynamic sampling."""
+    state_path = output_dir / "trainer_state.json"
+    if not state_path.exists():
+        return {"steps": 0, "max_steps": -1, "saved": "none"}
+    state = json.loads(state_path.read_text())
+    steps = [entry for entry in state["log_history"] if "loss" in entry]
+    times = [entry["step_time"] for entry in steps if "step_time" in entry]
+    kept = [entry["cegppo/informative_group_frac"] for entry in steps if "cegppo/informative_group_frac" in entry]
+    kind = "adapter" if (output_dir / "adapter_config.json").exists() else "model"
+    kind = kind if (output_dir / ("adapter_config.json" if kind == "adapter" else "config.json")).exists() else "none"
+    completions = recipe["per_device_train_batch_size"] * recipe["steps_per_generation"]
+    mean_len = steps[0].get("completions/mean_length", float("nan")) if steps else float("nan")
+    later = sorted(times[1:])
+    return {
+        "steps": state.get("global_step", 0),
+        "max_steps": state.get("max_steps", -1),
+        "saved": kind,
+        "step1_s": times[0] if times else float("nan"),
+        "step_s": later[len(later) // 2] if later else float("nan"),
+        "completions": completions,
+        "mean_len": mean_len,
+        "kept_groups": sum(kept) / len(kept) if kept else float("nan"),
+        "reward_std": steps[0].get("reward_std", float("nan")) if steps else float("nan"),
+        "losses_finite": all(abs(entry["loss"]) < float("inf") for entry in steps) and bool(steps),
+    }
+
+
+def run_recipe(run: RecipeRun, model_dir: Path, workdir: Path, sizes: Sizes, vllm: bool) -> Path | None:
+    """Launch one recipe, print its RECIPE line; the output folder when it trained every step and saved, else None."""
+    output_dir = workdir / f"out_{run.name}"
+    log_path = workdir / f"train_{run.name}.log"
+    command = train_command(run, model_dir, output_dir, sizes, vllm)
+    with GpuMemoryPeak(active=not sizes.smoke) as memory:
+        rc, wall = run_logged(command, log_path, child_env(sizes.smoke), sizes.train_timeout_s)
+    s = training_summary(output_dir, read_recipe(run))
+    ok = rc == 0 and s["steps"] == sizes.max_steps and s["saved"] != "none" and s["losses_finite"]
+    line = f"RECIPE {run.name}: {'ok' if ok else 'FAILED'} rc={rc} steps={s['steps']}/{sizes.max_steps} "
+    line += f"saved={output_dir if s['saved'] != 'none' else 'none'} ({s['saved']}) wall_s={wall:.0f}"
+    if s["steps"]:
+        tokens = s["completions"] * s["mean_len"]
+        line += (
+            f" | step1_s={s['step1_s']:.1f} (generation of {s['completions']} x {s['mean_len']:.0f} tokens + 1 step,"
+            f" {tokens / s['step1_s']:.0f} tok/s) step_s={s['step_s']:.2f} | kept_groups={s['kept_groups']:.2f} "
+            f"reward_std={s['reward_std']:.2f} losses_finite={int(s['losses_finite'])}"
+        )
+    line += f" | {memory.text()} | recipe={run.recipe.relative_to(ROOT)} completion_len={sizes.completion_len}"
+    line += " batch=" + (",".join(f"{k}={v}" for k, v in run.batch.items()) or "recipe's")
+    line += " | swapped: " + "; ".join(swaps(run, sizes, vllm)) + f" | log={log_path}"
+    if not ok:
+        line += f" | {log_tail(log_path)}"
+    print(line, flush=True)
+    return output_dir if ok else None
+
+
+def eval_figures(report_path: Path) -> dict | None:
+    """The built-in eval set's figures from a `cegppo-eval` report: problems, k, avg@k, pass@k, seconds."""
+    if not report_path.exists():
+        return None
+    report = json.loads(report_path.read_text())
+    result = report.get("datasets", {}).get("builtin:arithmetic_eval")
+    if not result:
+        return None
+    k = result["k"]
+    return {
+        "problems": result["num_problems"],
+        "k": k,
+        "accuracy": result[f"avg@{k}"],
+        "pass_k": result.get(f"pass@{k}", float("nan")),
+        "seconds": result.get("seconds", float("nan")),
+    }
+
+
+def run_eval(name: str, model_dir: Path, workdir: Path, sizes: Sizes) -> bool:
+    """`cegppo-eval` on a run's saved output; prints its EVAL line."""
+    report = workdir / f"eval_{name}.json"
+    log_path = workdir / f"eval_{name}.log"
+    with GpuMemoryPeak(active=not sizes.smoke) as memory:
+        rc, wall = run_logged(eval_command(model_dir, report, sizes), log_path, child_env(sizes.smoke),
+                              sizes.eval_timeout_s)  # fmt: skip
+    figures = eval_figures(report)
+    ok = rc == 0 and figures is not None and figures["problems"] == sizes.eval_problems
+    ok = ok and 0.0 <= figures["accuracy"] <= 1.0
+    line = f"EVAL {name}: {'ok' if ok else 'FAILED'} rc={rc} model={model_dir}"
+    if figures:
+        line += (
+            f" problems={figures['problems']} k={figures['k']} accuracy={figures['accuracy']:.3f} "
+            f"(avg@{figures['k']}) pass@{figures['k']}={figures['pass_k']:.3f} seconds={figures['seconds']:.1f}"
+        )
+    line += f" wall_s={wall:.0f} {memory.text()} max_new_tokens={sizes.eval_new_tokens} report={report}"
+    if not ok:
+        line += f" | {log_tail(log_path)}"
+    print(line, flush=True)
+    return ok
+
+
+def run_recipes(names: list[str], workdir: Path, sizes: Sizes, hf_generation: bool = False) -> tuple[int, int]:
+    """Build the random-init model once, then each named recipe and `cegppo-eval` on its output.
+    Returns (recipes ok, evaluations ok)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    model_dir = workdir / ("tiny-random" if sizes.smoke else "r1-distill-1.5b-shape-random")
+    start = time.perf_counter()
+    summary = build_random_model(model_dir, sizes.smoke)
+    print(f"# model {model_dir}: {summary} ({time.perf_counter() - start:.0f} s)", flush=True)
+    vllm = use_vllm_here(sizes.smoke, hf_generation)
+    trained = evaluated = 0
+    for run in [r for r in RUNS if r.name in names]:
+        output_dir = run_recipe(run, model_dir, workdir, sizes, vllm)
+        if output_dir is None:
+            print(f"EVAL {run.name}: SKIPPED (its recipe run failed)", flush=True)
+            continue
+        trained += 1
+        evaluated += run_eval(run.name, output_dir, workdir, sizes)
+    return trained, evaluated
