@@ -455,3 +455,102 @@ def test_grade_completions_reports_status_and_latency():
     assert [r.status for r in results] == ["correct", "no_answer", "wrong"]
     assert [r.answer for r in results] == [r"\sqrt{8}", None, "2"]
     assert all(0 <= r.seconds < 5.0 and math.isfinite(r.seconds) for r in results)
+
+
+def test_the_pool_owns_what_grading_remembers(monkeypatch):
+    """A worker's verdict is kept in its pool's memory: the same pair on a later call needs no worker round trip."""
+    answer, gold = r"\sqrt{75}", r"5\sqrt{3}"  # graded by no other test
+    pool = grading.pool_for(1)
+    assert not pool.memory.gold_is_known(gold)
+    first = grade_completions([rf"\boxed{{{answer}}}"], [gold], num_workers=1)
+    assert [r.status for r in first] == ["correct"]
+    assert pool.memory.gold_is_known(gold) and pool.memory.verdict(answer, gold) == "correct"
+    assert not grading.GraderPool(1).memory.gold_is_known(gold), "a new pool starts with an empty memory"
+    asked = []
+    grade = pool.grade
+    monkeypatch.setattr(pool, "grade", lambda tasks, timeout_s: asked.append(tasks) or grade(tasks, timeout_s))
+    again = grade_completions([rf"The answer is \boxed{{{answer}}}"], [gold], num_workers=1)
+    assert [r.status for r in again] == ["correct"]
+    assert asked == []
+
+
+def test_memory_learns_golds_and_settles_a_slow_gold_at_the_bound():
+    memory = grading.GradingMemory()
+    memory.learn(("2", "x"), "wrong")
+    memory.learn((None, "y"), "gold_ok")
+    memory.learn(("1", "z"), "bad_gold")
+    memory.learn(("1", "t"), "timeout")  # a timed-out answer says nothing about its gold
+    assert (memory.verdict("2", "x"), memory.gold_is_known("y"), memory.gold_is_bad("z")) == ("wrong", True, True)
+    assert not memory.gold_is_known("t")
+    assert [memory.count_gold_timeout("slow", 3) for _ in range(2)] == [1, 2]
+    assert not memory.gold_is_bad("slow")
+    assert memory.count_gold_timeout("slow", 3) == 3
+    assert memory.gold_is_bad("slow") and "slow" not in memory.gold_timeouts
+    memory.clear()
+    assert not memory.gold_is_known("z") and memory.verdict("2", "x") is None
+
+
+def test_a_forked_child_leaves_the_parents_workers_alone_and_grades_with_its_own():
+    """As in a forked DataLoader worker: the child drops its copies of the parent's pipes and starts its own pool."""
+    assert math_reward([r"\boxed{\sqrt{4}}"], ["2"]) == [1.0]
+    parent_pids = grading.worker_pids()
+    assert parent_pids
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.close(read_end)
+            before = grading.worker_pids()
+            values = math_reward([r"\boxed{\sqrt{81}}"], ["9"])
+            report = {"before": before, "values": values, "after": grading.worker_pids()}
+            shutdown_grading_workers()
+            os.write(write_end, json.dumps(report).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    report = json.loads(data)
+    assert report["before"] == [] and report["values"] == [1.0]
+    assert report["after"] and set(report["after"]).isdisjoint(parent_pids)
+    assert all(_alive(p) for p in parent_pids), "the child killed the parent's workers"
+    assert math_reward([r"\boxed{\sqrt{16}}"], ["4"]) == [1.0]
+    assert grading.worker_pids() == parent_pids
+
+
+def test_no_private_names_are_imported_across_the_reward_modules():
+    """Each module of the grading engine uses the others through their public names only."""
+    import ast
+
+    package = Path(grading.__file__).parent
+    imported = []
+    for path in sorted(package.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("cegppo_trl")):
+                imported += [f"{path.name}: {a.name}" for a in node.names if a.name.startswith("_")]
+    assert imported == []
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("2^{10}", None),
+        ("x^{2}+5!", None),
+        (r"\binom{10}{3}", None),
+        (r"3\!", None),  # a TeX thin space, not a factorial
+        ("9^{9^{9}}", "huge exponent"),
+        ("2^{(100+1)*100}", "huge exponent"),  # the exponent is evaluated, bounded, before sympy sees it
+        ("x^{99999999}", "huge exponent"),
+        ("99999999!", "huge factorial"),
+        ("(10!)!", "huge factorial"),
+        ("1000!", None),
+        ("1001!", "huge factorial"),
+        (r"\binom{99999999}{3}", "huge binomial"),
+        (r"{100000} \choose 2", "huge binomial"),
+        ("x" * 1001, "too long"),
+        ("(" * 11 + ")" * 11, "nested too deep"),
+    ],
+)
+def test_prefilter_reject_reason(text, reason):
+    assert prefilter.reject_reason(text) == reason
