@@ -21,6 +21,7 @@ same as ``--model_name_or_path``), which `HfArgumentParser` has no dataclass fie
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Sequence
 
@@ -78,6 +79,19 @@ def _fail(message: str) -> None:
     raise SystemExit(2)
 
 
+def _field_of_alias() -> dict[str, str]:
+    """{other spelling (cegppo-train's name): the field} of every aliased field, e.g. max_completion_length ->
+    max_new_tokens."""
+    from ..evaluation.settings import EvalArguments, EvalSettings
+
+    return {
+        alias[2:]: f.name
+        for cls in (EvalArguments, EvalSettings)
+        for f in dataclasses.fields(cls)
+        for alias in f.metadata.get("aliases", ())
+    }
+
+
 def parse_arguments(argv: Sequence[str] | None = None):
     """(`EvalArguments`, `EvalSettings`) of a command line; a bad one exits with status 2 and one line naming the
     flag (or the ``--config`` key) and the fix, before any model code loads."""
@@ -92,8 +106,12 @@ def parse_arguments(argv: Sequence[str] | None = None):
         _fail(f"--config {error.filename}: {error.strerror}; pass the path of an existing YAML file.")
     except (ValueError, yaml.YAMLError) as error:  # a dataclass's __post_init__ check, a --config that is no mapping
         _fail(" ".join(str(error).split()))
-    if in_config:  # TrlParser returns them as ["--key", "value", ...]
-        keys = ", ".join(key.removeprefix("--") for key in in_config[::2])
+    if in_config:  # TrlParser returns them as ["--key", "value", ...]; its YAML keys are field names, not aliases
+        named = _field_of_alias()
+        keys = ", ".join(
+            key + (f" (cegppo-eval's key: {named[key]})" if key in named else "")
+            for key in (key.removeprefix("--") for key in in_config[::2])
+        )
         _fail(f"--config: unknown keys {keys}; `cegppo-eval --help` lists the options.")
     if unknown:
         _fail(f"unknown arguments {' '.join(map(str, unknown))}; `cegppo-eval --help` lists the options.")
