@@ -36,7 +36,7 @@ EXIT_STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143}
 """The exit status of a run stopped by each signal."""
 REPEAT_S = 3.0
 """A second signal this many seconds or more after the first stops the run at once; an earlier one is a relay."""
-_NAMES = {signal.SIGINT: "Ctrl-C (SIGINT)", signal.SIGTERM: "SIGTERM"}
+_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
 
 
 class StopRequest:
@@ -85,7 +85,7 @@ class StopRequest:
 
     @property
     def name(self) -> str:
-        return _NAMES.get(self.signum, "Ctrl-C (SIGINT)")
+        return _NAMES.get(self.signum, "Ctrl-C")
 
 
 def last_checkpoint(output_dir: str) -> tuple[str | None, str | None]:

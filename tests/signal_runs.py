@@ -1,0 +1,170 @@
+"""Stopping `cegppo-train` with SIGINT or SIGTERM at a chosen moment of the tiny recipe, and checking what it left:
+shared by tests/test_signals.py and the stress loop benchmarks/stop_signals.py.
+
+A moment is one of:
+- ``step``: the caller sends the signal from outside once checkpoint-`after` exists (somewhere in a later step);
+- ``grading``: the first reward function sends it at its `after`-th call, just before `math` grades the batch;
+- ``checkpoint``: sent while the `after`-th checkpoint is being written (in the middle of `torch.save` of
+  ``optimizer.pt``, before ``trainer_state.json``).
+The signal goes to the run's whole process group, as a terminal's Ctrl-C or a scheduler's stop does: the grading
+workers and, under `accelerate launch`, the launcher get it too. The two in-run moments are injected through
+`reward_funcs`' `module.function` form (`signal_moments.zero`, written into the run's directory), so the command is
+the one a user runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from launching import free_port, subprocess_env
+
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_RECIPE = ROOT / "recipes" / "tiny" / "cegppo" / "config_cpu.yaml"
+CEGPPO_TRAIN = str(Path(sys.executable).parent / "cegppo-train")
+EXIT_STATUS = {"SIGINT": 130, "SIGTERM": 143}
+MOMENTS = ("step", "grading", "checkpoint")
+
+MOMENTS_MODULE = '''"""Sends STOP_SIGNAL to this run's process group at STOP_MOMENT (grading or checkpoint), the STOP_AFTER-th time."""
+import os, signal, time
+
+_SIGNAL = getattr(signal, os.environ.get("STOP_SIGNAL", "SIGTERM"))
+_MOMENT = os.environ.get("STOP_MOMENT", "")
+_AFTER = int(os.environ.get("STOP_AFTER", "2"))
+_seen = [0]
+
+
+def _send_once():
+    _seen[0] += 1
+    if _seen[0] == _AFTER and os.environ.get("RANK", "0") == "0":
+        with open(os.environ["STOP_MARKER"], "w") as f:
+            f.write(str(time.time()))
+        os.killpg(os.getpgid(0), _SIGNAL)
+
+
+if _MOMENT == "checkpoint":
+    import torch
+
+    _save = torch.save
+
+    def _save_and_signal(obj, f, *args, **kwargs):
+        if str(f).endswith("optimizer.pt"):
+            _send_once()
+            time.sleep(0.5)  # the signal arrives well inside the checkpoint write
+        return _save(obj, f, *args, **kwargs)
+
+    torch.save = _save_and_signal
+
+
+def zero(completions, **kwargs):
+    if _MOMENT == "grading":
+        _send_once()
+    return [0.0] * len(completions)
+'''
+
+
+def _sigint_default() -> None:
+    """In the child: SIGINT at its default, even when the suite runs as a background job (which ignores SIGINT)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def start_run(
+    cwd: Path, out: Path, model_dir: Path | None, signal_name: str = "SIGTERM", moment: str = "step",
+    after: int = 2, processes: int = 1, *extra: str,
+) -> tuple[subprocess.Popen, list[str]]:  # fmt: skip
+    """Start the tiny recipe (saving every step, endless) in its own process group; (process, the training argv)."""
+    (cwd / "signal_moments.py").write_text(MOMENTS_MODULE)
+    argv = [
+        "--config", str(TINY_RECIPE), "--output_dir", str(out), "--max_steps", "100000", "--tiny_sft_steps", "0",
+        "--save_strategy", "steps", "--save_steps", "1", "--logging_steps", "1000",
+        "--reward_funcs", "signal_moments.zero", "math", *extra,
+    ]  # fmt: skip
+    if model_dir is not None:
+        argv += ["--model_name_or_path", str(model_dir)]
+    if processes == 1:
+        cmd = [CEGPPO_TRAIN, *argv]
+    else:
+        cmd = [
+            sys.executable, "-m", "accelerate.commands.launch",
+            "--config_file", str(ROOT / "accelerate_configs" / "multi_gpu.yaml"), "--num_processes", str(processes),
+            "--mixed_precision", "no", "--main_process_port", str(free_port()),
+            str(ROOT / "examples" / "train_cegppo.py"), *argv,
+        ]  # fmt: skip
+    env = subprocess_env()
+    env.update(STOP_SIGNAL=signal_name, STOP_MOMENT=moment, STOP_AFTER=str(after), STOP_MARKER=str(cwd / "sent"))
+    env["PYTHONPATH"] = os.pathsep.join([str(cwd), env.get("PYTHONPATH", "")])
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        preexec_fn=_sigint_default,
+    )  # fmt: skip
+    return proc, argv
+
+
+def complete_checkpoints(out: Path) -> list[int]:
+    return sorted(int(p.name.split("-")[1]) for p in out.glob("checkpoint-*") if (p / "trainer_state.json").is_file())
+
+
+def stop_run(
+    proc: subprocess.Popen, cwd: Path, out: Path, signal_name: str, moment: str, after: int = 2, timeout: float = 300
+) -> dict:
+    """Send the signal (moment ``step``) or wait for the run to send it; return what the stop gave: ``returncode``,
+    ``stderr``, ``seconds`` (signal to exit), ``left`` (processes of the group still alive after the exit)."""
+    try:
+        deadline = time.monotonic() + timeout
+        marker = cwd / "sent"
+        while not marker.exists():
+            if moment == "step" and (out / f"checkpoint-{after}" / "trainer_state.json").is_file():
+                marker.write_text(str(time.time()))
+                os.killpg(proc.pid, getattr(signal, signal_name))
+                break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                _, stderr = proc.communicate(timeout=60)
+                raise AssertionError(f"the run ended or stalled before the signal (rc {proc.returncode}):\n{stderr}")
+            time.sleep(0.1)
+        sent = float(marker.read_text())
+        _, stderr = proc.communicate(timeout=timeout)
+        seconds = time.time() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    time.sleep(0.5)
+    try:
+        os.killpg(proc.pid, 0)
+        left = True
+    except ProcessLookupError:
+        left = False
+    return {"returncode": proc.returncode, "stderr": stderr, "seconds": seconds, "left": left}
+
+
+def check_stop(result: dict, out: Path, signal_name: str, argv: list[str]) -> Path:
+    """Assert the stop was clean: the status, no traceback, no process left, the last complete checkpoint named with
+    the resume command; return that checkpoint."""
+    stderr = result["stderr"]
+    assert result["returncode"] == EXIT_STATUS[signal_name], stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert not result["left"], "a process of the run outlived it"
+    match = re.search(r"Last checkpoint saved: (\S+)", stderr)
+    assert match, stderr[-3000:]
+    last = Path(match[1])
+    assert last.parent == out and last.name == f"checkpoint-{max(complete_checkpoints(out))}", stderr[-3000:]
+    assert f"--resume_from_checkpoint {last}" in stderr
+    state = json.loads((last / "trainer_state.json").read_text())
+    assert state["global_step"] == int(last.name.split("-")[1])
+    return last
+
+
+def loads(checkpoint: Path) -> None:
+    """The checkpoint's model loads, every tensor finite."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoint)
+    assert all(torch.isfinite(p).all() for p in model.parameters())

@@ -1,0 +1,142 @@
+"""Clean stops on SIGINT (Ctrl-C) and SIGTERM (schedulers), issue 20 "Signals".
+
+A signal during training stops `cegppo-train` at the end of the step (every process at the same step), never in the
+middle of a checkpoint write; it exits 130 (SIGINT) or 143 (SIGTERM) within seconds, names the last complete
+checkpoint and the resume command, leaves no process behind, and the checkpoint loads and resumes. The runs start
+their child with SIGINT at its default, so the tests pass when the suite itself runs in the background (`nohup ... &`),
+where SIGINT is ignored. The stress loop over many moments is benchmarks/stop_signals.py.
+"""
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from signal_runs import (
+    CEGPPO_TRAIN,
+    TINY_RECIPE,
+    _sigint_default,
+    check_stop,
+    complete_checkpoints,
+    loads,
+    start_run,
+    stop_run,
+)
+
+from cegppo_trl.stopping import REPEAT_S, StopRequest
+
+
+STOP_WITHIN_S = 60  # signal to exit on a shared, loaded 2-core machine (about 5 s idle)
+
+
+def _resume_one_more_step(cwd: Path, stderr: str, last: Path) -> None:
+    """Run the printed resume command for one step more: it resumes from `last` and ends one step later."""
+    command = next(line.strip() for line in stderr.splitlines() if line.strip().startswith("cegppo-train "))
+    argv = shlex.split(command)[1:]
+    assert argv[-2:] == ["--resume_from_checkpoint", str(last)]
+    steps = int(last.name.split("-")[1]) + 1
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STOP_")}
+    env.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONPATH=str(cwd))
+    proc = subprocess.run(
+        [CEGPPO_TRAIN, *argv, "--max_steps", str(steps)], cwd=cwd, env=env, capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = last.parent
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["global_step"] == steps and (out / "model.safetensors").is_file()
+
+
+def test_sigterm_during_a_step_exits_143_with_a_loadable_checkpoint_that_resumes(tmp_path):
+    out = tmp_path / "run"
+    proc, argv = start_run(tmp_path, out, None, "SIGTERM", "step")
+    result = stop_run(proc, tmp_path, out, "SIGTERM", "step")
+    last = check_stop(result, out, "SIGTERM", argv)
+    assert result["seconds"] < STOP_WITHIN_S, result["seconds"]
+    assert "SIGTERM: stopping at the end of this training step" in result["stderr"]
+    assert "interrupted (SIGTERM)" in result["stderr"]
+    assert not (out / "model.safetensors").exists()  # a stopped run is not saved as a finished one
+    loads(last)
+    _resume_one_more_step(tmp_path, result["stderr"], last)
+
+
+def test_sigint_during_the_imports_prints_the_ctrl_c_message(tmp_path):
+    proc = subprocess.Popen(
+        [CEGPPO_TRAIN, "--config", str(TINY_RECIPE), "--output_dir", str(tmp_path / "run")], cwd=tmp_path,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=_sigint_default,
+    )  # fmt: skip
+    time.sleep(1.0)  # the handlers are in place after ~0.1 s; torch, transformers and TRL take seconds to import
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+    assert stderr.strip().splitlines()[-1] == "cegppo-train: interrupted (Ctrl-C).", stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_repeated_signal_is_a_relay_then_a_second_request_stops_at_once():
+    """torchrun relays the signal a terminal already sent each worker: a repeat within REPEAT_S is the same request;
+    a later one stops at once (KeyboardInterrupt). Before training (not deferred) the first one stops at once."""
+    previous = signal.getsignal(signal.SIGTERM)
+    stop = StopRequest()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.exit_status == 143 and stop.name == "SIGTERM"
+        stop.signum, stop.deferred = None, True
+        os.kill(os.getpid(), signal.SIGINT)  # during training: a flag only
+        assert stop.signum == signal.SIGINT and stop.exit_status == 130
+        os.kill(os.getpid(), signal.SIGTERM)  # relayed
+        assert stop.signum == signal.SIGINT
+        stop.received_at -= REPEAT_S
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    finally:
+        stop.restore()
+    assert signal.getsignal(signal.SIGTERM) == previous
+
+
+def test_an_ignored_sigint_stays_ignored():
+    """A background job of a non-interactive shell starts with SIGINT ignored; as Python, the run leaves it so."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        stop = StopRequest()
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) == stop._handle
+        stop.restore()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("moment", ["grading", "checkpoint"])
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+def test_a_signal_while_grading_or_writing_a_checkpoint_stops_cleanly(tmp_path, signal_name, moment):
+    out = tmp_path / "run"
+    proc, argv = start_run(tmp_path, out, None, signal_name, moment)
+    result = stop_run(proc, tmp_path, out, signal_name, moment)
+    last = check_stop(result, out, signal_name, argv)
+    assert result["seconds"] < STOP_WITHIN_S, result["seconds"]
+    if moment == "checkpoint":  # the checkpoint being written when the signal came was finished, and is the last
+        assert complete_checkpoints(out)[-1] == 2 and last.name == "checkpoint-2"
+    assert all((p / "trainer_state.json").is_file() for p in out.glob("checkpoint-*")), "an incomplete checkpoint"
+    loads(last)
+    _resume_one_more_step(tmp_path, result["stderr"], last)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+def test_two_gloo_processes_stop_together(tmp_path, signal_name):
+    """`accelerate launch` with 2 processes: the signal reaches the launcher and both ranks (and the launcher relays
+    it again); both ranks stop at the same step, the launcher exits with the run's status, nothing is left."""
+    out = tmp_path / "run"
+    proc, argv = start_run(tmp_path, out, None, signal_name, "step", 2, 2)
+    result = stop_run(proc, tmp_path, out, signal_name, "step")
+    last = check_stop(result, out, signal_name, argv)
+    assert result["seconds"] < STOP_WITHIN_S, result["seconds"]
+    assert result["stderr"].count("Last checkpoint saved:") == 1  # one message, from rank 0
+    loads(last)
