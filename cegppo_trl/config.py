@@ -79,21 +79,28 @@ class CEGPPOConfig(GRPOConfig):
             Completions whose total (weighted) reward is `>=` this value get the NLL term. With the paper's +1 / -1
             reward, `1.0` selects the correct answers.
         cegppo_exclude_zero_advantage_groups (`bool`, *optional*, defaults to `False`):
-            Drop the groups whose rewards are all equal (all completions of a prompt scored the same) from the update,
-            as the authors' dynamic sampling (`filter_groups`) does. Each micro-batch is trained as if those rows had
-            been physically removed from it: they leave every term (policy, KL, entropy bonus, SFT, MoE aux loss),
-            every normaliser (the token-mean denominator of `dapo` counts only the kept tokens of the generation batch
-            on all processes) and every metric of the loss path. "All equal" is decided on the rewards, not on the
-            advantages (which keep a float residue): with `multi_objective_aggregation="sum_then_normalize"` on the
-            `reward_weights`-weighted total, with `"normalize_then_sum"` on every reward function's column; values
-            within `1e-6 * max(1, |reward|)` count as equal (`cegppo_trl.core.EQUAL_REWARD_RTOL`). A micro-batch
-            left with no rows on a process counts as absent: the optimizer step averages over the (process,
-            micro-batch) pairs that kept rows, and a micro-batch left empty on every process logs no metrics. This
-            holds on any number of processes and under DDP, DeepSpeed ZeRO and FSDP2 (docs/method.md, "Dynamic
-            sampling"). Needs `steps_per_generation` to be a multiple of `gradient_accumulation_steps`, advantages
-            normalised per group (`scale_rewards` "group" or "none", `multi_objective_aggregation=
-            "sum_then_normalize"`), and text-only inputs; other settings are refused.
-
+            Dynamic sampling, as the authors' `filter_groups`: train only on the groups whose rewards are not all
+            equal (all completions of a prompt scored the same carry no gradient). After scoring, the informative
+            groups fill the training batch in generation order and the rest are discarded (see
+            `cegppo_oversampling`); when too few are informative, the remaining rows of the training batch are
+            dropped rows: they run through the model with an empty loss mask, as TRL's `mask_truncated_completions`
+            masks a completion, and add nothing to any term, token count or metric of the loss. "All equal" is
+            decided on the rewards, not on the advantages (which keep a float residue): with
+            `multi_objective_aggregation="sum_then_normalize"` on the `reward_weights`-weighted total; values within
+            `1e-6 * max(1, |reward|)` count as equal (`cegppo_trl.core.EQUAL_REWARD_RTOL`). The update equals TRL's
+            on the selected rows alone (docs/method.md, "Dynamic sampling") with `loss_type` "dapo" (the paper's) or
+            "bnpo"; "grpo", "dr_grpo" and "luspo" count rows in their normaliser, so a dropped row would dilute them:
+            they are refused. Also refused: `steps_per_generation` not a multiple of `gradient_accumulation_steps`,
+            advantages normalised over the whole batch (`scale_rewards="batch"`,
+            `multi_objective_aggregation="normalize_then_sum"`), a MoE router aux loss and multimodal inputs.
+        cegppo_oversampling (`float`, *optional*, defaults to `1.0`):
+            With `cegppo_exclude_zero_advantage_groups`, each generation batch samples `cegppo_oversampling` times as
+            many prompts as the training batch holds (`generation_batch_size / num_generations`) and trains on the
+            first informative groups, in generation order, up to the training batch; the others are discarded. The
+            authors' runs sample 256 prompts for 128 (`2.0`): every micro-batch is full whenever at least half of
+            the groups are informative. `1.0` samples only the training batch. Must make a whole number of prompts
+            per generation batch and of rows per process; values above 1 need dynamic sampling on (without it every
+            group is trained on, so the extra groups would be generated for nothing: refused).
         > Diagnostics
 
         cegppo_low_prob_threshold (`float`, *optional*, defaults to `0.5`):
@@ -154,6 +161,12 @@ class CEGPPOConfig(GRPOConfig):
     cegppo_exclude_zero_advantage_groups: bool = field(
         default=False,
         metadata={"help": "Drop groups whose rewards are all equal from the update (the authors' filter_groups)."},
+    )
+    cegppo_oversampling: float = field(
+        default=1.0,
+        metadata={
+            "help": "Prompts generated per generation batch / prompts trained on, with dynamic sampling (authors: 2)."
+        },
     )
     cegppo_low_prob_threshold: float = field(
         default=0.5, metadata={"help": "pi(y_t) below this is 'low probability' in the quadrant metrics."}
@@ -255,13 +268,54 @@ def validate_cegppo_config(args) -> None:
                 f"The entropy controller needs `{low}` <= `{start}` <= `{high}`, got {lo} <= {b0} <= {hi}. "
                 f"Widen the bounds or move `{start}` inside them.",
             )
+    _validate_oversampling(args)
     if args.cegppo_exclude_zero_advantage_groups:
         _validate_dynamic_sampling(args)
+
+
+def _validate_oversampling(args) -> None:
+    """`cegppo_oversampling`: a finite number >= 1, used with dynamic sampling, giving whole prompts and rows."""
+    value = args.cegppo_oversampling
+    _require(
+        isinstance(value, (int, float)) and math.isfinite(value) and value >= 1,
+        f"`cegppo_oversampling` must be a finite number >= 1, got {value!r}. Set 1.0 to generate only the training "
+        "batch, or the authors' 2.0 (with cegppo_exclude_zero_advantage_groups=True).",
+    )
+    if value == 1:
+        return
+    _require(
+        args.cegppo_exclude_zero_advantage_groups,
+        f"`cegppo_oversampling={value}` needs cegppo_exclude_zero_advantage_groups=True: without dynamic sampling "
+        "every group is trained on, so the extra groups would be generated for nothing. Set "
+        "cegppo_exclude_zero_advantage_groups=True, or cegppo_oversampling=1.0.",
+    )
+    prompts = args.generation_batch_size * value / args.num_generations
+    rows = args.per_device_train_batch_size * args.steps_per_generation * value
+    _require(
+        prompts == int(prompts) and rows == int(rows),
+        f"`cegppo_oversampling={value}` gives {prompts:g} prompts per generation batch and {rows:g} rows per "
+        "process; both must be whole numbers. Choose a value such as 2.0 that makes them whole.",
+    )
+
+
+# Loss types whose per-micro-batch normaliser counts rows (TRL 1.16): a dropped row, kept with an empty loss mask,
+# would still count and dilute the micro-batch's loss, so dynamic sampling could not equal removal.
+ROW_NORMALISED_LOSS_TYPES = {
+    "grpo": "it averages the per-sequence means over the micro-batch's rows",
+    "dr_grpo": "it divides by the micro-batch's rows x max_completion_length",
+    "luspo": "it averages the per-sequence sums over the micro-batch's rows",
+}
 
 
 def _validate_dynamic_sampling(args) -> None:
     """Settings under which dropping groups could not equal removing them from the batch are refused."""
     flag = "cegppo_exclude_zero_advantage_groups=True"
+    if args.loss_type in ROW_NORMALISED_LOSS_TYPES:
+        raise ValueError(
+            f"{flag} with `loss_type={args.loss_type!r}`: {ROW_NORMALISED_LOSS_TYPES[args.loss_type]}, and a dropped "
+            "row stays in the micro-batch with an empty loss mask, so it would dilute the loss. Use "
+            "loss_type='dapo' (the paper's) or 'bnpo', or set cegppo_exclude_zero_advantage_groups=False."
+        )
     _require(
         args.scale_rewards in ("group", "none"),
         f"{flag} with `scale_rewards={args.scale_rewards!r}`: TRL scales advantages by the standard deviation of the "

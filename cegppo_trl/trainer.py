@@ -2,11 +2,12 @@
 
 Two overrides do the work. `_compute_loss` adds `aggregate(correction)` (`core.gradient_preserving_correction`,
 zero outside the clipped sets) to TRL's own loss from the same forward pass (`_ForwardCapture`), on a copy of the
-micro-batch whose old log-probs are clamped and, under dynamic sampling, whose dropped rows are removed
-(`_drop_excluded_rows`, weighed by `_kept_unit`). `_generate_and_score_completions` attaches the optional extras of
-the authors' scripts: the keep mask of dynamic sampling and the SFT mask. The code that mirrors TRL 1.16 is marked
-"TRL 1.16" and pinned by `tests/test_trl_parity.py`, `tests/test_edges.py` and `tests/test_dynamic_sampling.py`; why
-the sum is CE-GPPO's loss exactly, what "removed" means, and which test covers which mirrored piece: `docs/method.md`.
+micro-batch whose old log-probs are clamped. `_generate_and_score_completions` attaches the optional extras of the
+authors' scripts: dynamic sampling (`_select_training_rows`: the informative groups of an over-generated batch fill the
+training batch, moved between processes; dropped rows keep an empty loss mask) and the SFT mask. The code that mirrors
+TRL 1.16 is marked "TRL 1.16" and pinned by `tests/test_trl_parity.py`, `tests/test_edges.py` and
+`tests/test_dynamic_sampling.py`; why the sum is CE-GPPO's loss exactly, what dynamic sampling trains on, and which
+test covers which private TRL name: `docs/method.md`.
 """
 
 from __future__ import annotations
@@ -18,13 +19,16 @@ import math
 import os
 import textwrap
 import warnings
+from collections import defaultdict
 from dataclasses import dataclass
 
 import torch
 import trl
+from accelerate.utils import gather_object
+from datasets import IterableDataset
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
-from trl.trainer.utils import get_config_model_id
+from trl.trainer.utils import RepeatSampler, get_config_model_id, repeat_iterable_dataset
 
 from .config import CEGPPOConfig, validate_cegppo_config
 from .controller import EntropyController, FixedBetas
@@ -41,8 +45,8 @@ CONTROLLER_STATE_FILE = "cegppo_controller_state.json"
 # The TRL minor versions whose `GRPOTrainer._compute_loss` the mirrored code below was checked against.
 TESTED_TRL_MINOR_VERSIONS = ("1.16",)
 QUADRANTS = ("pos_high", "pos_low", "neg_high", "neg_low")
-# Batch keys TRL 1.16 attaches for vision-language models; they are not indexed by completion row, so the rows of a
-# micro-batch cannot be dropped by slicing (cegppo_exclude_zero_advantage_groups refuses them).
+# Batch keys TRL 1.16 attaches for vision-language models; they are not indexed by completion row, so rows cannot be
+# selected or moved between processes (cegppo_exclude_zero_advantage_groups refuses them).
 MULTIMODAL_KEYS = (
     "pixel_values",
     "image_grid_thw",
@@ -53,11 +57,45 @@ MULTIMODAL_KEYS = (
     "num_tiles",
     "image_position_ids",
 )
+# Per-row keys TRL 1.16 pads on the left (the prompt side); the others with a sequence dimension are right-padded.
+LEFT_PADDED_KEYS = ("prompt_ids", "prompt_mask")
+
+# The token-set sums of `_log_token_metrics`: rows (all loss tokens, beta1 set, beta2 set, the 4 quadrants, their
+# clipped parts, clamped tokens) x columns (tokens, gradient weight), flattened; each metric is one sum over another.
+_ALL, _BETA1, _BETA2, _QUADRANT, _QUADRANT_CLIPPED, _CLAMPED = 0, 1, 2, 3, 7, 11
 
 
-def _share(num: float, den: float) -> float:
-    """`num / den` of summed metrics, 0 when nothing was counted."""
-    return num / den if den > 0 else 0.0
+def _cell(token_set: int, column: int) -> int:
+    return 2 * token_set + column
+
+
+TOKEN_METRICS = (
+    ("cegppo/beta1_token_frac", _cell(_BETA1, 0), _cell(_ALL, 0)),
+    ("cegppo/beta2_token_frac", _cell(_BETA2, 0), _cell(_ALL, 0)),
+    ("cegppo/beta1_grad_share", _cell(_BETA1, 1), _cell(_ALL, 1)),
+    ("cegppo/beta2_grad_share", _cell(_BETA2, 1), _cell(_ALL, 1)),
+    *(
+        metric
+        for i, name in enumerate(QUADRANTS)
+        for metric in (
+            (f"cegppo/quadrant/{name}/token_frac", _cell(_QUADRANT + i, 0), _cell(_ALL, 0)),
+            (f"cegppo/quadrant/{name}/grad_share", _cell(_QUADRANT + i, 1), _cell(_ALL, 1)),
+            (f"cegppo/quadrant/{name}/clip_frac", _cell(_QUADRANT_CLIPPED + i, 0), _cell(_QUADRANT + i, 0)),
+            (f"cegppo/quadrant/{name}/restored_grad_share", _cell(_QUADRANT_CLIPPED + i, 1), _cell(_ALL, 1)),
+        )
+    ),
+    ("cegppo/log_ratio_clamped_frac", _cell(_CLAMPED, 0), _cell(_ALL, 0)),
+)
+TOKEN_METRIC_NAMES = tuple(name for name, _, _ in TOKEN_METRICS)
+# Logged once per optimizer step under dynamic sampling: the step's fill, and its generation batch's group counts.
+STEP_FILL_METRICS = ("cegppo/batch_fill", "cegppo/informative_groups", "cegppo/groups_trained")
+
+
+def _shares(nums: torch.Tensor, dens: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """`nums / dens` on the device, 0 where nothing was counted, NaN everywhere when the micro-batch has no loss token
+    on any process (TRL's `log` skips NaN when it averages, so such a micro-batch adds nothing to the logged means)."""
+    shares = torch.where(dens > 0, nums / dens.clamp(min=torch.finfo(dens.dtype).tiny), torch.zeros_like(nums))
+    return torch.where(tokens > 0, shares, torch.full_like(shares, math.nan))
 
 
 def _loss_mask(batch: dict) -> torch.Tensor:
@@ -83,34 +121,6 @@ class _PolicyTermInputs:
     advantages: torch.Tensor  # (B, 1) or (B, T)
     mask: torch.Tensor  # (B, T) completion mask x tool mask
     token_weight: torch.Tensor | None  # off-policy mask x entropy mask x vLLM IS ratio, or None
-
-
-@dataclass
-class _KeptUnit:
-    """One micro-batch on one process, under dynamic sampling (see `CEGPPOTrainer._kept_unit`)."""
-
-    scale: float  # (process, micro-batch) pairs of the optimizer step / pairs that kept rows; 0 when none did
-    kept_processes: int  # processes on which this micro-batch kept rows
-    local_empty: bool  # this process dropped every row of it
-
-
-@dataclass
-class _KeptUnitWindow:
-    """The keep counts of one optimizer step's micro-batches, summed over processes, consumed in order."""
-
-    kept_per_micro_batch: list[float]
-    position: int = 0
-
-    def next(self, num_processes: int, local_empty: bool) -> _KeptUnit:
-        kept_pairs = sum(self.kept_per_micro_batch)
-        pairs = num_processes * len(self.kept_per_micro_batch)
-        kept_processes = int(self.kept_per_micro_batch[self.position])
-        self.position += 1
-        return _KeptUnit(pairs / kept_pairs if kept_pairs else 0.0, kept_processes, local_empty)
-
-    @property
-    def done(self) -> bool:
-        return self.position >= len(self.kept_per_micro_batch)
 
 
 @dataclass
@@ -154,62 +164,6 @@ class _ForwardCapture:
         self.forward = _Forward(logps, entropies, clamped, aux_loss)
 
 
-# Metrics appended once per optimizer step (at the accumulation boundary), not once per micro-batch: TRL 1.16's
-# `entropy_coef` (in `_compute_loss`, when `sync_gradients`) and this trainer's betas and controller state.
-STEP_METRICS = ("entropy_coef", "cegppo/beta1", "cegppo/beta2", "cegppo/entropy_error", "cegppo/entropy_integral")
-
-
-def _truncate_metrics(metrics: dict[str, list], lengths: dict[str, int]) -> None:
-    """Forget the per-micro-batch metrics appended since `lengths` was taken (TRL averages each list at log time)."""
-    for name in list(metrics):
-        if name in STEP_METRICS:
-            continue
-        del metrics[name][lengths.get(name, 0) :]
-        if not metrics[name]:
-            del metrics[name]  # TRL 1.16's `log` divides by the list's length
-
-
-def _rescale_token_counts(inputs: dict, scale: float) -> dict:
-    """Divide the token-mean terms by `scale` ahead of the whole loss being multiplied by it.
-
-    dapo's policy term and the SFT term are normalised by token counts of the whole generation batch on all
-    processes, so an absent micro-batch does not change them; the rest of the loss is scaled (`_kept_unit`).
-    """
-    if scale not in (0.0, 1.0):
-        for key in ("num_items_in_batch", "cegppo_num_sft_tokens"):
-            if key in inputs:
-                inputs[key] = inputs[key] * scale
-    return inputs
-
-
-@contextlib.contextmanager
-def _nan_padded_row_gather(accelerator, active: bool, placeholder_only: bool):
-    """Let TRL gather per-row metric tensors from processes that hold different numbers of rows.
-
-    TRL 1.16's `_compute_loss` gathers one value per row for `clip_ratio/low_min` and `clip_ratio/high_max`, then
-    takes `nanmin` / `nanmax`. After dropped rows are removed the processes hold different numbers of rows, which a
-    gather cannot take (gloo aborts with "op.preamble.length <= op.nbytes", NCCL hangs). Rows are padded with NaN,
-    which `nanmin` / `nanmax` skip, and a process holding only the placeholder row sends NaN for it.
-    """
-    if not active:
-        yield
-        return
-    gather = accelerator.gather
-
-    def padded_gather(tensor):
-        if isinstance(tensor, torch.Tensor) and tensor.ndim > 0 and tensor.is_floating_point():
-            if placeholder_only:
-                tensor = torch.full_like(tensor, math.nan)
-            tensor = accelerator.pad_across_processes(tensor, dim=0, pad_index=math.nan)
-        return gather(tensor)
-
-    accelerator.gather = padded_gather
-    try:
-        yield
-    finally:
-        del accelerator.gather  # the instance attribute; the class's method is back
-
-
 class CEGPPOTrainer(GRPOTrainer):
     """[`~trl.GRPOTrainer`] with the CE-GPPO policy loss. Same constructor; pass a [`CEGPPOConfig`].
 
@@ -221,8 +175,8 @@ class CEGPPOTrainer(GRPOTrainer):
     TRL's own metrics from the loss path describe the loss actually optimised: `policy_loss` (logged by TRL only with
     the entropy bonus on) is corrected to the CE-GPPO policy term (+ KL, as in TRL); `clip_ratio/*` count the tokens
     outside the clip range, which are exactly CE-GPPO's beta1 / beta2 sets (they still get gradient under CE-GPPO);
-    `entropy`, `kl`, `entropy_coef` and `aux_loss` are unchanged by the correction. With dynamic sampling all of them
-    cover the kept rows only.
+    `entropy`, `kl`, `entropy_coef` and `aux_loss` are unchanged by the correction. With dynamic sampling the token
+    means cover the kept rows only (dropped rows have an empty loss mask).
 
     Metrics added under `cegppo/`:
 
@@ -236,7 +190,10 @@ class CEGPPOTrainer(GRPOTrainer):
       weight that CE-GPPO gave back to the quadrant's clipped tokens. Zero-advantage tokens belong to no quadrant.
     * `log_ratio_clamped_frac`: fraction of loss tokens whose `|log pi_theta - log pi_old|` exceeded 20 and was
       clamped (should be 0; anything else points at broken old / sampler log-probs).
-    * `informative_group_frac` with `cegppo_exclude_zero_advantage_groups`: fraction of groups kept.
+    * With `cegppo_exclude_zero_advantage_groups`: `informative_group_frac` (per generation batch, the fraction of
+      generated groups that are informative); per optimizer step `batch_fill` (the step's kept rows / the rows it
+      holds, 1.0 = as full as the paper's), and, of the generation batch it came from, `informative_groups` (informative
+      groups generated) and `groups_trained` (groups in the training batch: at most the training batch's prompts).
     * `sft_nll` (token-mean NLL of the SFT completions), `sft_token_frac` when `cegppo_sft_coef > 0`;
       `entropy_error`, `entropy_integral` under the entropy controller.
     """
@@ -291,8 +248,16 @@ class CEGPPOTrainer(GRPOTrainer):
             if args.cegppo_entropy_target is not None
             else FixedBetas.from_config(args)
         )
-        self._controller_window = None
-        self._kept_unit_window: _KeptUnitWindow | None = None
+        self._step_sums: torch.Tensor | None = None  # the optimizer step's sums so far (`_accumulate_step`)
+        self._generation_stats: torch.Tensor | None = None  # (informative groups, groups trained) of the batch
+        self._device_metrics = {"train": defaultdict(list), "eval": defaultdict(list)}  # until `log`
+        if args.cegppo_exclude_zero_advantage_groups and self.aux_loss_enabled:
+            raise ValueError(
+                "cegppo_exclude_zero_advantage_groups=True with a MoE router aux loss (`output_router_logits=True` in "
+                "the model config): a dropped row stays in its micro-batch with an empty loss mask, and the router's "
+                "load-balancing loss would still count its tokens. Set output_router_logits=False, or "
+                "cegppo_exclude_zero_advantage_groups=False."
+            )
 
         # TRL 1.16 `_generate_and_score_completions`: old log-probs exist only when this condition holds; otherwise the
         # loss uses `per_token_logps.detach()`, r == 1 and CE-GPPO is GRPO.
@@ -320,7 +285,52 @@ class CEGPPOTrainer(GRPOTrainer):
         return self._betas if isinstance(self._betas, EntropyController) else None
 
     # ------------------------------------------------------------------------------------------------------------
-    # Generation: attach the optional extras to the batch.
+    # Over-generation: the generation batch holds `cegppo_oversampling` times the training batch's prompts.
+    # ------------------------------------------------------------------------------------------------------------
+    @property
+    def _generated_prompts(self) -> int:
+        """Prompts per generation batch on all processes (the training batch's, times `cegppo_oversampling`)."""
+        return round(self.args.generation_batch_size * self.args.cegppo_oversampling) // self.num_generations
+
+    def _get_train_sampler(self, dataset=None):
+        if self.args.cegppo_oversampling == 1:
+            return super()._get_train_sampler(dataset)
+        # TRL 1.16's `_get_train_sampler` with `_generated_prompts` prompts per generation batch.
+        return RepeatSampler(
+            data_source=self.train_dataset if dataset is None else dataset,
+            mini_repeat_count=self.num_generations,
+            batch_size=self._generated_prompts,
+            repeat_count=self.num_iterations * self.args.steps_per_generation,
+            shuffle=self.shuffle_dataset,
+            seed=self.args.seed,
+        )
+
+    def get_train_dataloader(self):
+        if self.args.cegppo_oversampling == 1:
+            return super().get_train_dataloader()
+        # TRL 1.16's `get_train_dataloader`: one loader batch is one process's share of the generation batch, here
+        # `cegppo_oversampling` times the rows it trains on (`_generate_and_score_completions` keeps those).
+        dataset = self.train_dataset
+        if isinstance(dataset, IterableDataset):
+            if self.shuffle_dataset:
+                dataset = dataset.shuffle(seed=self.args.seed)
+            dataset = repeat_iterable_dataset(
+                dataset,
+                mini_repeat_count=self.num_generations,
+                batch_size=self._generated_prompts,
+                repeat_count=self.num_iterations * self.args.steps_per_generation,
+            )
+        rows = self.args.train_batch_size * self.args.steps_per_generation * self.args.cegppo_oversampling
+        return self._get_dataloader(
+            dataset=dataset,
+            description="Training",
+            batch_size=round(rows),
+            sampler_fn=self._get_train_sampler,
+            is_training=True,
+        )
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Generation: select the rows to train on, attach the optional extras to the batch.
     # ------------------------------------------------------------------------------------------------------------
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
@@ -329,20 +339,15 @@ class CEGPPOTrainer(GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
-        rewards_per_func = self._last_rewards_per_func  # gathered over processes, (N_total, num_funcs)
-        rewards = self._total_rewards(rewards_per_func)
-        local_size = output["completion_ids"].size(0)
-        local_rows = slice(
-            self.accelerator.process_index * local_size, (self.accelerator.process_index + 1) * local_size
-        )
+        rewards = self._total_rewards(self._last_rewards_per_func)  # the generation batch on all processes
         keep = None
         if self.args.cegppo_exclude_zero_advantage_groups:
-            mode = "train" if self.model.training else "eval"
-            informative = self._informative_groups(rewards_per_func, rewards, mode)
-            self._metrics[mode]["cegppo/informative_group_frac"].append(informative.float().mean().item())
-            keep = self._attach_keep_mask(output, informative, local_rows, mode)
+            output, rows = self._select_training_rows(output, rewards)
+            rewards, keep = rewards[rows.to(rewards.device)], output["cegppo_keep"]
         if self.args.cegppo_sft_coef > 0:
-            self._attach_sft_mask(output, rewards, local_rows, keep)
+            local_size = output["completion_ids"].size(0)
+            first = self.accelerator.process_index * local_size
+            self._attach_sft_mask(output, rewards[first : first + local_size], keep)
         return output
 
     def _total_rewards(self, rewards_per_func: torch.Tensor) -> torch.Tensor:
@@ -353,43 +358,78 @@ class CEGPPOTrainer(GRPOTrainer):
         rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
         return rewards
 
-    def _informative_groups(self, rewards_per_func: torch.Tensor, rewards: torch.Tensor, mode: str) -> torch.Tensor:
-        """The authors' filter_groups: a group is informative unless all its rewards are equal (one bool per group).
+    def _select_training_rows(self, output: dict, rewards: torch.Tensor) -> tuple[dict, torch.Tensor]:
+        """Dynamic sampling: this process's share of the training batch, and the training batch's rows (indices into
+        the generation batch on all processes).
 
-        Decided on the rewards, not on the advantages, which keep a float residue of TRL's group mean.
-        "normalize_then_sum" normalises each reward function separately, so a group carries signal unless every
-        (weighted) function is constant in it.
+        The informative groups (rewards not all equal: the authors' `filter_groups`) fill the training batch in
+        generation order; when too few are, the first uninformative groups fill the rest as dropped rows, which keep
+        an empty loss mask (`cegppo_keep` = 0). The training batch is split over processes in that order, so rows
+        move between processes (docs/method.md, "Dynamic sampling"). dapo's token count covers the kept rows.
         """
-        group_size = self.num_generations if mode == "train" else self.num_generations_eval
-        if self.multi_objective_aggregation == "normalize_then_sum":
-            scored = rewards_per_func[:, self.reward_weights.to(rewards_per_func.device) != 0]
-            return ~equal_reward_groups(scored, group_size)
-        return ~equal_reward_groups(rewards, group_size)
-
-    def _attach_keep_mask(self, output: dict, informative: torch.Tensor, local_rows: slice, mode: str) -> torch.Tensor:
-        """Mark this process's kept rows (`cegppo_keep`) and make dapo's token count cover the kept tokens only."""
         present = [key for key in MULTIMODAL_KEYS if key in output]
         if present:
             raise ValueError(
-                f"`cegppo_exclude_zero_advantage_groups=True` drops rows of each micro-batch, but this batch has "
+                f"`cegppo_exclude_zero_advantage_groups=True` moves rows between processes, but this batch has "
                 f"multimodal inputs {present} that are not indexed by row. Set "
                 "cegppo_exclude_zero_advantage_groups=False for vision-language models."
             )
+        mode = "train" if self.model.training else "eval"
         group_size = self.num_generations if mode == "train" else self.num_generations_eval
-        keep = informative.repeat_interleave(group_size)[local_rows]
-        output["cegppo_keep"] = keep
-        # dapo's token-mean denominator: the kept tokens of the generation batch on all processes (TRL 1.16 computes
-        # `num_items_in_batch = gather(loss_mask.sum()).sum()` in `_generate_and_score_completions`).
-        output["num_items_in_batch"] = self.accelerator.gather((_loss_mask(output) * keep.unsqueeze(1)).sum()).sum()
-        return keep
+        informative = ~equal_reward_groups(rewards, group_size)
+        factor = self.args.cegppo_oversampling if mode == "train" else 1.0
+        # Informative groups first, each kind in generation order (a stable sort); the training batch takes the first.
+        groups = torch.argsort((~informative).to(torch.int8), stable=True)[: round(informative.numel() / factor)]
+        rows = (groups.unsqueeze(1) * group_size + torch.arange(group_size, device=groups.device)).flatten()
+        share = rows.numel() // self.accelerator.num_processes
+        local = slice(self.accelerator.process_index * share, (self.accelerator.process_index + 1) * share)
+        output = self._take_rows(output, rows[local])
+        keep = informative[groups].repeat_interleave(group_size)[local].to(output["completion_mask"].device)
+        output["completion_mask"] = output["completion_mask"] * keep.unsqueeze(1).to(output["completion_mask"].dtype)
+        output["cegppo_keep"] = keep.float()
+        # dapo's token-mean denominator, as TRL 1.16 computes it (`gather(loss_mask.sum()).sum()`), over the kept rows.
+        output["num_items_in_batch"] = self.accelerator.gather(_loss_mask(output).sum()).sum()
+        self._log_on_device(mode, ("cegppo/informative_group_frac",), informative.float().mean().unsqueeze(0))
+        if mode == "train":
+            self._generation_stats = torch.stack([informative.sum(), informative[groups].sum()]).float()
+        return output, rows
 
-    def _attach_sft_mask(self, output: dict, rewards: torch.Tensor, local_rows: slice, keep) -> None:
+    def _take_rows(self, output: dict, rows: torch.Tensor) -> dict:
+        """The batch made of generation-batch rows `rows` (indices over all processes, in process order).
+
+        Every tensor with `ndim > 0` and every list is indexed by row, as TRL 1.16's `shuffle_sequence_dict` /
+        `split_tensor_dict` treat them; sequences are padded to a common length first, on TRL's side for each key.
+        """
+        num_rows, moving = output["completion_ids"].size(0), self.accelerator.num_processes > 1
+        taken = {}
+        for key, value in output.items():
+            if isinstance(value, torch.Tensor) and value.ndim > 0 and value.size(0) == num_rows:
+                if moving and value.ndim > 1:
+                    value = self.accelerator.pad_across_processes(
+                        value, dim=1, pad_index=self._pad_value(key), pad_first=key in LEFT_PADDED_KEYS
+                    )
+                value = self.accelerator.gather(value) if moving else value
+                taken[key] = value.index_select(0, rows.to(value.device))
+            elif isinstance(value, list) and len(value) == num_rows:
+                value = gather_object(value) if moving else value
+                taken[key] = [value[i] for i in rows.tolist()]
+            else:
+                taken[key] = value
+        return taken
+
+    def _pad_value(self, key: str) -> int:
+        """TRL 1.16's padding value of each per-row key: the pad token for token ids, 1 for `tool_mask`, else 0."""
+        if key in ("prompt_ids", "completion_ids"):
+            return getattr(self.processing_class, "tokenizer", self.processing_class).pad_token_id
+        return 1 if key == "tool_mask" else 0
+
+    def _attach_sft_mask(self, output: dict, rewards: torch.Tensor, keep) -> None:
         """Mark the completions that get the SFT term (`cegppo_sft_mask`) and count their tokens on all processes."""
         loss_mask = _loss_mask(output)
-        scored_top = (rewards >= self.args.cegppo_sft_reward_threshold) & ~torch.isnan(rewards)
-        sft_mask = scored_top[local_rows]
+        sft_mask = (rewards >= self.args.cegppo_sft_reward_threshold) & ~torch.isnan(rewards)
+        sft_mask = sft_mask.to(loss_mask.device)
         if keep is not None:  # dropped groups get no SFT term either (the authors' pipeline never sees them)
-            sft_mask = sft_mask & keep
+            sft_mask = sft_mask & keep.bool()
         sft_mask = sft_mask.to(loss_mask.dtype)
         output["cegppo_sft_mask"] = sft_mask
         output["cegppo_num_sft_tokens"] = self.accelerator.gather((loss_mask * sft_mask.unsqueeze(1)).sum()).sum()
@@ -405,103 +445,10 @@ class CEGPPOTrainer(GRPOTrainer):
     def _compute_loss(self, model, inputs):
         # A shallow copy: TRL reuses the buffered batch over num_iterations, so it must never be modified.
         inputs = dict(inputs)
-        mode = "train" if self.model.training else "eval"
-        unit = metric_lengths = None
-        if "cegppo_keep" in inputs:
-            unit = self._kept_unit(inputs, mode)
-            inputs = _rescale_token_counts(self._drop_excluded_rows(inputs), unit.scale)
-            metric_lengths = {name: len(values) for name, values in self._metrics[mode].items()}
-        with (
-            self._capture.around(inputs) as capture,
-            _nan_padded_row_gather(self.accelerator, unit is not None, unit is not None and unit.local_empty),
-        ):
+        keep = inputs.pop("cegppo_keep", None)  # dropped rows already have an empty loss mask
+        with self._capture.around(inputs) as capture:
             loss = super()._compute_loss(model, inputs)  # TRL's PPO-clip loss + KL + entropy bonus + aux loss
-        forward = capture.forward
-        loss = loss + self._cegppo_loss_delta(inputs, forward, unit)
-        if unit is None:
-            return loss
-        return self._weigh_kept_unit(loss, unit, mode, forward.aux_loss, metric_lengths)
-
-    def _weigh_kept_unit(self, loss, unit: _KeptUnit, mode: str, aux_loss, metric_lengths: dict) -> torch.Tensor:
-        """Dynamic sampling: scale the loss of a micro-batch that kept rows, zero one that kept none, and forget the
-        metrics of a micro-batch that no process kept a row of (docs/method.md, "Dynamic sampling")."""
-        if self.aux_loss_enabled and unit.kept_processes < self.accelerator.num_processes:
-            self._drop_placeholder_aux_metric(mode, aux_loss, unit)  # a collective: every process calls it
-        if unit.kept_processes == 0:
-            _truncate_metrics(self._metrics[mode], metric_lengths)
-        if unit.local_empty:
-            # Every row of this micro-batch was dropped on this process: one placeholder row with an empty loss mask
-            # ran through the model so that the backward pass (and the collectives of DDP / ZeRO / FSDP) still
-            # happen; only the MoE aux loss is non-zero there.
-            return loss * 0.0
-        return loss * unit.scale
-
-    def _kept_unit(self, inputs: dict, mode: str) -> _KeptUnit:
-        """Where this micro-batch stands among the (process, micro-batch) pairs of its optimizer step that kept rows.
-
-        A pair left with no rows counts as absent ("removed" in docs/method.md): TRL divides each micro-batch's loss by
-        the `gradient_accumulation_steps` micro-batches of the step (TRL 1.16, grpo / bnpo / dr_grpo / luspo, the
-        entropy bonus and the aux loss) and DDP / ZeRO / FSDP average over the processes, so the kept pairs' losses are
-        scaled by `pairs / kept pairs`. The count needs the keep masks of the whole optimizer step on all processes:
-        TRL 1.16's `_prepare_inputs` buffers the generation batch as `steps_per_generation` micro-batches and serves
-        `_buffered_inputs[_step % steps_per_generation]`; the step's micro-batches are the next
-        `current_gradient_accumulation_steps` of them (`steps_per_generation` is a multiple of the accumulation, checked
-        by the config). One all-reduce per optimizer step.
-        """
-        if mode == "eval" or self._kept_unit_window is None:
-            micro_batches = [inputs]
-            if mode == "train" and self._buffered_inputs:
-                first = self._step % self.args.steps_per_generation
-                window = self._buffered_inputs[first : first + self.current_gradient_accumulation_steps]
-                # Outside TRL's training loop (a direct `_compute_loss` call) the micro-batch is a window of its own.
-                if window and window[0].get("cegppo_keep") is inputs["cegppo_keep"]:
-                    micro_batches = window
-            device = inputs["cegppo_keep"].device
-            local = torch.tensor([float(bool(b["cegppo_keep"].any())) for b in micro_batches], device=device)
-            kept = self.accelerator.reduce(local, reduction="sum").tolist()
-            window = _KeptUnitWindow(kept_per_micro_batch=kept)
-            if len(micro_batches) == 1:
-                return window.next(self.accelerator.num_processes, local_empty=not bool(local[0]))
-            self._kept_unit_window = window
-        window = self._kept_unit_window
-        unit = window.next(self.accelerator.num_processes, local_empty=not bool(inputs["cegppo_keep"].any()))
-        if window.done:
-            self._kept_unit_window = None
-        return unit
-
-    @staticmethod
-    def _drop_excluded_rows(inputs: dict) -> dict:
-        """The micro-batch without the rows of dropped groups: the batch TRL would see had they been removed.
-
-        Mirrors TRL 1.16's `split_tensor_dict` / `shuffle_sequence_dict`, which treat every tensor with `ndim > 0`
-        and every list in the batch as indexed by row (multimodal keys are refused at generation). When every row is
-        dropped, row 0 is kept with an empty loss mask (the caller zeroes its loss).
-        """
-        keep = inputs.pop("cegppo_keep").bool()
-        if bool(keep.all()):
-            return inputs
-        all_dropped = not bool(keep.any())
-        if all_dropped:
-            keep = torch.zeros_like(keep)
-            keep[0] = True
-        rows = keep.nonzero().squeeze(1)
-        num_rows = keep.numel()
-        for key, value in inputs.items():
-            if isinstance(value, torch.Tensor) and value.ndim > 0 and value.size(0) == num_rows:
-                inputs[key] = value.index_select(0, rows.to(value.device))
-            elif isinstance(value, list) and len(value) == num_rows:
-                inputs[key] = [value[i] for i in rows.tolist()]
-        if all_dropped:
-            inputs["completion_mask"] = torch.zeros_like(inputs["completion_mask"])
-        return inputs
-
-    def _drop_placeholder_aux_metric(self, mode: str, aux_loss, unit: _KeptUnit) -> None:
-        """TRL 1.16 logs `aux_loss` as the mean over processes; leave out those that ran only the placeholder row."""
-        kept = torch.tensor(0.0 if unit.local_empty else 1.0, device=aux_loss.device)
-        gathered = self.accelerator.gather(torch.stack([aux_loss.detach().float() * kept, kept]).unsqueeze(0))
-        gathered = gathered.view(-1, 2)
-        if gathered[:, 1].sum() > 0 and self._metrics[mode]["aux_loss"]:
-            self._metrics[mode]["aux_loss"][-1] = (gathered[:, 0].sum() / gathered[:, 1].sum()).item()
+        return loss + self._cegppo_loss_delta(inputs, capture.forward, keep)
 
     def _policy_term_inputs(self, inputs, per_token_logps, entropies) -> _PolicyTermInputs:
         """Rebuild the ratio and the per-token multipliers exactly as TRL 1.16's `_compute_loss` does."""
@@ -563,21 +510,26 @@ class CEGPPOTrainer(GRPOTrainer):
             normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
         return normalizer
 
-    def _cegppo_loss_delta(self, inputs, forward: _Forward, unit: _KeptUnit | None = None) -> torch.Tensor:
+    def _cegppo_loss_delta(self, inputs, forward: _Forward, keep: torch.Tensor | None = None) -> torch.Tensor:
         """Everything CE-GPPO adds to TRL's loss for one micro-batch: the correction (plus the SFT term), its metrics
-        and the controller's measurement. `benchmarks/bench_scaling.py` times this method as CE-GPPO's own cost."""
+        and the step's sums (controller, batch fill). No host transfer. `benchmarks/bench_scaling.py` times this
+        method as CE-GPPO's own cost."""
         mode = "train" if self.model.training else "eval"
         terms = self._policy_term_inputs(inputs, forward.logps, forward.entropies)
         params = self.clip_params
         correction, sets = self._correction_loss(inputs, terms, params)
         if self._entropy_bonus_enabled:
-            self._correct_policy_loss_metric(mode, correction, unit)
+            self._correct_policy_loss_metric(mode, correction)
         loss_delta = correction
         if self.args.cegppo_sft_coef > 0:
             loss_delta = loss_delta + self._sft_loss(inputs, forward.logps, terms.mask, mode)
-        self._log_token_metrics(mode, terms, sets, params, forward.logps, forward.clamped)
-        if self._controller is not None and mode == "train":
-            self._controller_step(forward.entropies, terms.mask)
+        self._log_token_metrics(mode, terms, sets, forward.logps, forward.clamped)
+        if mode == "train":
+            if self.accelerator.sync_gradients:
+                self._metrics[mode]["cegppo/beta1"].append(params.beta1)
+                self._metrics[mode]["cegppo/beta2"].append(params.beta2)
+            if self._controller is not None or keep is not None:
+                self._accumulate_step(forward.entropies, terms.mask, keep)
         return loss_delta
 
     def _correction_loss(
@@ -594,49 +546,76 @@ class CEGPPOTrainer(GRPOTrainer):
         sft_mask = inputs["cegppo_sft_mask"].unsqueeze(1) * mask
         normalizer = self._token_mean_normalizer(inputs["cegppo_num_sft_tokens"], mode)
         nll = -(per_token_logps * sft_mask).sum() / normalizer
-        self._log_sums(
-            mode,
-            {
-                "cegppo/sft_nll": (-(per_token_logps.detach() * sft_mask).sum(), sft_mask.sum()),
-                "cegppo/sft_token_frac": (sft_mask.sum(), mask.sum()),
-            },
+        sft_tokens, tokens = sft_mask.sum(), mask.sum()
+        sums = torch.stack(
+            [
+                torch.stack([-(per_token_logps.detach() * sft_mask).sum(), sft_tokens]),  # cegppo/sft_nll
+                torch.stack([sft_tokens, tokens]),  # cegppo/sft_token_frac
+                torch.stack([tokens, tokens]),  # the micro-batch's loss tokens (NaN when none on any process)
+            ]
         )
+        self._log_token_sums(mode, ("cegppo/sft_nll", "cegppo/sft_token_frac"), sums)
         return self.args.cegppo_sft_coef * nll
 
     # ------------------------------------------------------------------------------------------------------------
-    # Metrics
+    # Metrics: kept on the device until `log` (one host transfer per log, none per micro-batch)
     # ------------------------------------------------------------------------------------------------------------
-    def _log_sums(self, mode: str, ratios: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Log `sum(numerators) / sum(denominators)` over all processes, with one all-reduce for the whole dict."""
-        stacked = torch.stack([torch.stack([n.float(), d.float()]) for n, d in ratios.values()]).detach()
-        totals = self.accelerator.reduce(stacked, reduction="sum")
-        for name, (num, den) in zip(ratios, totals.tolist()):
-            self._metrics[mode][name].append(_share(num, den))
+    def _log_on_device(self, mode: str, names: tuple[str, ...], values: torch.Tensor) -> None:
+        """Record one value per name (`values`, on the device); `log` turns them into TRL's metric lists."""
+        self._device_metrics[mode][names].append(values.detach().float())
 
-    def _correct_policy_loss_metric(self, mode: str, loss_delta: torch.Tensor, unit: _KeptUnit | None) -> None:
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        self._flush_device_metrics("train" if self.model.training else "eval")
+        super().log(logs, start_time)  # TRL averages `_metrics` (skipping NaN), logs and clears them
+
+    def _flush_device_metrics(self, mode: str) -> None:
+        """Move the recorded values to the host in one transfer and append them to TRL's per-mode metric lists.
+
+        `policy_loss` holds CE-GPPO's correction of TRL's metric of the same name, one value per micro-batch: it is
+        added to TRL's values (TRL 1.16 appends one per `_compute_loss` call with the entropy bonus on).
+        """
+        pending = list(self._device_metrics[mode].items())
+        self._device_metrics[mode].clear()
+        if not pending:
+            return
+        flat = torch.cat([torch.stack(values).flatten() for _, values in pending]).tolist()
+        position = 0
+        for names, values in pending:
+            block = flat[position : position + len(values) * len(names)]
+            position += len(block)
+            for i, name in enumerate(names):
+                column = block[i :: len(names)]
+                if name != "policy_loss":
+                    self._metrics[mode][name].extend(column)
+                elif len(self._metrics[mode][name]) == len(column):
+                    self._metrics[mode][name] = [trl + delta for trl, delta in zip(self._metrics[mode][name], column)]
+                else:
+                    warnings.warn(
+                        "TRL logged `policy_loss` a different number of times than CE-GPPO corrected it; the logged "
+                        "value is TRL's PPO-clip term. Check the installed TRL version (tests/test_edges.py).",
+                        UserWarning,
+                        stacklevel=2,
+                    )
+
+    def _log_token_sums(self, mode: str, names: tuple[str, ...], sums: torch.Tensor) -> None:
+        """Log `sum(num) / sum(den)` over all processes for each name, from `sums` = (num, den) rows, and
+        `(num tokens, num tokens)` last: one all-reduce, no host transfer."""
+        totals = self.accelerator.reduce(sums.detach().float(), reduction="sum")
+        self._log_on_device(mode, names, _shares(totals[:-1, 0], totals[:-1, 1], totals[-1, 0]))
+
+    def _correct_policy_loss_metric(self, mode: str, correction: torch.Tensor) -> None:
         """Make TRL's `policy_loss` metric the CE-GPPO policy term (plus KL, as in TRL) instead of PPO-clip's.
 
         TRL 1.16 logs `policy_loss` only with the entropy bonus on, as `gather(policy_loss).nanmean()`, where
         `policy_loss` is the aggregated policy + KL term before the division by gradient accumulation (grpo, bnpo,
-        dr_grpo, luspo) or dapo's normalised value. The correction is added at the same scale. A process whose rows
-        were all dropped logged an exact 0 (empty mask) and is left out of the mean; under dynamic sampling dapo's
-        token count was divided by the unit's scale (`_rescale_token_counts`), which is undone here.
+        dr_grpo, luspo) or dapo's normalised value. The correction, at the same scale and averaged over processes the
+        same way, is added to it when the metrics are logged.
         """
         scale = 1.0 if self.loss_type == "dapo" else self._accumulation(mode)
-        all_dropped = unit is not None and unit.local_empty
-        real = torch.tensor(0.0 if all_dropped else 1.0, device=loss_delta.device)
-        local = torch.stack([loss_delta.detach().float() * scale, real])
-        gathered = self.accelerator.gather(local.unsqueeze(0)).view(-1, 2)
-        num_processes, num_real = gathered.size(0), gathered[:, 1].sum().item()
-        trl_total = self._metrics[mode]["policy_loss"][-1] * num_processes  # TRL's mean, the dropped ones count 0
-        corrected = (trl_total + (gathered[:, 0] * gathered[:, 1]).sum().item()) / num_real if num_real else math.nan
-        if self.loss_type == "dapo" and unit is not None and unit.scale > 0:
-            corrected *= unit.scale
-        self._metrics[mode]["policy_loss"][-1] = corrected
+        delta = self.accelerator.reduce((correction.detach().float() * scale).unsqueeze(0), reduction="mean")
+        self._log_on_device(mode, ("policy_loss",), delta)
 
-    def _log_token_metrics(
-        self, mode, terms: _PolicyTermInputs, sets: ClippedSets, params: ClipParams, per_token_logps, clamped=None
-    ) -> None:
+    def _log_token_metrics(self, mode, terms: _PolicyTermInputs, sets: ClippedSets, per_token_logps, clamped) -> None:
         mask = terms.mask.float()
         shape = mask.shape
         weight = sets.grad_coef.abs().float().expand(shape) * mask
@@ -648,48 +627,56 @@ class CEGPPOTrainer(GRPOTrainer):
         low_prob = per_token_logps.detach() < math.log(self.args.cegppo_low_prob_threshold)
         positive, negative = advantages > 0, advantages < 0
         quadrants = [positive & ~low_prob, positive & low_prob, negative & ~low_prob, negative & low_prob]
-        # Rows: token sets (all, beta1, beta2, 4 quadrants, their clipped parts); columns: (tokens, gradient weight).
-        # One matmul and one all-reduce instead of ~50 small reductions per micro-batch.
+        # Rows: token sets (see TOKEN_METRICS); columns: (tokens, gradient weight). One matmul and one all-reduce
+        # instead of ~50 small reductions per micro-batch; the shares stay on the device until `log`.
         clamped = torch.zeros_like(clipped) if clamped is None else clamped.expand(shape)
         token_sets = torch.stack(
             [torch.ones_like(clipped), beta1_set, beta2_set, *quadrants, *(q & clipped for q in quadrants), clamped]
         )
         sums = token_sets.flatten(1).float() @ torch.stack([mask.flatten(), weight.flatten()], dim=1)
-        totals = self.accelerator.reduce(sums.detach(), reduction="sum").tolist()
-
-        (num_tokens, total_weight), beta1_totals, beta2_totals = totals[:3]
-        metrics = self._metrics[mode]
-        metrics["cegppo/beta1_token_frac"].append(_share(beta1_totals[0], num_tokens))
-        metrics["cegppo/beta2_token_frac"].append(_share(beta2_totals[0], num_tokens))
-        metrics["cegppo/beta1_grad_share"].append(_share(beta1_totals[1], total_weight))
-        metrics["cegppo/beta2_grad_share"].append(_share(beta2_totals[1], total_weight))
-        for name, (q_tokens, q_weight), (clipped_tokens, clipped_weight) in zip(QUADRANTS, totals[3:7], totals[7:11]):
-            metrics[f"cegppo/quadrant/{name}/token_frac"].append(_share(q_tokens, num_tokens))
-            metrics[f"cegppo/quadrant/{name}/grad_share"].append(_share(q_weight, total_weight))
-            metrics[f"cegppo/quadrant/{name}/clip_frac"].append(_share(clipped_tokens, q_tokens))
-            metrics[f"cegppo/quadrant/{name}/restored_grad_share"].append(_share(clipped_weight, total_weight))
-        metrics["cegppo/log_ratio_clamped_frac"].append(_share(totals[11][0], num_tokens))
-        if mode == "train" and self.accelerator.sync_gradients:
-            self._metrics[mode]["cegppo/beta1"].append(params.beta1)
-            self._metrics[mode]["cegppo/beta2"].append(params.beta2)
+        totals = self.accelerator.reduce(sums.detach(), reduction="sum").flatten()
+        nums = totals[[num for _, num, _ in TOKEN_METRICS]]
+        dens = totals[[den for _, _, den in TOKEN_METRICS]]
+        self._log_on_device(mode, TOKEN_METRIC_NAMES, _shares(nums, dens, totals[_cell(_ALL, 0)]))
 
     # ------------------------------------------------------------------------------------------------------------
-    # Entropy controller
+    # Optimizer-step sums: the entropy controller and the batch fill
     # ------------------------------------------------------------------------------------------------------------
-    def _controller_step(self, entropies: torch.Tensor, mask: torch.Tensor) -> None:
-        # Same windowing as TRL's adaptive entropy: accumulate the micro-batches of one optimizer step, reduce the
-        # (sum, count) pair over processes at the boundary, and apply the new betas from the next step on.
-        stats = torch.stack([(entropies.detach() * mask).sum(), mask.sum().float()])
-        self._controller_window = stats if self._controller_window is None else self._controller_window + stats
+    def _accumulate_step(self, entropies: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor | None) -> None:
+        """Sum the micro-batches of one optimizer step on the device: (entropy, loss tokens) for the controller and
+        (kept rows, rows) for the batch fill. At the step's boundary (`sync_gradients`, as TRL's adaptive entropy),
+        one all-reduce over processes and `_close_step`."""
+        kept = keep.sum() if keep is not None else mask.new_zeros(())
+        stats = torch.stack(
+            [
+                (entropies.detach() * mask).sum(),
+                mask.sum(),
+                kept,
+                torch.tensor(float(mask.size(0)), device=mask.device),
+            ]
+        ).float()
+        self._step_sums = stats if self._step_sums is None else self._step_sums + stats
         if self.accelerator.sync_gradients:
-            totals = self.accelerator.reduce(self._controller_window, reduction="sum")
-            self._controller_window = None
-            if totals[1] == 0:  # every row of the step was dropped (dynamic sampling): nothing was measured
-                return
-            world_entropy = (totals[0] / totals[1]).item()
-            self._controller.update(world_entropy)
-            self._metrics["train"]["cegppo/entropy_error"].append(self._controller.last_error)
-            self._metrics["train"]["cegppo/entropy_integral"].append(self._controller.integral)
+            totals = self.accelerator.reduce(self._step_sums, reduction="sum")
+            self._step_sums = None
+            self._close_step(totals, dynamic_sampling=keep is not None)
+
+    def _close_step(self, totals: torch.Tensor, dynamic_sampling: bool) -> None:
+        if dynamic_sampling:
+            fill = (totals[2] / totals[3]).unsqueeze(0)
+            stats = self._generation_stats
+            if stats is None:  # a direct `_compute_loss` call, outside TRL's loop: no generation batch to count
+                stats = torch.full_like(totals[:2], math.nan)
+            self._log_on_device("train", STEP_FILL_METRICS, torch.cat([fill, stats.to(fill.device)]))
+        if self._controller is None:
+            return
+        # The one host transfer per optimizer step: the controller's betas are Python floats for the next step.
+        entropy_sum, tokens = totals[:2].tolist()
+        if tokens == 0:  # every row of the step was dropped (dynamic sampling): nothing was measured
+            return
+        self._controller.update(entropy_sum / tokens)
+        self._metrics["train"]["cegppo/entropy_error"].append(self._controller.last_error)
+        self._metrics["train"]["cegppo/entropy_integral"].append(self._controller.integral)
 
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)

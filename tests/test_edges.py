@@ -5,13 +5,13 @@ Each test builds a tiny local trainer and calls `_compute_loss` on a hand-built 
 nothing is downloaded.
 """
 
-import copy
+import math
 import warnings
 
 import pytest
 import torch
 from conftest import contains_answer_reward, cpu_config, make_loss_batch
-from test_trl_parity import add_off_policy, current_logps, loss_and_grad, tiny_moe
+from test_trl_parity import add_off_policy, current_logps, logged, loss_and_grad, tiny_moe
 
 import cegppo_trl.trainer as trainer_module
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
@@ -45,7 +45,8 @@ def select_rows(inputs, rows):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Dynamic sampling (cegppo_exclude_zero_advantage_groups) == the same batch with those groups physically removed
+# Dynamic sampling (cegppo_exclude_zero_advantage_groups): a dropped row keeps an empty loss mask; the update equals
+# that of the same micro-batch with the row physically removed
 # ---------------------------------------------------------------------------------------------------------------------
 def _batch_with_everything(trainer, tokenizer, seed, kept):
     inputs = add_off_policy(trainer, make_loss_batch(tokenizer, batch_size=8, seed=seed))
@@ -64,17 +65,25 @@ def _batch_with_everything(trainer, tokenizer, seed, kept):
     return inputs, kept_mask
 
 
-@pytest.mark.parametrize("loss_type", SUPPORTED)
+def _as_selected(inputs, keep):
+    """The micro-batch as `_select_training_rows` hands it to the loss: dropped rows with an empty loss mask."""
+    mask = inputs["completion_mask"] * keep.unsqueeze(1).to(inputs["completion_mask"].dtype)
+    return dict(inputs, completion_mask=mask, cegppo_keep=keep.float())
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "bnpo"])
+@pytest.mark.parametrize("level", ["token", "sequence"])
 def test_excluded_groups_equal_physical_removal_for_every_term(
-    loss_type, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path
+    loss_type, level, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path
 ):
     """KL (beta > 0), entropy bonus, SFT term and policy term, with gradient accumulation: the option's loss, gradient
-    and metrics on the full micro-batch equal those of the micro-batch without the dropped rows."""
+    and metrics on the micro-batch with dropped rows masked equal those of the micro-batch without them."""
     from cegppo_trl.tiny_model import save_tiny
 
     model_dir = str(save_tiny(tiny_model, tiny_tokenizer, tmp_path / "tiny"))
     common = dict(
         loss_type=loss_type,
+        importance_sampling_level=level,
         beta=0.1,
         entropy_coef=0.05,
         cegppo_sft_coef=0.1,
@@ -84,67 +93,56 @@ def test_excluded_groups_equal_physical_removal_for_every_term(
     ref = build(model_dir, tiny_tokenizer, arithmetic_dataset, tmp_path / "ref", **common)
     kept = [0, 1, 2, 3, 6]
     inputs, keep = _batch_with_everything(on, tiny_tokenizer, seed=11, kept=kept)
-    full = dict(inputs, cegppo_keep=keep)
+    full = _as_selected(inputs, keep)
     before = {k: v.clone() for k, v in full.items() if isinstance(v, torch.Tensor)}
     loss, grad = loss_and_grad(on, full)
     removed_loss, removed_grad = loss_and_grad(ref, select_rows(inputs, kept))
     assert torch.allclose(loss, removed_loss, rtol=1e-6, atol=1e-8), (loss.item(), removed_loss.item())
     assert torch.allclose(grad, removed_grad, rtol=1e-5, atol=1e-8)
     for key in ("kl", "entropy", "policy_loss", "cegppo/sft_nll", "clip_ratio/region_mean", "cegppo/beta1_token_frac"):
-        assert on._metrics["train"][key][-1] == pytest.approx(ref._metrics["train"][key][-1], rel=1e-5), key
+        assert logged(on)[key][-1] == pytest.approx(logged(ref)[key][-1], rel=1e-5), key
     for key, value in before.items():  # the buffered batch is reused across num_iterations: never modified
         assert torch.equal(full[key], value), key
 
 
-def test_moe_aux_loss_of_excluded_groups_is_removed(tiny_tokenizer, arithmetic_dataset, tmp_path):
-    moe = tiny_moe(tiny_tokenizer)
-    on = build(
-        copy.deepcopy(moe),
-        tiny_tokenizer,
-        arithmetic_dataset,
-        tmp_path / "on",
-        cegppo_exclude_zero_advantage_groups=True,
-    )
-    ref = build(copy.deepcopy(moe), tiny_tokenizer, arithmetic_dataset, tmp_path / "ref")
-    assert on.aux_loss_enabled
-    kept = [1, 2, 5, 7]
-    inputs, keep = _batch_with_everything(on, tiny_tokenizer, seed=12, kept=kept)
-    loss, grad = loss_and_grad(on, dict(inputs, cegppo_keep=keep))
-    removed_loss, removed_grad = loss_and_grad(ref, select_rows(inputs, kept))
-    assert torch.allclose(loss, removed_loss, rtol=1e-6, atol=1e-8), (loss.item(), removed_loss.item())
-    assert torch.allclose(grad, removed_grad, rtol=1e-5, atol=1e-8)
-    assert on._metrics["train"]["aux_loss"][-1] == pytest.approx(ref._metrics["train"]["aux_loss"][-1], rel=1e-6)
+def test_moe_aux_loss_is_refused_with_dynamic_sampling(tiny_tokenizer, arithmetic_dataset, tmp_path):
+    """The router's load-balancing loss would count the tokens of dropped rows (docs/method.md)."""
+    with pytest.raises(ValueError, match="cegppo_exclude_zero_advantage_groups=True with a MoE router aux loss"):
+        build(tiny_moe(tiny_tokenizer), tiny_tokenizer, arithmetic_dataset, tmp_path, **{
+            "cegppo_exclude_zero_advantage_groups": True
+        })  # fmt: skip
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+@pytest.mark.parametrize("loss_type", ["bnpo", "dapo"])
 def test_micro_batch_with_every_group_excluded_has_zero_loss_and_gradient(
-    loss_type, tiny_tokenizer, arithmetic_dataset, tmp_path
+    loss_type, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path
 ):
-    moe = tiny_moe(tiny_tokenizer)  # the aux loss is the one term a row mask cannot remove
     on = build(
-        moe,
+        tiny_model,
         tiny_tokenizer,
         arithmetic_dataset,
         tmp_path,
         loss_type=loss_type,
         entropy_coef=0.05,
+        cegppo_sft_coef=0.1,
         cegppo_exclude_zero_advantage_groups=True,
     )
     inputs, keep = _batch_with_everything(on, tiny_tokenizer, seed=13, kept=[])
     inputs["num_items_in_batch"] = torch.tensor(40.0)  # other micro-batches of the generation batch had kept rows
-    loss, grad = loss_and_grad(on, dict(inputs, cegppo_keep=keep))
+    inputs["cegppo_num_sft_tokens"] = torch.tensor(10.0)
+    loss, grad = loss_and_grad(on, _as_selected(inputs, keep))
     assert loss.item() == 0.0
     assert torch.equal(grad, torch.zeros_like(grad))
-    # No process kept a row: the micro-batch is absent, and so are its metrics (docs/method.md, "Dynamic sampling").
-    logged = on._metrics["train"]
-    for name in ("policy_loss", "entropy", "aux_loss", "clip_ratio/low_min", "cegppo/beta1_token_frac"):
-        assert name not in logged, (name, logged.get(name))
+    # No loss token on any process: CE-GPPO's own metrics of this micro-batch are NaN, which TRL's `log` skips.
+    for name in ("cegppo/beta1_token_frac", "cegppo/quadrant/neg_low/token_frac", "cegppo/sft_nll"):
+        assert math.isnan(logged(on)[name][-1]), name
 
 
-def test_generation_drops_equal_reward_groups_on_rewards_not_advantages(
+def test_generation_keeps_informative_groups_on_rewards_not_advantages(
     tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path
 ):
-    """Groups of 8: [0.7 x8] (float residue in TRL's advantage), [1, 0, 0, 1, ...] (informative), [1 x8] (correct)."""
+    """Groups of 8: [0.7 x8] (float residue in TRL's advantage), [1, 0, 0, 1, ...] (informative), [1 x8] (correct).
+    The informative group leads the training batch; the others follow as dropped rows (empty loss mask)."""
     informative = [1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0]
 
     def rewards(completions, **kwargs):
@@ -164,15 +162,21 @@ def test_generation_drops_equal_reward_groups_on_rewards_not_advantages(
         cegppo_sft_coef=0.1,
         cegppo_sft_reward_threshold=1.0,
     )
-    batch = trainer._generate_and_score_completions([arithmetic_dataset[i] for i in range(3) for _ in range(8)])
-    assert (batch["advantages"][:8] != 0).any()  # the residue that `advantage != 0` mistook for signal
-    assert batch["cegppo_keep"].tolist() == [False] * 8 + [True] * 8 + [False] * 8
+    inputs = [arithmetic_dataset[i] for i in range(3) for _ in range(8)]
+    original = trainer_module.GRPOTrainer._generate_and_score_completions(trainer, inputs)
+    assert (original["advantages"][:8] != 0).any()  # the residue that `advantage != 0` mistook for signal
+    torch.manual_seed(0)
+    batch = trainer._generate_and_score_completions(inputs)
+    assert batch["cegppo_keep"].tolist() == [1.0] * 8 + [0.0] * 16
+    assert torch.equal(batch["prompt_ids"][:8], original["prompt_ids"][8:16])  # generation order, informative first
+    assert batch["advantages"][:8].tolist() == pytest.approx(original["advantages"][8:16].tolist())
     mask = batch["completion_mask"].float()
-    assert batch["num_items_in_batch"].item() == mask[8:16].sum().item()
+    assert mask[8:].sum() == 0 and mask[:8].sum() > 0
+    assert batch["num_items_in_batch"].item() == mask[:8].sum().item()
     # The all-correct group gets no SFT term: it is not part of the update at all.
-    assert batch["cegppo_sft_mask"].tolist() == [0.0] * 8 + informative + [0.0] * 8
-    assert batch["cegppo_num_sft_tokens"].item() == (mask[8] + mask[11]).sum().item()
-    assert trainer._metrics["train"]["cegppo/informative_group_frac"][-1] == pytest.approx(1 / 3)
+    assert batch["cegppo_sft_mask"].tolist() == informative + [0.0] * 16
+    assert batch["cegppo_num_sft_tokens"].item() == (mask[0] + mask[3]).sum().item()
+    assert logged(trainer)["cegppo/informative_group_frac"][-1] == pytest.approx(1 / 3)
 
 
 def test_multimodal_batch_is_refused_with_the_field_name(tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path):
@@ -219,7 +223,7 @@ def test_logged_policy_loss_is_the_cegppo_policy_term(
             expected = loss.sum(-1).mean()
         else:  # dapo: the normalised value, num_items / processes * accumulation / steps_per_generation
             expected = loss.sum() / (inputs["num_items_in_batch"] * 2 / 4)
-    assert trainer._metrics["train"]["policy_loss"][-1] == pytest.approx(expected.item(), rel=1e-5)
+    assert logged(trainer)["policy_loss"][-1] == pytest.approx(expected.item(), rel=1e-5)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -251,7 +255,7 @@ def test_loss_and_gradient_are_finite_at_any_log_ratio(
             loss, grad = loss_and_grad(trainer, inputs)
             assert torch.isfinite(loss), (level, delta, loss)
             assert torch.isfinite(grad).all(), (level, delta, (~torch.isfinite(grad)).sum().item())
-            assert trainer._metrics["train"]["cegppo/log_ratio_clamped_frac"][-1] > 0
+            assert logged(trainer)["cegppo/log_ratio_clamped_frac"][-1] > 0
 
 
 @pytest.mark.parametrize("loss_type", SUPPORTED)
@@ -265,7 +269,7 @@ def test_clamp_changes_nothing_within_the_bound(loss_type, tiny_model, tiny_toke
     for level in ("token", "sequence"):
         trainer.importance_sampling_level = level
         clamped_loss, clamped_grad = loss_and_grad(trainer, inputs)
-        assert trainer._metrics["train"]["cegppo/log_ratio_clamped_frac"][-1] == 0.0
+        assert logged(trainer)["cegppo/log_ratio_clamped_frac"][-1] == 0.0
         original = trainer_module.clamp_old_log_probs
         trainer_module.clamp_old_log_probs = lambda logps, old: (old, torch.zeros_like(old, dtype=torch.bool))
         try:
