@@ -32,6 +32,11 @@ TINY_RECIPE = ROOT / "recipes" / "tiny" / "cegppo" / "config_cpu.yaml"
 CEGPPO_TRAIN = str(Path(sys.executable).parent / "cegppo-train")
 
 
+def _sigint_default() -> None:
+    """In the child: SIGINT at its default, even when the suite runs as a background job (which ignores SIGINT)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _env() -> dict:
     return {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
 
@@ -251,7 +256,7 @@ def test_ctrl_c_exits_130_naming_the_last_checkpoint_and_the_resume_flag(tmp_pat
     ]  # fmt: skip
     proc = subprocess.Popen(
         [CEGPPO_TRAIN, *argv], cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
+        start_new_session=True, preexec_fn=_sigint_default,  # a background job's ignored SIGINT would never arrive
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 300
@@ -294,3 +299,67 @@ def test_parser_field_tables_cover_the_three_dataclasses():
     expected -= {f.name for cls in (CEGPPOConfig,) for f in dataclasses.fields(cls) if not f.init}
     assert set(parser.field_owner) == expected
     assert parser.field_owner["cegppo_beta1"] == "CEGPPOConfig" and parser.field_owner["lora_r"] == "trl.ModelConfig"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Bad values, refused where the arguments are parsed: one line naming the flag and the fix, exit 2, no model built
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "words"),
+    [
+        ("--max_train_samples", "0", "it keeps the first N training rows and must be at least 1"),
+        ("--instruction", "{question} Please reason step by step.", "only placeholder is {problem}"),
+        ("--max_completion_length", "0", "the longest completion, in tokens, must be at least 1"),
+        ("--per_device_train_batch_size", "0", "completions per process and micro-batch must be at least 1"),
+        ("--temperature", "0", "the sampling temperature must be > 0"),
+    ],
+)
+def test_a_bad_value_is_one_line_naming_the_flag_before_the_model_builds(flag, value, words, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["--config", str(TINY_RECIPE), flag, value, "--output_dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"cegppo-train: error: {flag} "), err
+    assert words in err and "Traceback" not in err
+    assert not out.exists()  # nothing built
+
+
+def test_instruction_words_mean_what_they_mean_in_cegppo_eval():
+    from cegppo_trl.data import DEFAULT_INSTRUCTION
+
+    def parsed(word):
+        return make_parser().parse_args_and_config(args=["--config", str(TINY_RECIPE), "--instruction", word])[0]
+
+    assert parsed("default").instruction == DEFAULT_INSTRUCTION
+    assert parsed("none").instruction is None
+    assert parsed("Q: {problem}").instruction == "Q: {problem}"
+
+
+def test_a_reward_that_returns_none_for_every_row_fails_instead_of_training_on_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    (tmp_path / "cli_msg_none_reward.py").write_text(
+        "def nothing(completions, **kwargs):\n    return [None] * len(completions)\n"
+    )
+    out = tmp_path / "out"
+    argv = ["--config", str(TINY_RECIPE), "--tiny_sft_steps", "0", "--output_dir", str(out)]
+    assert main([*argv, "--reward_funcs", "cli_msg_none_reward.nothing"]) == 2
+    err = capsys.readouterr().err
+    assert "reward_funcs: every reward function (nothing) returned None for all 32 completions of a batch" in err
+    assert "Traceback" not in err and not (out / "model.safetensors").exists()  # not saved as a success
+
+
+def test_a_truncated_weights_file_is_named(tmp_path, tiny_model, tiny_tokenizer, capsys):
+    model_dir = tmp_path / "model"
+    tiny_model.save_pretrained(model_dir)
+    tiny_tokenizer.save_pretrained(model_dir)
+    weights = model_dir / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    capsys.readouterr()  # the save's own progress bar
+    argv = ["--config", str(TINY_RECIPE), "--model_name_or_path", str(model_dir), "--output_dir", str(tmp_path / "o")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert f"cannot read the weights in {weights}" in err and "truncated or damaged" in err

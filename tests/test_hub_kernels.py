@@ -1,0 +1,75 @@
+"""Offline Hub kernels in `cegppo-train` (issue 20 "Offline GPU machines").
+
+transformers 5.25 loads Hub kernels by default on CUDA; offline, with the kernel not cached, `from_pretrained` dies
+inside `kernels` with a ValueError ~20 frames down. `cegppo-train` says it in one line with the fix (exit status 2).
+On CPU transformers never needs a Hub kernel, so a stand-in for its kernel loader (`PreTrainedModel.set_use_kernels`,
+which `from_pretrained` calls with the resolved `use_kernels`) raises the same error when kernels are on; the two
+fixes the message gives (USE_HUB_KERNELS=0, `use_kernels: false` in `model_init_kwargs`) turn them off, and then the
+same run trains.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+from transformers import PreTrainedModel
+
+from cegppo_trl.scripts.train import main
+
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_RECIPE = ROOT / "recipes" / "tiny" / "cegppo" / "config_cpu.yaml"
+OFFLINE_ERROR = (
+    "Version 2 of 'kernels-community/rotary' is not available in the local cache and Hugging Face Hub is in offline "
+    "mode. Please run with Hub access once to download it, or set `HF_HUB_OFFLINE=0`."
+)
+
+
+@pytest.fixture
+def offline_kernel_loader(monkeypatch):
+    """`set_use_kernels` as on an offline GPU machine without the kernel cached: kernels on -> the `kernels` error."""
+    original = PreTrainedModel.set_use_kernels
+
+    def set_use_kernels(self, use_kernels, *args, **kwargs):
+        if use_kernels:
+            raise ValueError(OFFLINE_ERROR)
+        return original(self, use_kernels, *args, **kwargs)
+
+    monkeypatch.setattr(PreTrainedModel, "set_use_kernels", set_use_kernels)
+    monkeypatch.delenv("USE_HUB_KERNELS", raising=False)
+
+
+def _argv(out: Path, *extra: str) -> list[str]:
+    return [
+        "--config",
+        str(TINY_RECIPE),
+        "--tiny_sft_steps",
+        "0",
+        "--max_steps",
+        "1",
+        "--output_dir",
+        str(out),
+        *extra,
+    ]
+
+
+def test_an_uncached_hub_kernel_offline_is_one_line_with_the_fix(offline_kernel_loader, tmp_path, capsys):
+    assert main(_argv(tmp_path / "out")) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.strip().splitlines() if line.startswith("cegppo-train")]
+    assert "Traceback" not in err and len(lines) == 1, err
+    assert "the Hub kernel 'kernels-community/rotary', which is not in the local cache" in lines[0]
+    assert "Set USE_HUB_KERNELS=0 in the environment" in lines[0]
+    assert "`model_init_kwargs: {use_kernels: false}` in the recipe" in lines[0]
+
+
+@pytest.mark.parametrize("fix", ["environment", "model_init_kwargs"])
+def test_each_fix_the_message_gives_trains(offline_kernel_loader, fix, tmp_path, monkeypatch):
+    extra = []
+    if fix == "environment":
+        monkeypatch.setenv("USE_HUB_KERNELS", "0")
+    else:
+        extra = ["--model_init_kwargs", json.dumps({"use_kernels": False})]
+    out = tmp_path / "out"
+    assert main(_argv(out, *extra)) == 0
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 1
