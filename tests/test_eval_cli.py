@@ -63,25 +63,21 @@ def _spell(name: str, dashed: bool) -> str:
 
 @pytest.mark.parametrize("dashed", [False, True], ids=["--problem_column", "--problem-column"])
 def test_shared_flags_have_one_name_and_both_spellings_in_both_commands(dashed, tmp_path):
-    """Both commands read the flags they share under cegppo-train's names, written either way; the parsed values
-    are equal. cegppo-train's arguments are its three dataclasses, parsed by TRL's parser as the script parses them."""
-    from trl import ModelConfig, TrlParser
-
-    from cegppo_trl import CEGPPOConfig
-    from cegppo_trl.scripts.train import CEGPPOScriptArguments
-
-    train_classes = (CEGPPOScriptArguments, CEGPPOConfig, ModelConfig)
-    train_names = {f.name for cls in train_classes for f in dataclasses.fields(cls)}
-    assert _eval_options() & train_names == set(SHARED), "SHARED lists every flag the two commands share"
+    """Both commands read the flags they share under cegppo-train's names, written either way, and parse them to
+    the same values (cegppo-train: the parser of the command, `make_parser`)."""
+    from cegppo_trl.scripts.train import make_parser
 
     argv = [word for name, value in SHARED.items() for word in (_spell(name, dashed), value)]
-    arguments, settings = parse_arguments(argv)
     cpu = ["--output_dir", str(tmp_path), "--use_cpu", "true", "--bf16", "false", "--report_to", "none"]
-    trained = TrlParser(train_classes).parse_args_into_dataclasses([*argv, *cpu])
+    trained = make_parser().parse_args_and_config(args=[*argv, *cpu])
+    train_names = {f.name for parsed in trained for f in dataclasses.fields(parsed)}
+    assert _eval_options() & train_names == set(SHARED), "SHARED lists every flag the two commands share"
+
+    arguments, settings = parse_arguments(argv)
     for name in SHARED:
         field = _eval_field(name)
         got = getattr(arguments, field) if hasattr(arguments, field) else getattr(settings, field)
-        expected = next(getattr(t, name) for t in trained if hasattr(t, name))
+        expected = next(getattr(parsed, name) for parsed in trained if hasattr(parsed, name))
         assert got == ([expected] if field == "datasets" else expected), name
 
 
@@ -206,16 +202,35 @@ def test_an_unwritable_output_from_the_console_command(model_dir, tmp_path):
     assert "Traceback" not in proc.stderr and proc.stdout == ""
 
 
-@pytest.mark.usefixtures("no_model_loading")
-def test_a_truncated_safetensors_file_is_named(model_dir, tmp_path, capsys):
-    weights = model_dir / "model.safetensors"
-    data = weights.read_bytes()
-    weights.write_bytes(data[: len(data) // 2])  # an interrupted copy
+def _lora_adapter(base: Path, path: Path) -> Path:
+    """A LoRA adapter folder as `cegppo-train --use_peft true` saves it (adapter + tokenizer, no config.json)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    lora = LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj"])
+    get_peft_model(AutoModelForCausalLM.from_pretrained(base), lora).save_pretrained(path)
+    AutoTokenizer.from_pretrained(base).save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("weights", ["model.safetensors", "adapter_model.safetensors"])
+def test_a_truncated_safetensors_file_is_named(weights, model_dir, tmp_path, monkeypatch, capsys):
+    """A full model's or a LoRA adapter's weights cut in half (an interrupted copy): one line naming the file, and
+    nothing generated."""
+    from cegppo_trl.evaluation import generation
+
+    def no_generation(*args, **kwargs):
+        raise AssertionError("generated with unreadable weights")
+
+    monkeypatch.setattr(generation, "generate_completions", no_generation)
+    model = _lora_adapter(model_dir, tmp_path / "adapter") if weights.startswith("adapter") else model_dir
+    data = (model / weights).read_bytes()
+    (model / weights).write_bytes(data[: len(data) // 2])
     out = tmp_path / "report.json"
     with pytest.raises(SystemExit) as error:
-        main([str(model_dir), "--datasets", "builtin:arithmetic_eval", "--output", str(out), "--no-progress"])
+        main([str(model), "--datasets", "builtin:arithmetic_eval", "--output", str(out), "--no-progress"])
     assert error.value.code == 2
-    _one_line_error(capsys, f"{weights}: the weights cannot be read", "save or copy the model again")
+    _one_line_error(capsys, f"cannot read the weights in {model / weights}", "Copy or download the model again")
     assert not out.exists()
 
 

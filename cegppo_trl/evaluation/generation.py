@@ -199,17 +199,21 @@ def _load_tokenizer(source: ModelSource):
 def load_model(source: ModelSource, dtype: str = "auto", device: str = "cpu", use_kernels: bool | None = None):
     """(model, tokenizer) of `source` on `device`: the full model, or the base with the LoRA adapter merged into it
     (peft's `PeftModel.from_pretrained(...).merge_and_unload()`, the same code as `merge_adapter`). `use_kernels`:
-    transformers' Hub kernels (None: transformers' default); a kernel that is neither cached nor downloadable is one
-    `HubKernelUnavailableError` naming the fix."""
+    transformers' Hub kernels (None: transformers' default). A truncated weights file (`UnreadableWeightsError`) and a
+    Hub kernel neither cached nor downloadable (`HubKernelUnavailableError`) are one message naming the file or fix."""
     from transformers import AutoModelForCausalLM
 
     from ..hub_kernels import explain_uncached_hub_kernels
+    from ..training_run import explain_unreadable_weights  # the one check of cegppo-train and cegppo-eval
 
-    options = (
-        {"dtype": _DTYPES[dtype]} if use_kernels is None else {"dtype": _DTYPES[dtype], "use_kernels": use_kernels}
-    )
+    options = {"dtype": _DTYPES[dtype]}
+    if use_kernels is not None:  # None: transformers' default (on, unless USE_HUB_KERNELS says no)
+        options["use_kernels"] = use_kernels
     try:
-        with explain_uncached_hub_kernels(flag_fix="--use_kernels false in cegppo-eval"):
+        with (
+            explain_unreadable_weights(source.path),
+            explain_uncached_hub_kernels(flag_fix="--use_kernels false in cegppo-eval"),
+        ):
             model = AutoModelForCausalLM.from_pretrained(source.path, **options)
     except (OSError, ValueError) as error:
         if os.path.isdir(source.path):
@@ -222,7 +226,8 @@ def load_model(source: ModelSource, dtype: str = "auto", device: str = "cpu", us
             raise RuntimeError(
                 f"{source.given} is a LoRA adapter; loading it needs peft: pip install 'cegppo-trl[peft]'."
             ) from error
-        model = PeftModel.from_pretrained(model, source.adapter).merge_and_unload()
+        with explain_unreadable_weights(source.adapter):
+            model = PeftModel.from_pretrained(model, source.adapter).merge_and_unload()
     return model.to(device), _load_tokenizer(source)
 
 

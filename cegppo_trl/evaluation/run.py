@@ -6,8 +6,9 @@ Order of work, so that a mistake costs seconds and a failure late in a long run 
    writable, the model source is checked (a full model, a LoRA adapter and its base, or a Hub id), and the prompt and
    sampling the model declares are read;
 2. every data set is loaded, with its own split (``ID:SPLIT``); all failures are reported together, before any model
-   code runs; then the header of every local ``*.safetensors`` file is checked (a truncated file is named);
-3. the model is loaded (or the vLLM engine built) once;
+   code runs;
+3. the model is loaded (or the vLLM engine built) once (a truncated weights file or a Hub kernel an offline machine
+   cannot fetch: one message naming the file or the fix);
 4. each set is generated and graded in turn, and the report (all finished sets, ``"pending"``: the others) is written
    to `output` as soon as a set finishes, atomically (a killed run leaves the last complete report).
 """
@@ -93,28 +94,6 @@ def check_output_path(path: str | os.PathLike) -> None:
         ) from None
 
 
-def check_weights(source: ModelSource) -> None:
-    """Raise OSError naming the file unless every ``*.safetensors`` file of a local model (and adapter) has a whole
-    header and data (`safetensors.safe_open` reads the header and checks the file's size against it; no weights are
-    read). An interrupted download, copy or save otherwise fails deep inside the loader."""
-    from safetensors import SafetensorError, safe_open
-
-    for folder in (source.path, source.adapter):
-        if folder is None or not os.path.isdir(folder):
-            continue
-        for name in sorted(os.listdir(folder)):
-            if not name.endswith(".safetensors"):
-                continue
-            try:
-                with safe_open(os.path.join(folder, name), framework="np"):
-                    pass
-            except SafetensorError as error:
-                raise OSError(
-                    f"{os.path.join(folder, name)}: the weights cannot be read ({error}); the file is incomplete or "
-                    "damaged (an interrupted download, copy or save): save or copy the model again."
-                ) from None
-
-
 def write_report(report: dict[str, Any], path: str | os.PathLike) -> None:
     """Write `report` as JSON to `path` atomically (a temporary file, then `os.replace`)."""
     path = os.fspath(path)
@@ -194,7 +173,6 @@ def evaluate_model(
         check_output_path(output)
     settings, source, from_checkpoint = _checked_settings(model_name_or_path, settings, log)
     specs, data = load_eval_datasets(list(datasets), settings)
-    check_weights(source)
 
     start_all = time.perf_counter()
     report: dict[str, Any] = {
