@@ -181,39 +181,55 @@ def build_reward_funcs(script_args: CEGPPOScriptArguments) -> list:
             raise TrainArgumentError(f"reward_funcs: unknown reward {name!r}. {_REWARDS_ACCEPTED}{hint}")
     if not funcs:
         raise TrainArgumentError("reward_funcs is empty; the paper uses reward_funcs: [math].")
-    return require_a_reward(funcs)
+    # `math` and `format` always return a number; functions of the user's own may return None
+    return require_a_reward(funcs) if all(name not in REWARD_NAMES for name in names) else funcs
+
+
+class _RewardCoverage:
+    """Which completions of the batch in progress some reward function rewarded (a value other than None)."""
+
+    def __init__(self, names: list[str]):
+        self.names = names
+        self.covered: list[bool] = []
+        self.calls = 0
+
+    def record(self, rewards) -> None:
+        if self.calls == 0:
+            self.covered = [False] * len(rewards)
+        self.covered = [c or r is not None for c, r in zip(self.covered, rewards, strict=False)]
+        self.calls = (self.calls + 1) % len(self.names)
+        if self.calls == 0 and self.covered and not any(self.covered):
+            raise TrainArgumentError(
+                f"reward_funcs: every reward function ({', '.join(self.names)}) returned None for all "
+                f"{len(self.covered)} completions of a batch, so there is nothing to learn from. A reward function "
+                "returns one float per completion (None only for a completion it does not apply to): fix it, or add "
+                "one that does."
+            )
+
+
+class _CheckedReward:
+    """A reward function that reports what it returned to a `_RewardCoverage` (picklable, its name kept)."""
+
+    def __init__(self, func, coverage: _RewardCoverage):
+        functools.update_wrapper(self, func)
+        self.func, self.coverage = func, coverage
+
+    def __call__(self, *args, **kwargs):
+        rewards = self.func(*args, **kwargs)
+        self.coverage.record(rewards)
+        return rewards
 
 
 def require_a_reward(funcs: list) -> list:
-    """`funcs`, each wrapped (name kept) so that a batch in which no function rewarded any completion (every value
-    None) raises `TrainArgumentError`: TRL would only warn and train on nothing, then save the model as a success.
+    """`funcs`, each wrapped so that a batch in which no function rewarded any completion (every value None) raises
+    `TrainArgumentError`: TRL would only warn, train on nothing, and save the model as a success.
 
-    TRL calls the reward functions one after the other on the same batch; the last call of a batch does the check.
-    Async functions are left as they are (TRL runs them in its own loop)."""
-    covered: list[bool] = []  # per completion of the batch in progress: some function rewarded it
-    calls = [0]
-    checked = [f for f in funcs if not inspect.iscoroutinefunction(f)]
-
-    def wrap(func):
-        @functools.wraps(func)
-        def checked_reward(*args, **kwargs):
-            rewards = func(*args, **kwargs)
-            if calls[0] == 0:
-                covered[:] = [False] * len(rewards)
-            covered[:] = [c or r is not None for c, r in zip(covered, rewards, strict=False)]
-            calls[0] = (calls[0] + 1) % len(checked)
-            if calls[0] == 0 and covered and not any(covered):
-                names = ", ".join(getattr(f, "__name__", repr(f)) for f in funcs)
-                raise TrainArgumentError(
-                    f"reward_funcs: every reward function ({names}) returned None for all {len(covered)} completions "
-                    "of a batch, so there is nothing to learn from. A reward function returns one float per "
-                    "completion (None only for a completion it does not apply to): fix it, or add one that does."
-                )
-            return rewards
-
-        return checked_reward
-
-    return [wrap(f) if f in checked else f for f in funcs]
+    TRL calls the reward functions one after the other on the same batch, so the last call of a batch checks. Only
+    lists of synchronous functions are wrapped (TRL runs async ones in its own loop)."""
+    if any(inspect.iscoroutinefunction(f) for f in funcs):
+        return funcs
+    coverage = _RewardCoverage([getattr(f, "__name__", repr(f)) for f in funcs])
+    return [_CheckedReward(f, coverage) for f in funcs]
 
 
 def _import_reward(name: str):
