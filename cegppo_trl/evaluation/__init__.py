@@ -4,9 +4,10 @@ command line (`cegppo-eval`, `cegppo_trl/scripts/eval.py`) or during training (`
 The modules, in reading order (each can be read on its own):
 
 - :mod:`.metrics` -- pass@k, grading samples, the figures of a set (pure Python);
-- :mod:`.settings` -- `EvalSettings` (every setting, declared and checked once), the prompt and sampling that travel
-  with a saved model (``cegppo_prompt.json`` + ``generation_config.json``), what to load (full model or LoRA adapter,
-  ``ID:SPLIT`` data sets); no torch;
+- :mod:`.settings` -- `EvalSettings` (every setting, declared once and checked in `__post_init__`) and
+  `EvalArguments` (the command's model, data sets and report), parsed by TRL's `TrlParser` like cegppo-train's
+  dataclasses; the prompt and sampling that travel with a saved model (``cegppo_prompt.json`` +
+  ``generation_config.json``), what to load (full model or LoRA adapter, ``ID:SPLIT`` data sets); no torch;
 - :mod:`.generation` -- seeded batched `generate`, the model loader and adapter merge, one vLLM engine per run;
 - :mod:`.run` -- `evaluate_model`: check everything, load once, write each set's result as soon as it is done;
 - :mod:`.callback` -- `AvgAtKCallback`, split across processes and logged through the trainer.
@@ -34,6 +35,7 @@ _NAMES = {
     "DEFAULT_TEMPERATURE": "settings",
     "DEFAULT_TOP_P": "settings",
     "PROMPT_FILE": "settings",
+    "EvalArguments": "settings",
     "EvalSettings": "settings",
     "ModelSource": "settings",
     "load_eval_settings": "settings",
@@ -74,6 +76,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the names eagerly
         DEFAULT_TEMPERATURE,
         DEFAULT_TOP_P,
         PROMPT_FILE,
+        EvalArguments,
         EvalSettings,
         ModelSource,
         load_eval_settings,
