@@ -84,7 +84,9 @@ def parse_args(argv=None):
                    "(kept; default: a temporary folder, removed at the end)")  # fmt: skip
     p.add_argument("--recipe-completion-len", type=int, default=None, help="recipes' max_completion_length "
                    "(default 256; smoke: 16)")  # fmt: skip
-    p.add_argument("--hf-generation", action="store_true", help="HF generation in the recipes even if vLLM is here")
+    p.add_argument("--generation", default="auto", choices=rc.GENERATION, help="recipes' generation: auto = vLLM "
+                   "(the recipes' setting) where installed, else HF generate; continuous_batching = TRL's "
+                   "use_transformers_continuous_batching")  # fmt: skip
     p.add_argument("--timeout-scale", type=float, default=1.0, help="multiply the recipe and eval time limits")
     return p.parse_args(argv)
 
@@ -270,7 +272,7 @@ def recipes_part(args) -> tuple[bool, str]:
     sizes = rc.Sizes.for_mode(args.smoke, args.recipe_completion_len, args.timeout_scale)
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="gpu_check_"))
     try:
-        trained, evaluated = rc.run_recipes(names, workdir, sizes, args.hf_generation)
+        trained, evaluated = rc.run_recipes(names, workdir, sizes, args.generation)
     finally:
         if not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -145,16 +145,24 @@ def recipe_launch_header(recipe: Path) -> str:
     return (match.group(1) + (match.group(2) or "")).strip() if match else "(none named)"
 
 
-def use_vllm_here(smoke: bool, hf_generation: bool) -> bool:
-    """Whether the recipes' vLLM generation can run here: on a GPU, with vLLM installed, unless told otherwise."""
-    return not smoke and not hf_generation and importlib.util.find_spec("vllm") is not None
+GENERATION = ("auto", "hf", "continuous_batching", "vllm")
 
 
-def swaps(run: RecipeRun, sizes: Sizes, vllm: bool) -> list[str]:
+def generation_backend(smoke: bool, choice: str = "auto") -> str:
+    """How the recipe runs generate: "vllm" (the recipes' setting) on a GPU with vLLM installed; else "hf" (TRL's
+    HF `generate`), or "continuous_batching" (TRL's `use_transformers_continuous_batching`) when asked for."""
+    if choice != "auto":
+        return choice
+    return "vllm" if not smoke and importlib.util.find_spec("vllm") is not None else "hf"
+
+
+def swaps(run: RecipeRun, sizes: Sizes, generation: str) -> list[str]:
     """The hardware swaps of one run, each with why (printed in its RECIPE line)."""
     out = []
-    if not vllm:
-        out.append("use_vllm=false (HF generation: " + ("CPU)" if sizes.smoke else "vllm not installed)"))
+    if generation != "vllm":
+        why = "CPU" if sizes.smoke else ("vllm not installed" if importlib.util.find_spec("vllm") is None else "asked")
+        how = "HF generate" if generation == "hf" else "use_transformers_continuous_batching=true"
+        out.append(f"use_vllm=false ({how}; {why})")
     if sizes.smoke:
         out.append("bf16=false dtype=float32 use_cpu=true, launcher --cpu --mixed_precision no (CPU: no bf16)")
     header = recipe_launch_header(run.recipe)
@@ -164,7 +172,7 @@ def swaps(run: RecipeRun, sizes: Sizes, vllm: bool) -> list[str]:
     return out
 
 
-def train_command(run: RecipeRun, model_dir: Path, output_dir: Path, sizes: Sizes, vllm: bool) -> list[str]:
+def train_command(run: RecipeRun, model_dir: Path, output_dir: Path, sizes: Sizes, generation: str) -> list[str]:
     """`accelerate launch --config_file accelerate_configs/single_gpu.yaml examples/train_cegppo.py --config ...`."""
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", LAUNCH_CONFIG]
     if sizes.smoke:
@@ -175,8 +183,10 @@ def train_command(run: RecipeRun, model_dir: Path, output_dir: Path, sizes: Size
     args += ["--max_steps", str(sizes.max_steps), "--output_dir", str(output_dir)]
     for key, value in run.batch.items():
         args += [f"--{key}", str(value)]
-    if not vllm:
+    if generation != "vllm":
         args += ["--use_vllm", "false"]
+    if generation == "continuous_batching":
+        args += ["--use_transformers_continuous_batching", "true"]
     if sizes.smoke:
         args += ["--use_cpu", "true", "--bf16", "false", "--dtype", "float32"]
     return launcher + [TRAIN_SCRIPT] + args
@@ -298,11 +308,11 @@ def training_summary(output_dir: Path, recipe: dict) -> dict:
     }
 
 
-def run_recipe(run: RecipeRun, model_dir: Path, workdir: Path, sizes: Sizes, vllm: bool) -> Path | None:
+def run_recipe(run: RecipeRun, model_dir: Path, workdir: Path, sizes: Sizes, generation: str) -> Path | None:
     """Launch one recipe, print its RECIPE line; the output folder when it trained every step and saved, else None."""
     output_dir = workdir / f"out_{run.name}"
     log_path = workdir / f"train_{run.name}.log"
-    command = train_command(run, model_dir, output_dir, sizes, vllm)
+    command = train_command(run, model_dir, output_dir, sizes, generation)
     with GpuMemoryPeak(active=not sizes.smoke) as memory:
         rc, wall = run_logged(command, log_path, child_env(sizes.smoke), sizes.train_timeout_s)
     s = training_summary(output_dir, read_recipe(run))
@@ -318,7 +328,7 @@ def run_recipe(run: RecipeRun, model_dir: Path, workdir: Path, sizes: Sizes, vll
         )
     line += f" | {memory.text()} | recipe={run.recipe.relative_to(ROOT)} completion_len={sizes.completion_len}"
     line += " batch=" + (",".join(f"{k}={v}" for k, v in run.batch.items()) or "recipe's")
-    line += " | swapped: " + "; ".join(swaps(run, sizes, vllm)) + f" | log={log_path}"
+    line += " | swapped: " + "; ".join(swaps(run, sizes, generation)) + f" | log={log_path}"
     if not ok:
         line += f" | {log_tail(log_path)}"
     print(line, flush=True)
@@ -366,7 +376,7 @@ def run_eval(name: str, model_dir: Path, workdir: Path, sizes: Sizes) -> bool:
     return ok
 
 
-def run_recipes(names: list[str], workdir: Path, sizes: Sizes, hf_generation: bool = False) -> tuple[int, int]:
+def run_recipes(names: list[str], workdir: Path, sizes: Sizes, generation: str = "auto") -> tuple[int, int]:
     """Build the random-init model once, then each named recipe and `cegppo-eval` on its output.
     Returns (recipes ok, evaluations ok)."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -374,10 +384,10 @@ def run_recipes(names: list[str], workdir: Path, sizes: Sizes, hf_generation: bo
     start = time.perf_counter()
     summary = build_random_model(model_dir, sizes.smoke)
     print(f"# model {model_dir}: {summary} ({time.perf_counter() - start:.0f} s)", flush=True)
-    vllm = use_vllm_here(sizes.smoke, hf_generation)
+    generation = generation_backend(sizes.smoke, generation)
     trained = evaluated = 0
     for run in [r for r in RUNS if r.name in names]:
-        output_dir = run_recipe(run, model_dir, workdir, sizes, vllm)
+        output_dir = run_recipe(run, model_dir, workdir, sizes, generation)
         if output_dir is None:
             print(f"EVAL {run.name}: SKIPPED (its recipe run failed)", flush=True)
             continue

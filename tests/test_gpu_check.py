@@ -24,7 +24,7 @@ import split_reward  # noqa: E402
 
 
 ROOT = Path(__file__).resolve().parents[1]
-SMOKE_TIMEOUT_S = 3600  # generous: 2 shared CPU cores; ~110 s on a machine with a load average of ~3
+SMOKE_TIMEOUT_S = 3600  # generous: 2 shared CPU cores; 109 s at a load average of ~3, 262 s at 8-10
 
 
 def test_gpu_check_refuses_without_cuda_flag(capsys):
@@ -128,14 +128,14 @@ RECIPE_SIZE_FLAGS = {
     "gradient_accumulation_steps",
     "steps_per_generation",
 }
-RECIPE_HARDWARE_FLAGS = {"use_vllm", "use_cpu", "bf16", "dtype"}
+RECIPE_HARDWARE_FLAGS = {"use_vllm", "use_cpu", "bf16", "dtype", "use_transformers_continuous_batching"}
 
 
 @pytest.mark.parametrize("smoke", [True, False], ids=["smoke", "gpu"])
 @pytest.mark.parametrize("run", gpu_check_recipes.RUNS, ids=lambda r: r.name)
 def test_recipe_runs_launch_as_users_do_and_change_only_size_and_hardware(run, smoke, tmp_path):
     sizes = gpu_check_recipes.Sizes.for_mode(smoke)
-    command = gpu_check_recipes.train_command(run, tmp_path / "m", tmp_path / "o", sizes, vllm=False)
+    command = gpu_check_recipes.train_command(run, tmp_path / "m", tmp_path / "o", sizes, generation="hf")
     launch = command.index("examples/train_cegppo.py")
     assert command[1:5] == ["-m", "accelerate.commands.launch", "--config_file", "accelerate_configs/single_gpu.yaml"]
     assert command[launch + 1 : launch + 3] == ["--config", str(run.recipe.relative_to(ROOT))]
@@ -147,6 +147,18 @@ def test_recipe_runs_launch_as_users_do_and_change_only_size_and_hardware(run, s
     # the run keeps the recipe's off-policy structure: 8 optimizer steps per generation batch, max_steps one batch
     assert recipe["steps_per_generation"] // recipe["gradient_accumulation_steps"] == sizes.max_steps == 8
     assert recipe["cegppo_exclude_zero_advantage_groups"] is True
+    assert "use_transformers_continuous_batching" not in flags and command[command.index("--use_vllm") + 1] == "false"
+
+
+def test_recipe_runs_say_which_generation_replaced_vllm(tmp_path):
+    run, sizes = gpu_check_recipes.RUNS[0], gpu_check_recipes.Sizes.for_mode(False)
+    command = gpu_check_recipes.train_command(run, tmp_path, tmp_path, sizes, generation="continuous_batching")
+    assert command[command.index("--use_transformers_continuous_batching") + 1] == "true"
+    assert command[command.index("--use_vllm") + 1] == "false"
+    assert "--use_vllm" not in gpu_check_recipes.train_command(run, tmp_path, tmp_path, sizes, generation="vllm")
+    said = gpu_check_recipes.swaps(run, sizes, "continuous_batching")
+    assert any("use_transformers_continuous_batching=true" in text for text in said), said
+    assert gpu_check_recipes.generation_backend(smoke=True) == "hf"  # CPU: TRL's HF generate
 
 
 def test_eq8_reference_matches_core():
