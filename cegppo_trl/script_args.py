@@ -181,8 +181,7 @@ def build_reward_funcs(script_args: CEGPPOScriptArguments) -> list:
             raise TrainArgumentError(f"reward_funcs: unknown reward {name!r}. {_REWARDS_ACCEPTED}{hint}")
     if not funcs:
         raise TrainArgumentError("reward_funcs is empty; the paper uses reward_funcs: [math].")
-    # `math` and `format` always return a number; functions of the user's own may return None
-    return require_a_reward(funcs) if all(name not in REWARD_NAMES for name in names) else funcs
+    return require_a_reward(funcs)  # `math` gives None where a gold does not parse; a user's function anywhere
 
 
 class _RewardCoverage:
@@ -213,6 +212,9 @@ class _CheckedReward:
     def __init__(self, func, coverage: _RewardCoverage):
         functools.update_wrapper(self, func)
         self.func, self.coverage = func, coverage
+
+    def __repr__(self) -> str:
+        return repr(self.func)
 
     def __call__(self, *args, **kwargs):
         rewards = self.func(*args, **kwargs)
