@@ -572,7 +572,7 @@ class CEGPPOTrainer(GRPOTrainer):
         """Move the recorded values to the host in one transfer and append them to TRL's per-mode metric lists.
 
         `policy_loss` holds CE-GPPO's correction of TRL's metric of the same name, one value per micro-batch: it is
-        added to TRL's values (TRL 1.16 appends one per `_compute_loss` call with the entropy bonus on).
+        added to TRL's last values (TRL 1.16 appends one per `_compute_loss` call with the entropy bonus on).
         """
         pending = list(self._device_metrics[mode].items())
         self._device_metrics[mode].clear()
@@ -585,10 +585,12 @@ class CEGPPOTrainer(GRPOTrainer):
             position += len(block)
             for i, name in enumerate(names):
                 column = block[i :: len(names)]
+                trl_values = self._metrics[mode][name]
                 if name != "policy_loss":
-                    self._metrics[mode][name].extend(column)
-                elif len(self._metrics[mode][name]) == len(column):
-                    self._metrics[mode][name] = [trl + delta for trl, delta in zip(self._metrics[mode][name], column)]
+                    trl_values.extend(column)
+                elif len(trl_values) >= len(column):  # the last ones: TRL's entries of the same micro-batches
+                    start = len(trl_values) - len(column)
+                    trl_values[start:] = [trl + delta for trl, delta in zip(trl_values[start:], column)]
                 else:
                     warnings.warn(
                         "TRL logged `policy_loss` a different number of times than CE-GPPO corrected it; the logged "

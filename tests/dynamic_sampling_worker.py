@@ -1,5 +1,6 @@
 """Worker of tests/test_dynamic_sampling.py: train CEGPPOTrainer with dynamic sampling for two optimizer steps (one
-generation batch) per scenario and record what each micro-batch saw, the metrics it logged, and the parameters.
+generation batch) per scenario and record the generation batch before and after the selection of the training rows,
+what each micro-batch saw, the metrics it logged, and the parameters.
 
 Run as `python dynamic_sampling_worker.py MODEL_DIR OUT_DIR SCENARIOS_JSON` on one process, or under
 `torch.distributed.run --nproc_per_node 2` (DDP over gloo) or `accelerate launch` with a ZeRO / FSDP2 config on two. Rewards depend only on the prompt's `kind` and the row's
@@ -25,12 +26,28 @@ def position_reward(completions, kind, **kwargs):
     return [1.0 if k == "flat" else float(i % 2) for i, k in enumerate(kind)]
 
 
+def _cloned(batch: dict) -> dict:
+    return {k: v.detach().clone() if torch.is_tensor(v) else v for k, v in batch.items()}
+
+
 class RecordingTrainer(CEGPPOTrainer):
-    """Records every micro-batch before the drop and the per-micro-batch metric lists at each log."""
+    """Records the selection of the training rows, every micro-batch the loss saw and the metric lists at each log."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.recorded, self.logged = [], []
+        self.recorded, self.logged, self.selections = [], [], []
+
+    def _select_training_rows(self, output, rewards):
+        selected, rows = super()._select_training_rows(output, rewards)
+        self.selections.append(
+            {
+                "generated": _cloned(output),
+                "rewards": rewards.clone(),
+                "rows": rows.clone(),
+                "trained": _cloned(selected),
+            }
+        )
+        return selected, rows
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
@@ -42,11 +59,12 @@ class RecordingTrainer(CEGPPOTrainer):
         return output
 
     def _compute_loss(self, model, inputs):
-        self.recorded.append({k: v.detach().clone() if torch.is_tensor(v) else v for k, v in inputs.items()})
+        self.recorded.append(_cloned(inputs))
         return super()._compute_loss(model, inputs)
 
     def log(self, logs, start_time=None):
         if "loss" in logs:
+            self._flush_device_metrics("train")  # what TRL's `log` is about to average
             self.logged.append({name: list(values) for name, values in self._metrics["train"].items()})
         return super().log(logs, start_time)
 
@@ -79,6 +97,7 @@ def make_config(output_dir: Path, scenario: dict, exclude: bool = True) -> CEGPP
         weight_decay=0.0,
         max_grad_norm=0.0,
         cegppo_exclude_zero_advantage_groups=exclude,
+        cegppo_oversampling=scenario["oversampling"] if exclude else 1.0,
         **scenario["config"],
     )
 
@@ -96,6 +115,7 @@ def run(model_dir: str, out_dir: Path, scenario: dict) -> None:
         {
             "recorded": trainer.recorded,
             "logged": trainer.logged,
+            "selections": trainer.selections,
             "final": {n: p.detach().float().clone() for n, p in full_state.items()},
             "betas": [trainer.clip_params.beta1, trainer.clip_params.beta2],
         },
