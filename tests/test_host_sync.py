@@ -1,0 +1,110 @@
+"""CE-GPPO adds no device-to-host transfer per micro-batch, and at most one per optimizer step (project issue 21).
+
+On a GPU, `Tensor.item()` / `tolist()` / `bool(tensor)` / `cpu()` wait for every queued kernel. The test counts those
+calls (and `float()` / `int()` of a tensor) while `CEGPPOTrainer._compute_loss` and TRL's own `GRPOTrainer._compute_loss`
+run on the same micro-batch of a tiny model, and requires the same count inside an accumulation window and at most one
+more at its boundary (the entropy controller turning its measurement into the next step's betas). CE-GPPO's metrics
+wait on the device until `log`, which moves them to the host in one transfer.
+"""
+
+import contextlib
+import warnings
+
+import pytest
+import torch
+from conftest import make_loss_batch
+from test_trl_parity import add_off_policy, build
+from trl import GRPOConfig, GRPOTrainer
+
+from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
+
+
+HOST_TRANSFERS = ("item", "tolist", "__bool__", "cpu", "__float__", "__int__")
+# TRL's own options (given to both trainers) and CE-GPPO's extras (CE-GPPO only).
+CASES = {
+    "paper": ({}, {}),
+    "sft + controller": ({}, dict(cegppo_sft_coef=0.1, cegppo_entropy_target=1.0)),
+    "entropy bonus": (dict(entropy_coef=0.05), {}),
+    "dynamic sampling, everything on": (
+        dict(entropy_coef=0.05),
+        dict(cegppo_exclude_zero_advantage_groups=True, cegppo_sft_coef=0.1, cegppo_entropy_target=1.0),
+    ),
+}
+
+
+@contextlib.contextmanager
+def counting_host_transfers():
+    """Count the calls of `HOST_TRANSFERS` on any tensor while the block runs."""
+    counts = {"calls": 0}
+    originals = {name: getattr(torch.Tensor, name) for name in HOST_TRANSFERS}
+
+    def counted(original):
+        def wrapper(self, *args, **kwargs):
+            counts["calls"] += 1
+            return original(self, *args, **kwargs)
+
+        return wrapper
+
+    for name, original in originals.items():
+        setattr(torch.Tensor, name, counted(original))
+    try:
+        yield counts
+    finally:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, original)
+
+
+def _transfers(trainer, inputs, sync_gradients: bool) -> int:
+    trainer.accelerator.gradient_state._set_sync_gradients(sync_gradients)
+    with counting_host_transfers() as counts:
+        trainer._compute_loss(trainer.model, dict(inputs)).backward()
+    return counts["calls"]
+
+
+def _micro_batch(trainer, tokenizer, extras: dict) -> dict:
+    inputs = add_off_policy(trainer, make_loss_batch(tokenizer, batch_size=8, seed=5))
+    mask = inputs["completion_mask"]
+    inputs["num_items_in_batch"] = mask.sum() * 3
+    sft = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0])
+    if extras.get("cegppo_exclude_zero_advantage_groups"):
+        keep = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0])
+        inputs["completion_mask"] = mask * keep.unsqueeze(1).to(mask.dtype)  # dropped rows: empty loss mask
+        inputs["cegppo_keep"], sft = keep, sft * keep
+    inputs["cegppo_sft_mask"] = sft
+    inputs["cegppo_num_sft_tokens"] = (inputs["completion_mask"] * sft.unsqueeze(1)).sum() * 3
+    return inputs
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_no_host_transfer_per_micro_batch_and_at_most_one_per_step(
+    case, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path
+):
+    trl_options, cegppo_options = CASES[case]
+    common = dict(gradient_accumulation_steps=2, steps_per_generation=4, **trl_options)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        grpo = build(GRPOTrainer, GRPOConfig, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path / "g", **common)
+        cegppo = build(
+            CEGPPOTrainer,
+            CEGPPOConfig,
+            tiny_model,
+            tiny_tokenizer,
+            arithmetic_dataset,
+            tmp_path / "c",
+            **common,
+            **cegppo_options,
+        )
+    for trainer in (grpo, cegppo):
+        trainer.model.train()
+        trainer.current_gradient_accumulation_steps = 2
+    inputs = _micro_batch(cegppo, tiny_tokenizer, cegppo_options)
+    for sync_gradients, allowed in ((False, 0), (True, 1 if "cegppo_entropy_target" in cegppo_options else 0)):
+        trl_count = _transfers(grpo, inputs, sync_gradients)
+        cegppo_count = _transfers(cegppo, inputs, sync_gradients)
+        assert trl_count > 0  # the counter sees TRL's own transfers (its metrics), so it would see CE-GPPO's
+        assert cegppo_count - trl_count <= allowed, (case, sync_gradients, cegppo_count, trl_count)
+    # `log` moves every recorded CE-GPPO metric to the host at once.
+    with counting_host_transfers() as counts:
+        cegppo._flush_device_metrics("train")
+    assert counts["calls"] == 1
+    assert cegppo._metrics["train"]["cegppo/beta1_token_frac"]
