@@ -223,6 +223,11 @@ class EvalSettings:
         if not ok:
             raise ValueError(f"{self.flag(name)} ({name}) {what}, got {getattr(self, name)!r}.")
 
+    def _need_number(self, name: str, ok, what: str) -> None:
+        """`ok(value)` for a number (an int or float, not a bool)."""
+        value = getattr(self, name)
+        self._need(isinstance(value, (int, float)) and not isinstance(value, bool) and ok(value), name, what)
+
     def _need_int(self, name: str, minimum: int, what: str) -> None:
         value = getattr(self, name)
         self._need(isinstance(value, int) and not isinstance(value, bool) and value >= minimum, name, what)
@@ -243,8 +248,8 @@ class EvalSettings:
                 f"needs values between 1 and --k = {self.k}",
             )
         if self.timeout_s is not None:
-            self._need(self.timeout_s > 0, "timeout_s", "must be > 0 seconds")
-        self._need(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", "must be in (0, 1]")
+            self._need_number("timeout_s", lambda t: t > 0, "must be > 0 seconds")
+        self._need_number("gpu_memory_utilization", lambda f: 0 < f <= 1, "must be in (0, 1]")
         self._need(isinstance(self.split, str) and bool(self.split), "split", "must be a split name such as test")
         self._need(self.use_kernels in (None, True, False), "use_kernels", "must be true or false")
         for spec in fields(self):
@@ -255,14 +260,14 @@ class EvalSettings:
 
     def _check_sampling(self) -> None:
         if self.temperature is not None:
-            self._need(self.temperature >= 0, "temperature", "must be >= 0 (0 = greedy)")
+            self._need_number("temperature", lambda t: t >= 0, "must be >= 0 (0 = greedy)")
             self._need(
                 self.temperature > 0 or self.k == 1,
                 "temperature",
                 f"0 is greedy decoding, so all --k {self.k} samples would be equal; pass --k 1 or a temperature > 0",
             )
         if self.top_p is not None:
-            self._need(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
+            self._need_number("top_p", lambda p: 0 < p <= 1, "must be in (0, 1]")
         if self.top_k is not None:
             self._need_int("top_k", 0, "must be an integer >= 0 (0 = no cut)")
 
