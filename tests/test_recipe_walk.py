@@ -22,9 +22,10 @@ command line override the recipe):
   `dtype float32`), `use_cpu true`; on the launcher `--mixed_precision no` (the accelerate configs say bf16) and
   `--num_processes 2` in place of the configs' 8.
 
-Kept as the recipe has them: dynamic sampling (`cegppo_exclude_zero_advantage_groups`), the betas, clip ranges, loss
-type, KL, rollouts per prompt, temperature / top_p, the batch sizes (`per_device_train_batch_size`,
-`gradient_accumulation_steps`, `steps_per_generation`, so the off-policy ratio too), learning rate and schedule,
+Kept as the recipe has them: dynamic sampling (`cegppo_exclude_zero_advantage_groups`, `cegppo_oversampling`), the
+betas, clip ranges, loss type, KL, rollouts per prompt, temperature / top_p, the batch sizes
+(`per_device_train_batch_size`, `gradient_accumulation_steps`, `steps_per_generation`, so the off-policy ratio too),
+learning rate and schedule,
 weight decay, gradient clipping, LoRA, activation checkpointing, saving and the seed (the vLLM options too, unused
 with `use_vllm false`). `test_overrides_change_only_size_and_hardware` checks that the overrides change exactly the
 fields listed in `OVERRIDES`; each run checks that every other `CEGPPOConfig` key of the recipe reached the trainer
@@ -32,7 +33,9 @@ unchanged (its saved `training_args.bin`), the model keys through `model_init_kw
 the reward through the logged rewards.
 
 Each run must exit 0, save a model (or LoRA adapter) that loads and differs from the start, log the CE-GPPO metrics at
-both steps with the recipe's betas, and, with dynamic sampling on, have dropped some groups and kept others. Nothing is
+both steps with the recipe's betas, and, with dynamic sampling on, have dropped some groups and kept others, trained on
+the first informative groups, and logged `cegppo/batch_fill` 1.0 at every step whose generation batch had enough
+informative groups to fill the training batch. Nothing is
 downloaded (HF_HUB_OFFLINE=1). The walks are `slow`; the checks of the walk's plan and of the docs' launch lines are
 fast.
 """
@@ -323,21 +326,42 @@ def _check_logs(output_dir: Path, values: dict, processes: int):
         accuracy = first["math_reward/accuracy"]
         correct, wrong = values.get("correct_reward", 1.0), values.get("wrong_reward", -1.0)
         assert first["reward"] == pytest.approx(correct * accuracy + wrong * (1 - accuracy), abs=1e-5)
-    if values.get("cegppo_exclude_zero_advantage_groups"):
-        # Dynamic sampling ran and had something to do: some groups were dropped, others kept.
-        assert 0.0 < first["cegppo/informative_group_frac"] < 1.0, first["cegppo/informative_group_frac"]
-    else:
-        assert "cegppo/informative_group_frac" not in first
-    assert any(e["grad_norm"] > 0 for e in steps), "zero gradient at every step"
-    # The recipe's batch keys and the number of processes set how far into the data set the run got.
     per_device = values.get("per_device_train_batch_size", 8)
     accumulation = values.get("gradient_accumulation_steps", 1)
     generations = values.get("num_generations", 8)
     per_generation = values.get("steps_per_generation", accumulation)
-    prompts_per_step = per_device * processes * accumulation // generations
-    prompts_per_batch = per_device * processes * per_generation // generations
+    oversampling = values.get("cegppo_oversampling", 1.0)
+    trained_prompts = per_device * processes * per_generation // generations  # the training batch
+    if values.get("cegppo_exclude_zero_advantage_groups"):
+        _check_dynamic_sampling(steps, trained_prompts, oversampling)
+    else:
+        assert "cegppo/informative_group_frac" not in first and "cegppo/batch_fill" not in first
+    assert any(e["grad_norm"] > 0 for e in steps), "zero gradient at every step"
+    # The recipe's batch keys, the number of processes and the over-generation set how far into the data set the run
+    # got: a generation batch samples `cegppo_oversampling` times the prompts it trains on.
+    prompts_per_step = round(per_device * processes * accumulation // generations * oversampling)
+    prompts_per_batch = round(trained_prompts * oversampling)
     epoch_rows = DATA_ROWS // prompts_per_batch * prompts_per_batch
     assert steps[-1]["epoch"] == pytest.approx(MAX_STEPS * prompts_per_step / epoch_rows, rel=1e-3)
+
+
+def _check_dynamic_sampling(steps: list[dict], trained_prompts: int, oversampling: float):
+    """The groups generated, kept and trained on, from the logs: the first informative groups fill the training batch,
+    and every optimizer step is full (`cegppo/batch_fill` 1.0) whenever enough groups were informative."""
+    generated = round(trained_prompts * oversampling)
+    first = steps[0]  # the step that generated the batch
+    # Dynamic sampling ran and had something to do: some groups were dropped, others kept.
+    assert 0.0 < first["cegppo/informative_group_frac"] < 1.0, first["cegppo/informative_group_frac"]
+    for entry in steps:
+        informative = entry["cegppo/informative_groups"]
+        assert informative == pytest.approx(first["cegppo/informative_group_frac"] * generated)
+        assert entry["cegppo/groups_trained"] == min(informative, trained_prompts)
+        if informative >= trained_prompts:
+            assert entry["cegppo/batch_fill"] == 1.0, (entry["step"], informative, trained_prompts)
+        else:
+            assert 0.0 <= entry["cegppo/batch_fill"] <= 1.0
+    print(f"informative groups {first['cegppo/informative_groups']:g} of {generated} generated, "
+          f"training batch {trained_prompts}, batch_fill {[e['cegppo/batch_fill'] for e in steps]}")  # fmt: skip
 
 
 def _check_training_args(output_dir: Path, values: dict):
