@@ -292,12 +292,10 @@ class CEGPPOTrainer(GRPOTrainer):
         """Prompts per generation batch on all processes (the training batch's, times `cegppo_oversampling`)."""
         return round(self.args.generation_batch_size * self.args.cegppo_oversampling) // self.num_generations
 
-    def _get_train_sampler(self, dataset=None):
-        if self.args.cegppo_oversampling == 1:
-            return super()._get_train_sampler(dataset)
-        # TRL 1.16's `_get_train_sampler` with `_generated_prompts` prompts per generation batch.
+    def _oversampled_train_sampler(self, dataset) -> RepeatSampler:
+        """TRL 1.16's `_get_train_sampler` with `_generated_prompts` prompts per generation batch."""
         return RepeatSampler(
-            data_source=self.train_dataset if dataset is None else dataset,
+            data_source=dataset,
             mini_repeat_count=self.num_generations,
             batch_size=self._generated_prompts,
             repeat_count=self.num_iterations * self.args.steps_per_generation,
@@ -325,7 +323,7 @@ class CEGPPOTrainer(GRPOTrainer):
             dataset=dataset,
             description="Training",
             batch_size=round(rows),
-            sampler_fn=self._get_train_sampler,
+            sampler_fn=self._oversampled_train_sampler,
             is_training=True,
         )
 

@@ -321,3 +321,37 @@ def test_dynamic_sampling_refuses_steps_that_straddle_generation_batches(tmp_pat
             steps_per_generation=6,
             cegppo_exclude_zero_advantage_groups=True,
         )
+
+
+@pytest.mark.parametrize("iterable", [False, True])
+def test_oversampling_enlarges_each_generation_batch(
+    iterable, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path
+):
+    """Each loader batch (one process's share of a generation batch) holds `cegppo_oversampling` times the rows it
+    trains on: whole groups of distinct prompts, repeated for the batch's optimizer steps as TRL's sampler does."""
+    from conftest import contains_answer_reward, cpu_config
+
+    from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
+
+    dataset = arithmetic_dataset.to_iterable_dataset() if iterable else arithmetic_dataset
+    rows = {}
+    for oversampling in (1.0, 2.0):
+        args = cpu_config(
+            CEGPPOConfig,
+            tmp_path / str(oversampling),
+            steps_per_generation=2,
+            cegppo_exclude_zero_advantage_groups=True,
+            cegppo_oversampling=oversampling,
+        )
+        trainer = CEGPPOTrainer(
+            model=tiny_model, reward_funcs=contains_answer_reward, args=args, train_dataset=dataset,
+            processing_class=tiny_tokenizer,
+        )  # fmt: skip
+        batches = iter(trainer.get_train_dataloader())
+        first, repeat = next(batches), next(batches)
+        prompts = [str(example["prompt"]) for example in first]
+        assert [prompts[i : i + 4] for i in range(0, len(prompts), 4)] == [[p] * 4 for p in prompts[::4]]  # groups
+        assert len(set(prompts)) == len(prompts) // 4  # distinct prompts
+        assert [str(example["prompt"]) for example in repeat] == prompts  # the same batch for its 2 micro-batches
+        rows[oversampling] = len(first)
+    assert rows == {1.0: 8 * 2, 2.0: 2 * 8 * 2}  # per_device_train_batch_size x steps_per_generation x oversampling
