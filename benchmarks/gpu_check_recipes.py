@@ -291,7 +291,8 @@ def training_summary(output_dir: Path, recipe: dict) -> dict:
     kept = [entry["cegppo/informative_group_frac"] for entry in steps if "cegppo/informative_group_frac" in entry]
     kind = "adapter" if (output_dir / "adapter_config.json").exists() else "model"
     kind = kind if (output_dir / ("adapter_config.json" if kind == "adapter" else "config.json")).exists() else "none"
-    completions = recipe["per_device_train_batch_size"] * recipe["steps_per_generation"]
+    prompts = recipe["per_device_train_batch_size"] * recipe["steps_per_generation"] // recipe["num_generations"]
+    completions = round(prompts * recipe.get("cegppo_oversampling", 1.0)) * recipe["num_generations"]
     mean_len = steps[0].get("completions/mean_length", float("nan")) if steps else float("nan")
     later = sorted(times[1:])
     return {
@@ -304,6 +305,7 @@ def training_summary(output_dir: Path, recipe: dict) -> dict:
         "mean_len": mean_len,
         "kept_groups": sum(kept) / len(kept) if kept else float("nan"),
         "reward_std": steps[0].get("reward_std", float("nan")) if steps else float("nan"),
+        "groups_trained": steps[0].get("cegppo/groups_trained", float("nan")) if steps else float("nan"),
         "losses_finite": all(abs(entry["loss"]) < float("inf") for entry in steps) and bool(steps),
     }
 
@@ -324,6 +326,7 @@ def run_recipe(run: RecipeRun, model_dir: Path, workdir: Path, sizes: Sizes, gen
         line += (
             f" | step1_s={s['step1_s']:.1f} (generation of {s['completions']} x {s['mean_len']:.0f} tokens + 1 step,"
             f" {tokens / s['step1_s']:.0f} tok/s) step_s={s['step_s']:.2f} | kept_groups={s['kept_groups']:.2f} "
+            f"groups_trained={s['groups_trained']:.0f} "
             f"reward_std={s['reward_std']:.2f} losses_finite={int(s['losses_finite'])}"
         )
     line += f" | {memory.text()} | recipe={run.recipe.relative_to(ROOT)} completion_len={sizes.completion_len}"
