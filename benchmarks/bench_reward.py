@@ -15,7 +15,7 @@ math_reward is measured in a fresh process per row (new workers, cold caches), t
 ratio row compares them, with the number of completions whose status differs.
 
 Usage: python benchmarks/bench_reward.py [--n 2048] [--timeout 3.0] [--workers N] [--trl-cap 15] [--skip-trl]
-       [--baseline DIR]
+       [--baseline DIR] [--repeats 1]
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import select
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from math import gcd
 from pathlib import Path
 
@@ -195,13 +196,21 @@ def run_ours(items: list[tuple[str, str]], timeout_s: float, workers: int, root:
     }
 
 
-def run_ours_parts(parts: dict[str, list], timeout_s: float, workers: int, roots: list[Path]) -> list[dict]:
-    """``{part: measurement}`` for each root; each part is measured for every root in turn (side by side)."""
-    measured: list[dict] = [{} for _ in roots]
-    for part, items in parts.items():
-        for i, root in enumerate(roots):
-            measured[i][part] = run_ours(items, timeout_s, workers, root)
-    return measured
+def run_ours_parts(
+    parts: dict[str, list], timeout_s: float, workers: int, roots: list[Path], repeats: int = 1
+) -> list[dict]:
+    """``{part: measurement}`` for each root, the run of median rate out of ``repeats``. Each part is measured for
+    every root in turn (side by side), the order reversed from one round to the next so that neither root always
+    runs on the machine the other one warmed."""
+    runs: list[dict[str, list]] = [{part: [] for part in parts} for _ in roots]
+    round_ = 0
+    for _ in range(repeats):
+        for part, items in parts.items():
+            order = list(enumerate(roots))
+            for i, root in order[::-1] if round_ % 2 else order:
+                runs[i][part].append(run_ours(items, timeout_s, workers, root))
+            round_ += 1
+    return [{part: sorted(r, key=lambda m: m["rate"])[len(r) // 2] for part, r in by_part.items()} for by_part in runs]
 
 
 def _row(label: str, ours: dict) -> tuple[str, ...]:
@@ -298,6 +307,7 @@ def main() -> None:
     parser.add_argument("--trl-cap", type=float, default=15.0, help="seconds before a TRL grading call is abandoned")
     parser.add_argument("--skip-trl", action="store_true", help="only measure cegppo_trl.math_reward")
     parser.add_argument("--baseline", type=Path, help="another checkout (a folder holding cegppo_trl/) to compare")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each math_reward row; the median is shown")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if args.baseline is not None and not (args.baseline / "cegppo_trl" / "__init__.py").is_file():
@@ -325,7 +335,7 @@ def main() -> None:
             distinct.setdefault(pair, (c, g))
     parts = {"ordinary": ordinary, "mix": ordinary + hostile, "pool only": list(distinct.values())}
     roots = [ROOT] if args.baseline is None else [ROOT, args.baseline]
-    measured = run_ours_parts(parts, args.timeout, workers, roots)
+    measured = run_ours_parts(parts, args.timeout, workers, roots, args.repeats)
     ours = measured[0]
     rows = [_row("cegppo math_reward", ours)]
     if args.baseline is not None:
@@ -370,8 +380,10 @@ def main() -> None:
     )
     if args.baseline is not None:
         for part in parts:
-            differ = sum(a != b for a, b in zip(ours[part]["statuses"], measured[1][part]["statuses"], strict=True))
-            print(f"statuses that differ from the baseline, {part}: {differ} of {ours[part]['n']}")
+            pairs = zip(measured[1][part]["statuses"], ours[part]["statuses"], strict=True)
+            differ = Counter(f"{old} -> {new}" for old, new in pairs if old != new)
+            shown = f" ({', '.join(f'{n} {change}' for change, n in differ.items())})" if differ else ""
+            print(f"statuses that differ from the baseline, {part}: {differ.total()} of {ours[part]['n']}{shown}")
     if trl is not None:
         print(
             f"agreement on the ordinary part: cegppo {ours['ordinary']['correct']} correct, trl {trl['correct']} "
