@@ -24,7 +24,7 @@ import split_reward  # noqa: E402
 
 
 ROOT = Path(__file__).resolve().parents[1]
-SMOKE_TIMEOUT_S = 3600  # generous: 2 shared CPU cores; 109 s at a load average of ~3, 262 s at 8-10
+SMOKE_TIMEOUT_S = 3600  # generous: 2 shared CPU cores; 109 s at a load average of ~3, 214-292 s at 7-10
 
 
 def test_gpu_check_refuses_without_cuda_flag(capsys):
