@@ -9,18 +9,27 @@ with ChatML, so it round-trips through `AutoTokenizer`; digits are single tokens
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import random
 import re
+import tempfile
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-from transformers import PreTrainedModel, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    PrinterCallback,
+    ProgressCallback,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 from .data import load_builtin_rows
 from .evaluation import generate_completions, prompt_token_ids
@@ -45,6 +54,7 @@ __all__ = [
     "load_rows",
     "problem_indices",
     "arithmetic_sft_examples",
+    "sft_dataset",
     "sft_warmstart",
     "greedy_accuracy",
     "warm_tiny",
@@ -336,14 +346,20 @@ def _encode_example(tokenizer, prompt: Any, completion: Any) -> tuple[list[int],
     return prompt_token_ids(tokenizer, messages), completion_ids + [tokenizer.eos_token_id]
 
 
-def _collate(tokenizer, encoded: Sequence[tuple[list[int], list[int]]]) -> dict[str, torch.Tensor]:
-    """Right-padded input_ids / attention_mask / labels (-100 on prompt and padding)."""
-    batch = tokenizer.pad({"input_ids": [p + c for p, c in encoded]}, padding_side="right", return_tensors="pt")
-    labels = tokenizer.pad(
-        {"input_ids": [[-100] * len(p) + c for p, c in encoded]}, padding_side="right", return_tensors="pt"
-    )["input_ids"]
-    labels[batch["attention_mask"] == 0] = -100
-    return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "labels": labels}
+def sft_dataset(tokenizer, examples: Sequence[tuple[str, str]] | Sequence[dict]):
+    """`examples` as the tokenized prompt-completion data set TRL's `SFTTrainer` takes (``input_ids``,
+    ``completion_mask``): the prompt exactly as TRL's GRPOTrainer builds it at RL time, then completion + eos."""
+    from datasets import Dataset
+
+    if not examples:
+        raise ValueError("no examples")
+    encoded = [_encode_example(tokenizer, *_as_pair(example)) for example in examples]
+    return Dataset.from_dict(
+        {
+            "input_ids": [prompt + completion for prompt, completion in encoded],
+            "completion_mask": [[0] * len(prompt) + [1] * len(completion) for prompt, completion in encoded],
+        }
+    )
 
 
 def sft_warmstart(
@@ -360,80 +376,80 @@ def sft_warmstart(
     max_grad_norm: float = 1.0,
     num_threads: int | None = None,
 ) -> dict[str, float]:
-    """Supervised fine-tune `model` in place on (user prompt, completion) examples, formatted as TRL's GRPOTrainer
-    formats them at RL time (chat-template prompt; completion + eos), so that RL starts from the same format.
+    """Supervised fine-tune `model` in place on (user prompt, completion) examples with TRL's `SFTTrainer`
+    (completion-only loss: the token mean of the cross-entropy over completion + eos), the prompt formatted as TRL's
+    GRPOTrainer formats it at RL time (`sft_dataset`), so that RL starts from the same format.
 
-    The loss is the token-mean cross-entropy over completion + eos tokens. AdamW, linear warmup then cosine decay to
-    10% of `lr` (`transformers.get_cosine_with_min_lr_schedule_with_warmup`), batches drawn with replacement.
-    `num_threads` sets torch's intra-op threads for the call (restored afterwards); None leaves them alone.
+    AdamW (betas 0.9 / 0.98), linear warm-up then cosine decay to 10% of `lr` (transformers' ``cosine_with_min_lr``),
+    `batch_size` examples per step in shuffled epochs. `num_threads` sets torch's intra-op threads for the call
+    (restored afterwards); None leaves them alone. Deterministic for a given `seed`.
 
-    Returns ``{"initial_loss", "final_loss" (mean of the last 20 steps), "seconds", "steps", "examples"}``.
+    Returns ``{"initial_loss" (first step), "final_loss" (mean of the last tenth of the steps), "seconds", "steps",
+    "examples"}``.
     """
-    from transformers import get_cosine_with_min_lr_schedule_with_warmup
+    from trl import SFTConfig, SFTTrainer
 
-    if not examples:
-        raise ValueError("no examples")
-    data = _collate(tokenizer, [_encode_example(tokenizer, *_as_pair(ex)) for ex in examples])
-    n = data["input_ids"].shape[0]
+    dataset = sft_dataset(tokenizer, examples)
     warmup = warmup_steps if warmup_steps is not None else max(1, min(50, steps // 10))
-    decay = [p for name, p in model.named_parameters() if p.requires_grad and p.ndim >= 2]
-    no_decay = [p for name, p in model.named_parameters() if p.requires_grad and p.ndim < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=lr,
-        betas=(0.9, 0.98),
-    )
-    scheduler = get_cosine_with_min_lr_schedule_with_warmup(optimizer, warmup, max(steps, 1), min_lr_rate=0.1)
-    gen = torch.Generator().manual_seed(seed)
-    was_training = model.training
-    model.train()
-    losses: list[float] = []
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=steps, desc="SFT warm start", unit="step")
-    prev_threads = torch.get_num_threads()
-    if num_threads is not None:
-        torch.set_num_threads(num_threads)
-    start = time.perf_counter()
-    try:
-        for step in range(steps):
-            idx = torch.randint(0, n, (batch_size,), generator=gen)  # with replacement
-            width = int(data["attention_mask"][idx].sum(1).max())
-            input_ids = data["input_ids"][idx, :width]
-            labels = data["labels"][idx, :width]
-            # Right padding + causal attention: real tokens never attend to the padding after them, so no
-            # attention mask is needed (padding carries no labels).
-            logits = model(input_ids=input_ids, use_cache=False).logits
-            loss = torch.nn.functional.cross_entropy(
-                logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1), ignore_index=-100
-            )
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if max_grad_norm:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-            optimizer.step()
-            scheduler.step()
-            losses.append(loss.item())
-            if bar is not None:
-                bar.update(1)
-                if step % 10 == 0 or step == steps - 1:
-                    bar.set_postfix(loss=f"{losses[-1]:.4f}")
-    finally:
+    with tempfile.TemporaryDirectory() as output_dir, _torch_threads(num_threads), _dataset_bars(progress):
+        args = SFTConfig(
+            output_dir=output_dir, max_steps=steps, per_device_train_batch_size=batch_size, learning_rate=lr,
+            lr_scheduler_type="cosine_with_min_lr", lr_scheduler_kwargs={"min_lr_rate": 0.1}, warmup_steps=warmup,
+            adam_beta2=0.98, weight_decay=weight_decay, max_grad_norm=max_grad_norm, seed=seed,
+            completion_only_loss=True, use_cpu=True, bf16=False, activation_checkpointing=False,
+            logging_steps=max(1, steps // 10), logging_first_step=True, report_to="none", save_strategy="no",
+            disable_tqdm=not progress,
+        )  # fmt: skip
+        trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+        # The bar only: TRL would print every log line (the losses are returned instead).
+        trainer.remove_callback(ProgressCallback if progress else PrinterCallback)
+        if progress:
+            trainer.add_callback(_BarOnly())
+        start = time.perf_counter()
+        trainer.train()
         seconds = time.perf_counter() - start
-        torch.set_num_threads(prev_threads)
-        if bar is not None:
-            bar.close()
-        model.train(was_training)
-    tail = losses[-20:] if losses else [float("nan")]
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     return {
-        "initial_loss": losses[0] if losses else float("nan"),
-        "final_loss": sum(tail) / len(tail),
+        "initial_loss": losses[0],
+        "final_loss": losses[-1],
         "seconds": seconds,
         "steps": steps,
-        "examples": n,
+        "examples": len(dataset),
     }
+
+
+class _BarOnly(ProgressCallback):
+    """transformers' progress bar without its per-log print."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        pass
+
+
+@contextlib.contextmanager
+def _torch_threads(num_threads: int | None):
+    """torch's intra-op threads set to `num_threads` for the block (None: unchanged)."""
+    previous = torch.get_num_threads()
+    if num_threads is not None:
+        torch.set_num_threads(num_threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+@contextlib.contextmanager
+def _dataset_bars(show: bool):
+    """datasets' progress bars (SFTTrainer's data preparation) shown only with `show`."""
+    import datasets
+
+    was_shown = datasets.is_progress_bar_enabled()
+    if not show:
+        datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if was_shown:
+            datasets.enable_progress_bars()
 
 
 def greedy_accuracy(

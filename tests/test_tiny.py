@@ -203,8 +203,8 @@ def test_arithmetic_sft_examples():
 
 
 def test_prompt_masking(tokenizer):
-    """Prompt ids are exactly TRL's chat-template prompt; only completion + eos carry labels."""
-    from cegppo_trl.tiny_model import _collate
+    """Prompt ids are exactly TRL's chat-template prompt; only completion + eos are in SFTTrainer's completion mask."""
+    from cegppo_trl.tiny_model import sft_dataset
 
     prompt, completion = arithmetic_sft_examples([{"problem": PROBLEM, "answer": "64"}])[0]
     p, c = _encode_example(tokenizer, prompt, completion)
@@ -212,13 +212,12 @@ def test_prompt_masking(tokenizer):
     assert c[-1] == tokenizer.eos_token_id
     assert tokenizer.decode(c, skip_special_tokens=True) == completion
     short = arithmetic_sft_examples([{"problem": "What is 1+2?", "answer": "3"}])[0]
-    batch = _collate(tokenizer, [(p, c), _encode_example(tokenizer, *short)])
-    labels, mask = batch["labels"], batch["attention_mask"]
-    assert (labels[0, : len(p)] == -100).all()
-    assert labels[0, len(p) : len(p) + len(c)].tolist() == c
-    assert ((labels != -100).sum(1) <= mask.sum(1)).all()
-    assert (labels[mask == 0] == -100).all()  # padding never labelled
-    assert (labels != -100).sum().item() == len(c) + len(_encode_example(tokenizer, *short)[1])
+    dataset = sft_dataset(tokenizer, [(prompt, completion), short])
+    assert dataset[0]["input_ids"] == p + c
+    assert dataset[0]["completion_mask"] == [0] * len(p) + [1] * len(c)
+    assert sum(dataset[1]["completion_mask"]) == len(_encode_example(tokenizer, *short)[1])
+    with pytest.raises(ValueError, match="no examples"):
+        sft_dataset(tokenizer, [])
 
 
 def test_sft_warmstart_lowers_loss_and_prompt_loss_is_ignored(tokenizer):
