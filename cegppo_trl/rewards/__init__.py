@@ -6,7 +6,7 @@ otherwise); ``make_math_reward`` builds it with other values, timeout or worker 
 - :mod:`.extract` -- the text of a completion, its final answer, the gold as a string (public helpers);
 - :mod:`.prefilter` -- cheap in-process checks: answers sympy cannot grade in bounded time, exact plain numbers;
 - :mod:`.worker` -- the grading worker program (math-verify with a soft timeout) and the status strings;
-- :mod:`.grading` -- the pool of worker processes with a hard timeout, and the parent's caches;
+- :mod:`.grading` -- the pool of worker processes with a hard timeout, and what each pool remembers;
 - :mod:`.reward` -- ``grade_completions`` and the reward functions.
 
 How answers are found and graded, and why in worker processes: docs/rewards_and_data.md.
