@@ -121,7 +121,10 @@ def _one_line_error(capsys, *words: str) -> str:
         (["--batch_size", "0"], ["--batch-size (batch_size) must be an integer >= 1"]),
         (["--k", "abc"], ["argument --k", "invalid int value: 'abc'", "cegppo-eval --help"]),
         (["--instruction", "{question} Think."], ["--instruction", "{question}", "{problem}"]),
-        (["--tempreature", "0.6"], ["unknown arguments --tempreature 0.6", "cegppo-eval --help"]),
+        (
+            ["--tempreature", "0.6"],
+            ["unknown arguments --tempreature (did you mean --temperature?) 0.6", "cegppo-eval --help"],
+        ),
         (["--model_name_or_path", "other"], ["two models", "give one"]),
         (["--backend", "trt"], ["argument --backend", "invalid choice: 'trt'"]),
         (["--use_kernels", "maybe"], ["argument --use_kernels", "true/false"]),

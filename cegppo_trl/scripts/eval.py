@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import sys
 from collections.abc import Sequence
 
@@ -80,16 +81,26 @@ def _fail(message: str) -> None:
 
 
 def _field_of_alias() -> dict[str, str]:
-    """{other spelling (cegppo-train's name): the field} of every aliased field, e.g. max_completion_length ->
+    """{every spelling of every field, without the dashes in front: the field}, e.g. max_completion_length ->
     max_new_tokens."""
     from ..evaluation.settings import EvalArguments, EvalSettings
 
     return {
-        alias[2:]: f.name
+        spelling: f.name
         for cls in (EvalArguments, EvalSettings)
         for f in dataclasses.fields(cls)
-        for alias in f.metadata.get("aliases", ())
+        for spelling in (f.name, f.name.replace("_", "-"), *(alias[2:] for alias in f.metadata.get("aliases", ())))
     }
+
+
+def _unknown_flags(words: Sequence[str]) -> str:
+    """The unknown words, each unknown flag with the closest known one."""
+    known = list(_field_of_alias())
+    shown = []
+    for word in words:
+        close = difflib.get_close_matches(word[2:], known, n=1, cutoff=0.75) if word.startswith("--") else []
+        shown.append(f"{word} (did you mean --{close[0]}?)" if close else word)
+    return " ".join(shown)
 
 
 def parse_arguments(argv: Sequence[str] | None = None):
@@ -109,12 +120,12 @@ def parse_arguments(argv: Sequence[str] | None = None):
     if in_config:  # TrlParser returns them as ["--key", "value", ...]; its YAML keys are field names, not aliases
         named = _field_of_alias()
         keys = ", ".join(
-            key + (f" (cegppo-eval's key: {named[key]})" if key in named else "")
+            key + (f" (cegppo-eval's key: {named[key]})" if named.get(key, key) != key else "")
             for key in (key.removeprefix("--") for key in in_config[::2])
         )
         _fail(f"--config: unknown keys {keys}; `cegppo-eval --help` lists the options.")
     if unknown:
-        _fail(f"unknown arguments {' '.join(map(str, unknown))}; `cegppo-eval --help` lists the options.")
+        _fail(f"unknown arguments {_unknown_flags(unknown)}; `cegppo-eval --help` lists the options.")
     arguments, settings, *extra = parsed
     model = getattr(extra[0], "model", None) if extra else None
     if extra and hasattr(extra[0], "config"):  # `--config=PATH`: TrlParser reads only `--config PATH`
