@@ -93,8 +93,10 @@ def test_library_does_not_import_the_demo(path):
 
 
 def test_builtin_tiny_comes_from_the_library():
-    """`builtin:tiny` is built by the library's tiny-model module, which the launch script imports directly."""
-    assert "cegppo_trl.tiny_model.materialize_tiny" in imports_of(LAUNCH_SCRIPT)
+    """`builtin:tiny` is built by the library's tiny-model module, through the run pieces the launch script imports
+    (`cegppo_trl.training_run`)."""
+    assert "cegppo_trl.training_run" in imports_of(LAUNCH_SCRIPT)
+    assert "cegppo_trl.tiny_model.materialize_tiny" in imports_of(PACKAGE / "training_run.py")
     assert not (PACKAGE / "demo" / "tiny.py").exists(), "the tiny model lives in cegppo_trl/tiny_model.py"
 
 

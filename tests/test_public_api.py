@@ -4,11 +4,11 @@ import ast
 import re
 import subprocess
 import sys
+import tomllib
 from importlib.metadata import packages_distributions
 from pathlib import Path
 
 import pytest
-import tomllib
 
 import cegppo_trl
 
