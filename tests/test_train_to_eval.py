@@ -334,7 +334,8 @@ def test_checkpoints_get_the_prompt_and_sampling_too(tiny_checkpoint, tmp_path):
     from transformers import TrainerControl, TrainerState
 
     from cegppo_trl.evaluation import load_eval_settings
-    from cegppo_trl.scripts.train import SavePromptAndSamplingCallback, make_parser
+    from cegppo_trl.scripts.train import make_parser
+    from cegppo_trl.training_run import SavePromptAndSamplingCallback
 
     script_args, training_args, _ = make_parser().parse_args_and_config(
         args=["--config", str(ROOT / "recipes" / "tiny" / "cegppo" / "config_cpu.yaml"), "--output_dir", str(tmp_path)]
