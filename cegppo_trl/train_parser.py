@@ -47,6 +47,7 @@ COMMON_OPTIONS = (
     "activation_checkpointing", "logging_steps", "report_to", "save_strategy", "save_steps",
     "resume_from_checkpoint", "eval_strategy", "seed", "use_peft", "lora_r", "lora_alpha",
 )  # fmt: skip
+_METAVARS = {int: "INT", float: "FLOAT", bool: "BOOL", str: "TEXT"}
 _TRUE_FALSE = {"yes", "true", "t", "y", "1", "no", "false", "f", "n", "0"}  # transformers' `string_to_bool`
 
 
@@ -262,8 +263,10 @@ class CEGPPOTrainParser(TrlParser):
 
     def _display_parser(self, sections: dict[str, list[str]], epilog: str) -> argparse.ArgumentParser:
         """A parser that only prints: the recipe and help entries, then one group per section."""
-        display = argparse.ArgumentParser(prog=self.prog, usage=USAGE, description=self.description, epilog=epilog,
-                                          formatter_class=argparse.RawDescriptionHelpFormatter, add_help=False)  # fmt: skip
+        display = argparse.ArgumentParser(
+            prog=self.prog, usage=USAGE, description=self.description, epilog=epilog, add_help=False,
+            formatter_class=lambda prog: argparse.RawDescriptionHelpFormatter(prog, max_help_position=40, width=119),
+        )  # fmt: skip
         group = display.add_argument_group("recipe and help")
         group.add_argument("--config", metavar="RECIPE.yaml", help="a YAML recipe (`option: value` lines) whose "
                            "values are the defaults; flags override them")  # fmt: skip
@@ -271,33 +274,20 @@ class CEGPPOTrainParser(TrlParser):
         group.add_argument(
             "--help-all", action="store_true", help=f"show all {len(self.field_owner)} options and exit"
         )
-        defaults = {f.name: f.default for cls in DATACLASSES for f in dataclasses.fields(cls)}
+        fields = {
+            f.name: f for cls in reversed(list(DATACLASSES)) for f in dataclasses.fields(cls)
+        }  # first owner wins
         for title, names in sections.items():
             group = display.add_argument_group(title)
             for name in names:
                 kind, _ = _parsed_type(self.field_type[name])
-                _, words = _scalar_words(kind)
-                metavar = {"an integer": "INT", "true or false": "BOOL"}.get(words, "VALUE")
-                metavar = (
-                    "FLOAT"
-                    if words.startswith("a number")
-                    else "{" + ",".join(_choices(kind)) + "}"
-                    if _choices(kind)
-                    else metavar
-                )
-                text = str(self._field_help(name)).replace("%", "%%")
-                default = defaults.get(name, dataclasses.MISSING)
-                if default is not dataclasses.MISSING:
-                    text += f" (default: {default})".replace("%", "%%")
-                group.add_argument(f"--{name}", metavar=metavar, help=text)
+                choices = _choices(kind)
+                metavar = "{" + ",".join(choices) + "}" if choices else _METAVARS.get(kind, "VALUE")
+                text = fields[name].metadata.get("help", "")
+                if fields[name].default is not dataclasses.MISSING:
+                    text += f" (default: {fields[name].default})"
+                group.add_argument(f"--{name}", metavar=metavar, help=text.replace("%", "%%"))
         return display
-
-    def _field_help(self, name: str) -> str:
-        for cls in DATACLASSES:
-            for f in dataclasses.fields(cls):
-                if f.name == name:
-                    return f.metadata.get("help", "")
-        return ""
 
 
 def _read_recipe(path: str) -> tuple[dict, list[str]]:

@@ -7,7 +7,7 @@ A moment is one of:
 - ``checkpoint``: sent while the `after`-th checkpoint is being written (in the middle of `torch.save` of
   ``optimizer.pt``, before ``trainer_state.json``).
 The signal goes to the run's whole process group, as a terminal's Ctrl-C or a scheduler's stop does: the grading
-workers and, under `accelerate launch`, the launcher get it too. The two in-run moments are injected through
+workers and, under `accelerate launch`, the launcher get it too; or (`only_rank`) to one rank's process alone. The two in-run moments are injected through
 `reward_funcs`' `module.function` form (`signal_moments.zero`, written into the run's directory), so the command is
 the one a user runs.
 """
@@ -43,10 +43,13 @@ _seen = [0]
 
 def _send_once():
     _seen[0] += 1
-    if _seen[0] == _AFTER and os.environ.get("RANK", "0") == "0":
+    if _seen[0] == _AFTER and os.environ.get("RANK", "0") == os.environ.get("STOP_RANK", "0"):
         with open(os.environ["STOP_MARKER"], "w") as f:
             f.write(str(time.time()))
-        os.killpg(os.getpgid(0), _SIGNAL)
+        if os.environ.get("STOP_SCOPE") == "process":
+            os.kill(os.getpid(), _SIGNAL)  # this process only: the others learn it from the step-end all-reduce
+        else:
+            os.killpg(os.getpgid(0), _SIGNAL)
 
 
 if _MOMENT == "checkpoint":
@@ -77,7 +80,7 @@ def _sigint_default() -> None:
 
 def start_run(
     cwd: Path, out: Path, model_dir: Path | None, signal_name: str = "SIGTERM", moment: str = "step",
-    after: int = 2, processes: int = 1, *extra: str,
+    after: int = 2, processes: int = 1, *extra: str, only_rank: int | None = None,
 ) -> tuple[subprocess.Popen, list[str]]:  # fmt: skip
     """Start the tiny recipe (saving every step, endless) in its own process group; (process, the training argv)."""
     (cwd / "signal_moments.py").write_text(MOMENTS_MODULE)
@@ -99,6 +102,8 @@ def start_run(
         ]  # fmt: skip
     env = subprocess_env()
     env.update(STOP_SIGNAL=signal_name, STOP_MOMENT=moment, STOP_AFTER=str(after), STOP_MARKER=str(cwd / "sent"))
+    if only_rank is not None:  # the signal reaches this rank alone
+        env.update(STOP_RANK=str(only_rank), STOP_SCOPE="process")
     env["PYTHONPATH"] = os.pathsep.join([str(cwd), env.get("PYTHONPATH", "")])
     proc = subprocess.Popen(
         cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
@@ -112,17 +117,27 @@ def complete_checkpoints(out: Path) -> list[int]:
 
 
 def stop_run(
-    proc: subprocess.Popen, cwd: Path, out: Path, signal_name: str, moment: str, after: int = 2, timeout: float = 300
+    proc: subprocess.Popen,
+    cwd: Path,
+    out: Path,
+    signal_name: str,
+    moment: str,
+    after: int = 2,
+    timeout: float = 300,
+    delay: float = 0.0,
+    launcher_only: bool = False,
 ) -> dict:
-    """Send the signal (moment ``step``) or wait for the run to send it; return what the stop gave: ``returncode``,
+    """Send the signal (moment ``step``; to the group, or `launcher_only` to the started process alone, as Kubernetes
+    does) or wait for the run to send it; return what the stop gave: ``returncode``,
     ``stderr``, ``seconds`` (signal to exit), ``left`` (processes of the group still alive after the exit)."""
     try:
         deadline = time.monotonic() + timeout
         marker = cwd / "sent"
         while not marker.exists():
             if moment == "step" and (out / f"checkpoint-{after}" / "trainer_state.json").is_file():
+                time.sleep(delay)  # somewhere in the step after the checkpoint
                 marker.write_text(str(time.time()))
-                os.killpg(proc.pid, getattr(signal, signal_name))
+                (os.kill if launcher_only else os.killpg)(proc.pid, getattr(signal, signal_name))
                 break
             if proc.poll() is not None or time.monotonic() > deadline:
                 _, stderr = proc.communicate(timeout=60)

@@ -9,6 +9,7 @@ where SIGINT is ignored. The stress loop over many moments is benchmarks/stop_si
 
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -28,6 +29,15 @@ from signal_runs import (
 )
 
 from cegppo_trl.stopping import REPEAT_S, StopRequest
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> Path:
+    """`builtin:tiny` as the runs below would build it (random weights), built once in this process: the runs then
+    load it like any local model."""
+    from cegppo_trl.tiny_model import materialize_tiny
+
+    return Path(materialize_tiny(tmp_path_factory.mktemp("tiny") / "tiny-init", seed=0, sft_steps=0))
 
 
 STOP_WITHIN_S = 60  # signal to exit on a shared, loaded 2-core machine (about 5 s idle)
@@ -51,9 +61,9 @@ def _resume_one_more_step(cwd: Path, stderr: str, last: Path) -> None:
     assert state["global_step"] == steps and (out / "model.safetensors").is_file()
 
 
-def test_sigterm_during_a_step_exits_143_with_a_loadable_checkpoint_that_resumes(tmp_path):
+def test_sigterm_during_a_step_exits_143_with_a_loadable_checkpoint_that_resumes(tiny_dir, tmp_path):
     out = tmp_path / "run"
-    proc, argv = start_run(tmp_path, out, None, "SIGTERM", "step")
+    proc, argv = start_run(tmp_path, out, tiny_dir, "SIGTERM", "step")
     result = stop_run(proc, tmp_path, out, "SIGTERM", "step")
     last = check_stop(result, out, "SIGTERM", argv)
     assert result["seconds"] < STOP_WITHIN_S, result["seconds"]
@@ -115,9 +125,9 @@ def test_an_ignored_sigint_stays_ignored():
 @pytest.mark.slow
 @pytest.mark.parametrize("moment", ["grading", "checkpoint"])
 @pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
-def test_a_signal_while_grading_or_writing_a_checkpoint_stops_cleanly(tmp_path, signal_name, moment):
+def test_a_signal_while_grading_or_writing_a_checkpoint_stops_cleanly(tiny_dir, tmp_path, signal_name, moment):
     out = tmp_path / "run"
-    proc, argv = start_run(tmp_path, out, None, signal_name, moment)
+    proc, argv = start_run(tmp_path, out, tiny_dir, signal_name, moment)
     result = stop_run(proc, tmp_path, out, signal_name, moment)
     last = check_stop(result, out, signal_name, argv)
     assert result["seconds"] < STOP_WITHIN_S, result["seconds"]
@@ -130,13 +140,42 @@ def test_a_signal_while_grading_or_writing_a_checkpoint_stops_cleanly(tmp_path, 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
-def test_two_gloo_processes_stop_together(tmp_path, signal_name):
+def test_two_gloo_processes_stop_together(tiny_dir, tmp_path, signal_name):
     """`accelerate launch` with 2 processes: the signal reaches the launcher and both ranks (and the launcher relays
     it again); both ranks stop at the same step, the launcher exits with the run's status, nothing is left."""
     out = tmp_path / "run"
-    proc, argv = start_run(tmp_path, out, None, signal_name, "step", 2, 2)
+    proc, argv = start_run(tmp_path, out, tiny_dir, signal_name, "step", 2, 2)
     result = stop_run(proc, tmp_path, out, signal_name, "step")
     last = check_stop(result, out, signal_name, argv)
     assert result["seconds"] < STOP_WITHIN_S, result["seconds"]
     assert result["stderr"].count("Last checkpoint saved:") == 1  # one message, from rank 0
+    loads(last)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+def test_a_signal_to_the_launcher_alone_stops_both_ranks(tiny_dir, tmp_path, signal_name):
+    """Kubernetes signals the container's first process, here `accelerate launch`: torchrun relays it to each rank."""
+    out = tmp_path / "run"
+    proc, argv = start_run(tmp_path, out, tiny_dir, signal_name, "step", 2, 2)
+    result = stop_run(proc, tmp_path, out, signal_name, "step", launcher_only=True)
+    last = check_stop(result, out, signal_name, argv)
+    assert result["seconds"] < STOP_WITHIN_S, result["seconds"]
+    loads(last)
+
+
+@pytest.mark.slow
+def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(tiny_dir, tmp_path):
+    """SIGTERM to rank 1 alone, while it grades: rank 0 learns it from the all-reduce at the step end and both stop
+    at the same step, rank 0 printing the message. torchrun, which was not signalled, then reports rank 1's status
+    143 as a failed worker (its traceback, status 1): what it does for any worker that exits non-zero."""
+    out = tmp_path / "run"
+    proc, _ = start_run(tmp_path, out, tiny_dir, "SIGTERM", "grading", 2, 2, only_rank=1)
+    result = stop_run(proc, tmp_path, out, "SIGTERM", "grading")
+    stderr = result["stderr"]
+    assert result["seconds"] < STOP_WITHIN_S and not result["left"], stderr[-3000:]
+    assert "cegppo-train: interrupted (SIGTERM)." in stderr and "exitcode: 143" in stderr, stderr[-3000:]
+    last = Path(re.search(r"Last checkpoint saved: (\S+)", stderr)[1])
+    assert last.name == f"checkpoint-{max(complete_checkpoints(out))}"
+    assert all((p / "trainer_state.json").is_file() for p in out.glob("checkpoint-*"))
     loads(last)
