@@ -24,7 +24,8 @@ from pathlib import Path
 
 
 ROOT = Path(__file__).resolve().parents[1]
-VENV = ROOT / ".venv-floors"
+# Under build/: ignored by git, ruff and the wheel tests' copy of the source, like setuptools' own build output.
+VENV = ROOT / "build" / "floors-venv"
 TORCH = "torch==2.13.0"  # the CPU pin of the README's commands
 EXTRA = "dev"  # what the README's test command installs
 FAST_TIER = ["-m", "pytest", "tests", "-q", "-m", "not slow"]  # the README's fast tier (tests/test_floors.py checks)
@@ -102,7 +103,7 @@ def main() -> int:
     mode.add_argument("--print", action="store_true", help="print the floor pins derived from pyproject.toml")
     mode.add_argument("--check", action="store_true", help="exit 1 unless this interpreter has exactly the floors")
     parser.add_argument(
-        "--venv", type=Path, default=VENV, help=f"where to build the environment (default: {VENV.name})"
+        "--venv", type=Path, default=VENV, help="where to build the environment (default: build/floors-venv)"
     )
     args = parser.parse_args()
     if args.print:
