@@ -41,3 +41,33 @@ def test_every_checked_field_has_its_own_fix():
 
     assert set(_NON_NEGATIVE_FIXES) == set(FIELDS)
     assert len(set(_NON_NEGATIVE_FIXES.values())) == len(_NON_NEGATIVE_FIXES)
+
+
+DYNAMIC = {"cegppo_exclude_zero_advantage_groups": True}
+
+
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        (
+            {"cegppo_oversampling": 0.5, **DYNAMIC},
+            ["`cegppo_oversampling` must be a finite number >= 1, got 0.5", "2.0"],
+        ),
+        ({"cegppo_oversampling": float("nan"), **DYNAMIC}, ["`cegppo_oversampling` must be a finite number >= 1"]),
+        ({"cegppo_oversampling": 2.0}, ["`cegppo_oversampling=2.0` needs cegppo_exclude_zero_advantage_groups=True"]),
+        # 8 rows x 4 steps per process, groups of 4: 1.1 gives 8.8 prompts and 35.2 rows.
+        ({"cegppo_oversampling": 1.1, **DYNAMIC}, ["8.8 prompts per generation batch and 35.2 rows", "whole"]),
+    ],
+)
+def test_a_bad_oversampling_names_the_field_and_the_fix(overrides, words, tmp_path):
+    with pytest.raises(ValueError) as err:
+        cpu_config(CEGPPOConfig, tmp_path, **overrides)
+    for expected in words:
+        assert expected in str(err.value), (expected, str(err.value))
+    assert "\n" not in str(err.value)
+
+
+def test_oversampling_accepts_the_authors_setting(tmp_path):
+    config = cpu_config(CEGPPOConfig, tmp_path, cegppo_oversampling=2.0, **DYNAMIC)
+    assert config.cegppo_oversampling == 2.0
+    assert cpu_config(CEGPPOConfig, tmp_path).cegppo_oversampling == 1.0  # default: the training batch only
