@@ -226,7 +226,7 @@ def _rows_to_columns(rows: Sequence[Any], source: str) -> dict[str, list]:
 _FILE_EXTENSION_RE = re.compile(r"\.(jsonl?|ndjson|csv|cvs|tsv|txt|parq\w*|pq|arrow|gz|zip|xz|bz2|zst)\w*$", re.I)
 
 
-def _can_be_hub_id(path_or_id: str) -> bool:
+def can_be_hub_id(path_or_id: str) -> bool:
     """Whether the Hub would accept `path_or_id` as a data set id (`name` or `namespace/name`), by huggingface_hub's
     own validation (a dependency of `datasets`; imported here only)."""
     from huggingface_hub.utils import HFValidationError, validate_repo_id
@@ -244,7 +244,7 @@ def _looks_like_path(path_or_id: str) -> bool:
         path_or_id.lower().endswith(_LOCAL_FORMATS)
         or path_or_id.startswith((".", "/", "~"))
         or bool(_FILE_EXTENSION_RE.search(path_or_id))
-        or not _can_be_hub_id(path_or_id)
+        or not can_be_hub_id(path_or_id)
     )
 
 
@@ -332,7 +332,7 @@ def _pick_column(columns: dict[str, list], given: str | None, candidates: Sequen
     )
 
 
-def _problem_text(value: Any) -> tuple[str | None, str]:
+def problem_text(value: Any) -> tuple[str | None, str]:
     """(problem, error reason); a conversational prompt contributes the content of its last user message."""
     if isinstance(value, (list, tuple)) and value and all(isinstance(m, dict) for m in value):
         users = [m for m in value if m.get("role") == "user"]
@@ -424,7 +424,7 @@ def load_math_dataset(
     answers: list[str | None] = []
     errors: dict[str, list[int]] = {}
     for i, (raw_problem, raw_answer) in enumerate(zip(raw_problems, raw_answers, strict=True)):  # type: ignore
-        problem, problem_error = _problem_text(raw_problem)
+        problem, problem_error = problem_text(raw_problem)
         answer, answer_error = _answer_text(raw_answer)
         for reason in (problem_error, answer_error):
             if reason:
@@ -442,8 +442,8 @@ def load_math_dataset(
         if not drop_invalid:
             raise DatasetFormatError(
                 message + " Fix the data: complete or remove these rows, or name the right columns (problem_column= "
-                "/ answer_column=; `--problem_column` / `--answer_column` in cegppo-train recipes and flags, "
-                "`--problem-column` / `--answer-column` in cegppo-eval). The command-line tools have no option to "
+                "/ answer_column=; `--problem_column` / `--answer_column`, or `--problem-column` / `--answer-column`, in "
+                "cegppo-train and cegppo-eval alike). The command-line tools have no option to "
                 "skip bad rows: write a cleaned copy of the file and pass that. From Python, "
                 "load_math_dataset(..., drop_invalid=True) drops these rows with a warning."
             )

@@ -114,13 +114,13 @@ def _make_generator(source: ModelSource, settings: EvalSettings):
 def _set_metrics(spec: DatasetSpec, rows, completions, settings: EvalSettings, save_completions: bool):
     """One set's entry of the report: its figures, where it came from, and per problem its correct count (and, with
     `save_completions`, its completions and their grading statuses)."""
-    from ..data import _problem_text
+    from ..data import problem_text
 
     prompts, solutions = list(rows["prompt"]), list(rows["solution"])
     result = evaluate_completions(completions, solutions, settings.pass_ks, timeout_s=settings.timeout_s)
     problems = []
     for i, (prompt, solution) in enumerate(zip(prompts, solutions)):
-        entry = {"index": i, "problem": _problem_text(prompt)[0], "solution": solution,
+        entry = {"index": i, "problem": problem_text(prompt)[0], "solution": solution,
                  "num_correct": result["num_correct"][i]}  # fmt: skip
         if save_completions:
             entry["completions"] = completions[i]

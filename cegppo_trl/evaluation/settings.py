@@ -489,7 +489,7 @@ class ModelSource:
 
 def _check_local_or_hub(name: str, what: str, fix: str) -> str:
     """`name` as a local model directory (expanded) or a Hub id; a path that does not exist is an error naming it."""
-    from ..data import _can_be_hub_id  # huggingface_hub's repo-id check, the one of the package
+    from ..data import can_be_hub_id  # huggingface_hub's repo-id check, the one of the package
 
     path = os.path.expanduser(name)
     where = os.path.abspath(path)
@@ -503,7 +503,7 @@ def _check_local_or_hub(name: str, what: str, fix: str) -> str:
     looks_local = name.startswith((".", "/", "~")) or (
         "/" in name.rstrip("/") and os.path.isdir(os.path.dirname(path.rstrip(os.sep)) or ".")
     )
-    if looks_local or not _can_be_hub_id(name):
+    if looks_local or not can_be_hub_id(name):
         raise FileNotFoundError(
             f"{what} {name!r} does not exist ({where}"
             + ("" if os.path.isdir(parent) else f"; its parent {parent} does not exist either")
