@@ -391,7 +391,7 @@ def sft_warmstart(
 
     dataset = sft_dataset(tokenizer, examples)
     warmup = warmup_steps if warmup_steps is not None else max(1, min(50, steps // 10))
-    with tempfile.TemporaryDirectory() as output_dir, _torch_threads(num_threads), _dataset_bars(progress):
+    with tempfile.TemporaryDirectory() as output_dir, _torch_threads(num_threads), _no_dataset_bars():
         args = SFTConfig(
             output_dir=output_dir, max_steps=steps, per_device_train_batch_size=batch_size, learning_rate=lr,
             lr_scheduler_type="cosine_with_min_lr", lr_scheduler_kwargs={"min_lr_rate": 0.1}, warmup_steps=warmup,
@@ -438,13 +438,12 @@ def _torch_threads(num_threads: int | None):
 
 
 @contextlib.contextmanager
-def _dataset_bars(show: bool):
-    """datasets' progress bars (SFTTrainer's data preparation) shown only with `show`."""
+def _no_dataset_bars():
+    """No datasets progress bars for SFTTrainer's preparation of a small in-memory data set."""
     import datasets
 
     was_shown = datasets.is_progress_bar_enabled()
-    if not show:
-        datasets.disable_progress_bars()
+    datasets.disable_progress_bars()
     try:
         yield
     finally:

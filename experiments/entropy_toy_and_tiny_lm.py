@@ -160,15 +160,10 @@ PROBLEMS = "all"
 LM_RL_SETTINGS = {"steps_per_generation": 4, "num_iterations": 2}
 
 
-def run_lm_part(seeds: int, steps: int, work_dir: str, threads: int, eval_rows_n: int, sft_steps: int) -> None:
-    import torch
+def _lm_warm_start(warm_dir: str, sft_steps: int) -> dict:
+    """The shared warm start of the LM part: the saved one as is, else `demo.lm.warm_start` (seed 0)."""
+    from cegppo_trl.demo.lm import load_rows, warm_start
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    torch.set_num_threads(threads)
-    from cegppo_trl.demo.run import demo_train_dataset, load_rows, load_tiny, run_rl, warm_start
-
-    warm_dir = os.path.join(work_dir, "warm")
-    start = time.perf_counter()
     info_path = os.path.join(warm_dir, "warm_start.json")
     if os.path.exists(os.path.join(warm_dir, "model.safetensors")) and os.path.exists(info_path):
         # Reuse the saved warm start as is: warm_start's own cache key changes whenever the demo gains an option,
@@ -190,6 +185,19 @@ def run_lm_part(seeds: int, steps: int, work_dir: str, threads: int, eval_rows_n
         f"{info['accuracy']:.3f}, greedy {info['greedy_accuracy']:.3f}, entropy {info['entropy']:.3f}",
         flush=True,
     )
+    return info
+
+
+def run_lm_part(seeds: int, steps: int, work_dir: str, threads: int, eval_rows_n: int, sft_steps: int) -> None:
+    import torch
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    torch.set_num_threads(threads)
+    from cegppo_trl.demo.lm import demo_train_dataset, load_rows, load_tiny, run_rl
+
+    warm_dir = os.path.join(work_dir, "warm")
+    start = time.perf_counter()
+    info = _lm_warm_start(warm_dir, sft_steps)
     eval_rows = load_rows("builtin:arithmetic_eval", problems=PROBLEMS)[:eval_rows_n]
     train_dataset = demo_train_dataset(PROBLEMS)
     os.makedirs(os.path.join(RESULTS_DIR, "lm_runs"), exist_ok=True)
@@ -283,6 +291,49 @@ def _figure(panels, path, suptitle):
     print(f"wrote {os.path.relpath(path, REPO)}")
 
 
+def _toy_comparisons(data: dict, n: int) -> list[str]:
+    """Per-seed ordering checks of the mean entropy over the run."""
+    mean_h = {key(b): [statistics.fmean(r["entropy"]) for r in data["runs"][key(b)]] for b in GRID}
+    comparisons = [
+        ("(0.5, 1) > (1, 1): larger beta1 lowers H", (0.5, 1.0), (1.0, 1.0)),
+        ("(1, 1) > (1, 0.5): larger beta2 keeps H higher", (1.0, 1.0), (1.0, 0.5)),
+        ("(0, 1) > (0, 0): larger beta2 keeps H higher", (0.0, 1.0), (0.0, 0.0)),
+        ("(0.5, 1) > (0, 0): paper setting above GRPO", (0.5, 1.0), (0.0, 0.0)),
+        ("(1, 0.5) > (0, 0): GRPO lowest", (1.0, 0.5), (0.0, 0.0)),
+    ]
+    lines = ["| comparison of the mean entropy over the run | seeds where it holds |", "|---|---|"]
+    for text, hi, lo in comparisons:
+        wins = sum(a > b for a, b in zip(mean_h[key(hi)], mean_h[key(lo)]))
+        lines.append(f"| {text} | {wins} / {n} |")
+    return lines + [""]
+
+
+def _toy_figure(preset: str, data: dict, n: int) -> None:
+    steps = len(data["runs"][key(GRID[0])][0]["entropy"])
+    xs = list(range(steps))
+    xs_step = list(range(1, steps))
+
+    def series_panel(field, xs_):
+        return lambda ax: [_band(ax, xs_, [r[field] for r in data["runs"][key(b)]], b) for b in GRID]
+
+    panels = [("mean entropy (nats)", series_panel("entropy", xs))]
+    if data["runs"][key(GRID[0])][0]["filler_entropy"]:
+        panels += [
+            ("entropy of filler positions", series_panel("filler_entropy", xs)),
+            ("entropy of the rewarded position", series_panel("key_entropy", xs)),
+        ]
+    panels += [
+        ("probability of a correct answer", series_panel("correct_mass", xs)),
+        ("beta1-set token fraction", series_panel("beta1_token_frac", xs_step)),
+        ("beta2-set token fraction", series_panel("beta2_token_frac", xs_step)),
+    ]
+    _figure(
+        panels,
+        os.path.join(FIGURES_DIR, f"entropy_toy_{preset}.png"),
+        f"Softmax toy '{preset}': CE-GPPO (beta1, beta2), mean ± std over {n} seeds",
+    )
+
+
 def toy_tables_and_figures(tail: int = 10) -> str:
     toy = load_json("toy.json")
     lines = [
@@ -320,48 +371,8 @@ def toy_tables_and_figures(tail: int = 10) -> str:
             )
         lines.append("")
 
-        # Per-seed ordering checks
-        def seedwise(metric_fn):
-            return {key(b): [metric_fn(r) for r in data["runs"][key(b)]] for b in GRID}
-
-        mean_h = seedwise(lambda r: statistics.fmean(r["entropy"]))
-        n = toy["seeds"]
-        comparisons = [
-            ("(0.5, 1) > (1, 1): larger beta1 lowers H", (0.5, 1.0), (1.0, 1.0)),
-            ("(1, 1) > (1, 0.5): larger beta2 keeps H higher", (1.0, 1.0), (1.0, 0.5)),
-            ("(0, 1) > (0, 0): larger beta2 keeps H higher", (0.0, 1.0), (0.0, 0.0)),
-            ("(0.5, 1) > (0, 0): paper setting above GRPO", (0.5, 1.0), (0.0, 0.0)),
-            ("(1, 0.5) > (0, 0): GRPO lowest", (1.0, 0.5), (0.0, 0.0)),
-        ]
-        lines += ["| comparison of the mean entropy over the run | seeds where it holds |", "|---|---|"]
-        for text, hi, lo in comparisons:
-            wins = sum(a > b for a, b in zip(mean_h[key(hi)], mean_h[key(lo)]))
-            lines.append(f"| {text} | {wins} / {n} |")
-        lines.append("")
-
-        steps = len(data["runs"][key(GRID[0])][0]["entropy"])
-        xs = list(range(steps))
-        xs_step = list(range(1, steps))
-
-        def series_panel(field, xs_):
-            return lambda ax: [_band(ax, xs_, [r[field] for r in data["runs"][key(b)]], b) for b in GRID]
-
-        panels = [("mean entropy (nats)", series_panel("entropy", xs))]
-        if data["runs"][key(GRID[0])][0]["filler_entropy"]:
-            panels += [
-                ("entropy of filler positions", series_panel("filler_entropy", xs)),
-                ("entropy of the rewarded position", series_panel("key_entropy", xs)),
-            ]
-        panels += [
-            ("probability of a correct answer", series_panel("correct_mass", xs)),
-            ("beta1-set token fraction", series_panel("beta1_token_frac", xs_step)),
-            ("beta2-set token fraction", series_panel("beta2_token_frac", xs_step)),
-        ]
-        _figure(
-            panels,
-            os.path.join(FIGURES_DIR, f"entropy_toy_{preset}.png"),
-            f"Softmax toy '{preset}': CE-GPPO (beta1, beta2), mean ± std over {n} seeds",
-        )
+        lines += _toy_comparisons(data, toy["seeds"])
+        _toy_figure(preset, data, toy["seeds"])
     return "\n".join(lines)
 
 
@@ -422,29 +433,35 @@ def lm_tables_and_figures() -> str:
         "",
     ]
 
-    # Per-seed ordering of the late training entropy.
+    lines += _lm_comparisons(runs)
+    _lm_figures(runs)
+    return "\n".join(lines)
+
+
+def _lm_comparisons(runs: dict) -> list[str]:
+    """Per-seed ordering of the late training entropy."""
     late = {b: [_window(r["series"]["entropy"], False) for r in runs[b]] for b in GRID}
     n = min(len(v) for v in late.values())
-    if n:
-        comparisons = [
-            ("(0.5, 1) > (1, 1): larger beta1 lowers H", (0.5, 1.0), (1.0, 1.0)),
-            ("(1, 1) > (1, 0.5): larger beta2 keeps H higher", (1.0, 1.0), (1.0, 0.5)),
-            ("(0, 1) > (0, 0): larger beta2 keeps H higher", (0.0, 1.0), (0.0, 0.0)),
-            ("(0.5, 1) > (0, 0): paper setting above GRPO", (0.5, 1.0), (0.0, 0.0)),
-            ("every CE-GPPO setting > (0, 0): GRPO lowest", None, (0.0, 0.0)),
-        ]
-        lines += [
-            "| comparison of the training entropy over the last 20% of steps | seeds where it holds |",
-            "|---|---|",
-        ]
-        for text, hi, lo in comparisons:
-            if hi is None:
-                wins = sum(all(late[b][s] > late[lo][s] for b in GRID if b != lo) for s in range(n))
-            else:
-                wins = sum(late[hi][s] > late[lo][s] for s in range(n))
-            lines.append(f"| {text} | {wins} / {n} |")
-        lines.append("")
+    if not n:
+        return []
+    comparisons = [
+        ("(0.5, 1) > (1, 1): larger beta1 lowers H", (0.5, 1.0), (1.0, 1.0)),
+        ("(1, 1) > (1, 0.5): larger beta2 keeps H higher", (1.0, 1.0), (1.0, 0.5)),
+        ("(0, 1) > (0, 0): larger beta2 keeps H higher", (0.0, 1.0), (0.0, 0.0)),
+        ("(0.5, 1) > (0, 0): paper setting above GRPO", (0.5, 1.0), (0.0, 0.0)),
+        ("every CE-GPPO setting > (0, 0): GRPO lowest", None, (0.0, 0.0)),
+    ]
+    lines = ["| comparison of the training entropy over the last 20% of steps | seeds where it holds |", "|---|---|"]
+    for text, hi, lo in comparisons:
+        if hi is None:
+            wins = sum(all(late[b][s] > late[lo][s] for b in GRID if b != lo) for s in range(n))
+        else:
+            wins = sum(late[hi][s] > late[lo][s] for s in range(n))
+        lines.append(f"| {text} | {wins} / {n} |")
+    return lines + [""]
 
+
+def _lm_figures(runs: dict) -> None:
     def panel(metric, smooth=5):
         def draw(ax):
             for b in GRID:
@@ -474,7 +491,6 @@ def lm_tables_and_figures() -> str:
         os.path.join(FIGURES_DIR, "entropy_tiny_lm_quadrants.png"),
         "Tiny LM: low-probability token quadrants (pi < 0.5)",
     )
-    return "\n".join(lines)
 
 
 def run_report_part() -> None:

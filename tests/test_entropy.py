@@ -132,6 +132,74 @@ def test_toy_is_deterministic():
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# The demo's toy half: the grid, its per-run summary and the conclusions drawn from it
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def demo_toy():
+    from cegppo_trl.demo.run import run_toy_part
+
+    return run_toy_part(seeds=[3, 4], steps=30)
+
+
+def test_demo_toy_part_runs_the_grid_and_summarizes_each_run(demo_toy):
+    from cegppo_trl.demo.toy import TOY_GRID
+
+    runs = demo_toy["runs"]
+    assert [(r["beta1"], r["beta2"], r["seed"]) for r in runs] == [(*b, s) for s in (3, 4) for b in TOY_GRID]
+    again = run_toy(1.0, 0.5, seed=4, config=dataclasses.replace(TOY_PRESETS["sequence"], steps=30))
+    (summary,) = [r for r in runs if (r["beta1"], r["beta2"], r["seed"]) == (1.0, 0.5, 4)]
+    assert summary["entropy"] == again.entropy and summary["dH_beta1"] == sum(again.dH_beta1)
+    assert summary["measured_dH"] == [b - a for a, b in zip(again.entropy, again.entropy[1:])]
+    assert len(summary["predicted_dH"]) == 30 and summary["mean_entropy"] == pytest.approx(sum(again.entropy) / 31)
+    lrs = [c["lr"] for c in demo_toy["first_order"]]
+    assert lrs == sorted(lrs, reverse=True) and all(c["max_rel_error"] < 0.1 for c in demo_toy["first_order"])
+
+
+def test_demo_toy_conclusions_follow_from_the_numbers(demo_toy):
+    """Each verdict is what the runs show, recounted here from the per-run numbers."""
+    from cegppo_trl.demo.report import toy_conclusions
+
+    runs, checks = demo_toy["runs"], demo_toy["first_order"]
+    verdicts = {c.key: c.verdict for c in toy_conclusions(runs, checks)}
+    mean_h = {(r["beta1"], r["beta2"], r["seed"]): r["mean_entropy"] for r in runs}
+
+    def counted(holds: int, total: int) -> str:
+        return "every one" if holds == total else ("none" if holds == 0 else f"only in {holds} of")
+
+    beta1 = sum(mean_h[1.0, 1.0, s] < mean_h[0.5, 1.0, s] for s in (3, 4))
+    beta2 = sum(
+        mean_h[1.0, 1.0, s] > mean_h[1.0, 0.5, s] and mean_h[0.0, 1.0, s] > mean_h[0.0, 0.0, s] for s in (3, 4)
+    )
+    assert counted(beta1, 2) in verdicts["toy_beta1_direction"]
+    assert counted(beta2, 2) in verdicts["toy_beta2_direction"]
+    lowered = [r["dH_beta1"] < 0 for r in runs if r["beta1"] > 0]
+    raised = [r["dH_beta2"] > 0 for r in runs if r["beta2"] > 0]
+    assert counted(sum(lowered), len(lowered)) in verdicts["toy_beta1_set"]
+    assert counted(sum(raised), len(raised)) in verdicts["toy_beta2_set"]
+    ratio = checks[0]["max_rel_error"] / checks[-1]["max_rel_error"]
+    assert verdicts["toy_first_order"].startswith("yes") == (
+        checks[-1]["max_rel_error"] < 1e-2 and 10 / 3 < ratio < 30
+    )
+
+
+def test_paired_difference_and_its_verdict():
+    from cegppo_trl.demo.report import difference_verdict, paired_difference
+
+    diff = paired_difference([0.5, 0.6, 0.7], [0.4, 0.5, 0.55])
+    assert diff["values"] == pytest.approx([0.1, 0.1, 0.15]) and diff["mean"] == pytest.approx(0.35 / 3)
+    assert diff["std"] == pytest.approx(0.05 / 3**0.5)
+    half = 4.303 * diff["std"] / 3**0.5  # Student's t, 2 degrees of freedom, two-sided 95%
+    assert (diff["low"], diff["high"]) == pytest.approx((diff["mean"] - half, diff["mean"] + half))
+    assert difference_verdict(diff).startswith("CE-GPPO higher")
+    assert difference_verdict(paired_difference([0.1, 0.2], [0.3, 0.35])).startswith("no difference")
+    assert difference_verdict(paired_difference([0.1, 0.2, 0.1], [0.3, 0.35, 0.3])).startswith("CE-GPPO lower")
+    single = paired_difference([0.1], [0.3])
+    assert single["low"] is None and "one seed" in difference_verdict(single)
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # Entropy controller: pure logic
 # ----------------------------------------------------------------------------------------------------------------
 

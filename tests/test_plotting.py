@@ -140,3 +140,53 @@ def test_cli_one_and_two_runs(tmp_path, capsys):
     with pytest.raises(SystemExit) as error:  # no such run
         main([str(tmp_path / "missing"), "--out", str(out2)])
     assert error.value.code == 2
+
+
+def colour_pixels(path, rgb):
+    pixels = (matplotlib.image.imread(path)[..., :3] * 255).astype(float)
+    return int((np.abs(pixels - np.array(rgb)).max(-1) < 12).sum())
+
+
+def test_demo_toy_figure_draws_every_setting(tmp_path):
+    from matplotlib.colors import to_rgb
+
+    from cegppo_trl.demo.plotting import SETTING_COLORS, plot_toy_grid
+    from cegppo_trl.demo.run import run_toy_part
+
+    toy = run_toy_part(seeds=[0], steps=5)
+    path = plot_toy_grid(toy["runs"], tmp_path / "toy.png", title="toy")
+    height, width = png_shape(path)[:2]
+    assert width > 2 * height  # three panels side by side
+    for setting, colour in SETTING_COLORS.items():
+        assert colour_pixels(path, [255 * c for c in to_rgb(colour)]) > 20, setting
+    only_two = plot_toy_grid([r for r in toy["runs"] if r["beta1"] == 0.0], tmp_path / "two.png")
+    assert colour_pixels(only_two, [255 * c for c in to_rgb(SETTING_COLORS[(1.0, 1.0)])]) == 0
+
+
+def test_demo_lm_figure_shows_both_runs_and_the_differences(tmp_path):
+    from matplotlib.colors import to_rgb
+
+    from cegppo_trl.demo.plotting import RUN_COLORS, plot_paired_runs
+    from cegppo_trl.demo.report import lm_differences
+
+    def run(label, accuracy, entropy, scale):
+        return {
+            "label": label,
+            "log_history": fake_history(8, scale),
+            "end_accuracy": accuracy,
+            "end_entropy": entropy,
+        }
+
+    pairs = [
+        {"seed": s, "cegppo": run("CE-GPPO", 0.5 + s / 10, 0.1, 1.0), "grpo": run("GRPO", 0.55, 0.09, 0.5)}
+        for s in range(3)
+    ]
+    path = plot_paired_runs(pairs, lm_differences(pairs), tmp_path / "lm.png", "lm")
+    height, width = png_shape(path)[:2]
+    assert height > 400 and width > 400
+    for name, colour in RUN_COLORS.items():
+        assert colour_pixels(path, [255 * c for c in to_rgb(colour)]) > 20, name
+    interval_red = [255 * c for c in to_rgb("tab:red")]
+    assert colour_pixels(path, interval_red) > 20  # the 95% interval, drawn for 3 seeds
+    single = plot_paired_runs(pairs[:1], lm_differences(pairs[:1]), tmp_path / "one.png")
+    assert colour_pixels(single, interval_red) == 0  # no interval from one seed

@@ -168,6 +168,108 @@ def plot_log_histories(
     return path
 
 
+#: Colours of the demo's figures: one per toy setting, and CE-GPPO / GRPO in the LM figure.
+SETTING_COLORS = {
+    (0.0, 0.0): "black",
+    (1.0, 0.5): "tab:red",
+    (0.5, 1.0): "tab:blue",
+    (0.0, 1.0): "tab:green",
+    (1.0, 1.0): "tab:purple",
+}
+RUN_COLORS = {"cegppo": "tab:blue", "grpo": "black"}
+
+
+def _figure(nrows: int, ncols: int, width: float = 4.6, height: float = 3.4):
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False)
+    return plt, fig, list(axes.flat)
+
+
+def _save(plt, fig, path: str | os.PathLike, title: str | None) -> str:
+    if title:
+        fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def plot_toy_grid(runs: Sequence[dict], path: str | os.PathLike, title: str | None = None) -> str:
+    """The demo's toy figure from `toy.summarize_toy_run` results: entropy over RL steps per (beta1, beta2) (mean over
+    seeds, thin lines per seed), the first-order predicted against the measured entropy change of every RL step, and
+    the entropy change carried by each set of tokens (mean over seeds, one dot per seed)."""
+    plt, fig, (curves, scatter, bars) = _figure(1, 3)
+    settings = list(dict.fromkeys((r["beta1"], r["beta2"]) for r in runs))
+    for index, setting in enumerate(settings):
+        rs = [r for r in runs if (r["beta1"], r["beta2"]) == setting]
+        color, label = SETTING_COLORS.get(setting, f"C{index}"), f"({setting[0]:g}, {setting[1]:g})"
+        mean = [sum(values) / len(values) for values in zip(*(r["entropy"] for r in rs))]
+        for r in rs:
+            curves.plot(r["entropy"], color=color, linewidth=0.5, alpha=0.35)
+        curves.plot(mean, color=color, linewidth=2, label=label)
+        predicted = [v for r in rs for v in r["predicted_dH"]]
+        scatter.scatter(predicted, [v for r in rs for v in r["measured_dH"]], s=4, color=color, alpha=0.5)
+        for offset, key in zip((-0.25, 0.0, 0.25), ("dH_beta1", "dH_beta2", "dH_unclipped")):
+            values = [r[key] for r in rs]
+            bars.bar(index + offset, sum(values) / len(values), width=0.24, color=color,
+                     alpha={"dH_beta1": 1.0, "dH_beta2": 0.6, "dH_unclipped": 0.25}[key])  # fmt: skip
+            bars.scatter([index + offset] * len(values), values, s=6, color="grey", zorder=3)
+    style_panel(curves, "entropy (nats), mean over seeds (thin: each seed)")
+    curves.legend(title="(beta1, beta2)", fontsize=7, title_fontsize=7)
+    low, high = scatter.get_xlim()
+    scatter.plot([low, high], [low, high], color="grey", linewidth=0.8, linestyle="--", label="measured = predicted")
+    style_panel(scatter, "entropy change of each RL step")
+    scatter.set_xlabel("first-order prediction, sum of -eta*F*A*s_a", fontsize=8)
+    scatter.set_ylabel("measured", fontsize=8)
+    scatter.legend(fontsize=7)
+    style_panel(bars, "entropy change carried by each set, summed over a run")
+    bars.axhline(0, color="grey", linewidth=0.8)
+    bars.set_xticks(range(len(settings)), [f"({b1:g}, {b2:g})" for b1, b2 in settings], fontsize=7)
+    bars.set_xlabel("(beta1, beta2); bars: beta1 set, beta2 set, unclipped tokens", fontsize=8)
+    return _save(plt, fig, path, title)
+
+
+def plot_paired_runs(
+    pairs: Sequence[dict], differences: dict, path: str | os.PathLike, title: str | None = None
+) -> str:
+    """The demo's LM figure: training entropy and reward over the steps of CE-GPPO and GRPO (thin: each seed; thick:
+    the mean), and the held-out CE-GPPO - GRPO differences of accuracy and entropy (one dot per seed, the mean with
+    +- std and the 95% interval)."""
+    plt, fig, axes = _figure(2, 2)
+    for ax, metric in zip(axes[:2], ("entropy", "reward")):
+        for name, color in RUN_COLORS.items():
+            series = [_series(p[name]["log_history"], metric) for p in pairs]
+            for steps, values in series:
+                ax.plot(steps, values, color=color, linewidth=0.6, alpha=0.4)
+            common = min(len(values) for _, values in series)
+            if common:
+                mean = [sum(values[i] for _, values in series) / len(series) for i in range(common)]
+                ax.plot(series[0][0][:common], mean, color=color, linewidth=2, label=pairs[0][name]["label"],
+                        marker="o" if common < 30 else None)  # fmt: skip
+        style_panel(ax, f"training {metric} (thin: each seed; thick: mean)")
+        ax.legend(fontsize=7)
+    for ax, metric in zip(axes[2:], ("accuracy", "entropy")):
+        diff = differences[metric]
+        ax.axhline(0, color="grey", linewidth=0.8)
+        ax.scatter(range(diff["n"]), diff["values"], color="tab:blue", zorder=3, label="one paired seed")
+        ax.errorbar([diff["n"] + 0.5], [diff["mean"]], yerr=[diff["std"]], fmt="o", color="black", capsize=5,
+                    label="mean +- std")  # fmt: skip
+        if diff["low"] is not None:
+            ax.plot([diff["n"] + 1] * 2, [diff["low"], diff["high"]], color="tab:red", linewidth=3,
+                    label="95% interval of the mean")  # fmt: skip
+        ax.set_xticks(range(diff["n"]), [str(p["seed"]) for p in pairs], fontsize=7)
+        style_panel(ax, f"held-out {metric} after training, CE-GPPO - GRPO")
+        ax.set_xlabel("seed", fontsize=8)
+        ax.legend(fontsize=7)
+    return _save(plt, fig, path, title)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="cegppo-plot",

@@ -243,31 +243,9 @@ def _run_toy(beta1: float, beta2: float, seed: int, config: ToyConfig) -> ToyRun
         rewards = torch.where(key_correct, 1.0, -1.0).to(torch.float64)
         advantages = group_advantages(rewards.view(P, G)).reshape(-1)
         old_logp = old_logp_all[seq_states, actions]
-        n1 = n2 = total = 0
-        dH1 = dH2 = dH0 = 0.0
-        for _epoch in range(config.num_epochs):
-            order = torch.randperm(P * G, generator=gen)
-            for chunk in order.chunk(config.num_minibatches):
-                step = cegppo_update(
-                    logits,
-                    seq_states[chunk].reshape(-1),
-                    actions[chunk].reshape(-1),
-                    advantages[chunk].repeat_interleave(T),
-                    old_logp[chunk].reshape(-1),
-                    config.lr,
-                    beta1,
-                    beta2,
-                    config.epsilon_low,
-                    config.epsilon_high,
-                    config.delta,
-                )
-                logits = step["logits"]
-                n1 += int(step["beta1_mask"].sum())
-                n2 += int(step["beta2_mask"].sum())
-                total += step["beta1_mask"].numel()
-                dH1 += step["dH_beta1"]
-                dH2 += step["dH_beta2"]
-                dH0 += step["dH_unclipped"]
+        logits, (n1, n2, total, dH1, dH2, dH0) = _updates(
+            logits, seq_states, actions, advantages, old_logp, beta1, beta2, config, gen
+        )
         run.reward.append(float(rewards.mean()))
         run.beta1_token_frac.append(n1 / total)
         run.beta2_token_frac.append(n2 / total)
@@ -276,6 +254,38 @@ def _run_toy(beta1: float, beta2: float, seed: int, config: ToyConfig) -> ToyRun
         run.dH_unclipped.append(dH0)
         record_state(logits)
     return run
+
+
+def _updates(logits, seq_states, actions, advantages, old_logp, beta1, beta2, config: ToyConfig, gen):
+    """One RL step's `num_epochs` x `num_minibatches` SGD updates on whole sequences; returns the new logits and
+    ``(beta1-set tokens, beta2-set tokens, tokens, dH from beta1 set, dH from beta2 set, dH from the others)``."""
+    n1 = n2 = total = 0
+    dH1 = dH2 = dH0 = 0.0
+    T = seq_states.shape[1]
+    for _epoch in range(config.num_epochs):
+        order = torch.randperm(seq_states.shape[0], generator=gen)
+        for chunk in order.chunk(config.num_minibatches):
+            step = cegppo_update(
+                logits,
+                seq_states[chunk].reshape(-1),
+                actions[chunk].reshape(-1),
+                advantages[chunk].repeat_interleave(T),
+                old_logp[chunk].reshape(-1),
+                config.lr,
+                beta1,
+                beta2,
+                config.epsilon_low,
+                config.epsilon_high,
+                config.delta,
+            )
+            logits = step["logits"]
+            n1 += int(step["beta1_mask"].sum())
+            n2 += int(step["beta2_mask"].sum())
+            total += step["beta1_mask"].numel()
+            dH1 += step["dH_beta1"]
+            dH2 += step["dH_beta2"]
+            dH0 += step["dH_unclipped"]
+    return logits, (n1, n2, total, dH1, dH2, dH0)
 
 
 @contextlib.contextmanager
@@ -360,3 +370,38 @@ def first_order_check(lr: float = 1e-4, seed: int = 0, num_actions: int = 8, tri
             }
         )
     return {"max_rel_error": max(r["rel_error"] for r in rows), "trials": trials, "lr": lr, "rows": rows}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The demo's grid: several (beta1, beta2) settings over several seeds.
+# ----------------------------------------------------------------------------------------------------------------
+
+#: The (beta1, beta2) settings of `cegppo-demo` and docs/entropy_results.md: GRPO's gradient (0, 0), beta1-heavy
+#: (1, 0.5), the paper's (0.5, 1), beta2 only (0, 1) and GPPO (1, 1).
+TOY_GRID = ((0.0, 0.0), (1.0, 0.5), (0.5, 1.0), (0.0, 1.0), (1.0, 1.0))
+
+
+def summarize_toy_run(run: ToyRun) -> dict:
+    """What the demo reports of a toy run: ``entropy`` (the curve), ``mean_entropy`` (averaged over the run), the
+    first-order entropy change carried by the beta1 set, the beta2 set and the other tokens (``dH_beta1``,
+    ``dH_beta2``, ``dH_unclipped``, summed over the run), per RL step the ``measured_dH`` next to the
+    ``predicted_dH`` (first order, summed over the step's updates), and the clipped sets' mean token fractions."""
+    return {
+        "beta1": run.beta1,
+        "beta2": run.beta2,
+        "seed": run.seed,
+        "entropy": run.entropy,
+        "mean_entropy": sum(run.entropy) / len(run.entropy),
+        "dH_beta1": sum(run.dH_beta1),
+        "dH_beta2": sum(run.dH_beta2),
+        "dH_unclipped": sum(run.dH_unclipped),
+        "measured_dH": [after - before for before, after in zip(run.entropy, run.entropy[1:])],
+        "predicted_dH": [a + b + c for a, b, c in zip(run.dH_beta1, run.dH_beta2, run.dH_unclipped)],
+        "beta1_token_frac": sum(run.beta1_token_frac) / len(run.beta1_token_frac),
+        "beta2_token_frac": sum(run.beta2_token_frac) / len(run.beta2_token_frac),
+    }
+
+
+def run_toy_grid(seeds, grid=TOY_GRID, config: ToyConfig | None = None) -> list[dict]:
+    """`summarize_toy_run` of `run_toy` for every (beta1, beta2) of `grid` and every seed of `seeds`."""
+    return [summarize_toy_run(run_toy(beta1, beta2, seed, config)) for seed in seeds for beta1, beta2 in grid]
