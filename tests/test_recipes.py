@@ -234,3 +234,14 @@ def test_accelerate_config_set():
         "zero3.yaml",
         "fsdp2.yaml",
     }
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: str(p.relative_to(ROOT / "recipes")))
+def test_recipes_that_filter_groups_over_generate_as_the_authors(recipe):
+    """The authors sample 256 prompts and train on the first 128 informative groups; every recipe that turns dynamic
+    sampling on does the same (baselines too, so that comparisons stay fair)."""
+    values = yaml.safe_load(recipe.read_text())
+    if values.get("cegppo_exclude_zero_advantage_groups"):
+        assert values.get("cegppo_oversampling") == 2.0, recipe
+    else:
+        assert values.get("cegppo_oversampling", 1.0) == 1.0, recipe
