@@ -52,9 +52,39 @@ def resolve_model(model_name_or_path: str | None, script_args: CEGPPOScriptArgum
     path = os.path.abspath(os.path.join(training_args.output_dir, "tiny-init"))
     state = PartialState()
     with state.local_main_process_first():  # the first process of each node builds it, the others load it
-        if state.is_local_main_process:
+        if state.is_local_main_process and state.num_processes == 1:
             materialize_tiny(path, seed=training_args.seed, sft_steps=script_args.tiny_sft_steps)
+        elif state.is_local_main_process:
+            _materialize_tiny_alone(path, seed=training_args.seed, sft_steps=script_args.tiny_sft_steps)
     return path
+
+
+# What makes a Python process join a launched job (torchrun's and accelerate's variables).
+_LAUNCH_VARIABLES = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+
+
+def _materialize_tiny_alone(path: str, seed: int, sft_steps: int) -> None:
+    """Build ``builtin:tiny`` in a fresh single-process Python: its warm start is TRL's `SFTTrainer`, whose
+    `Accelerator` would otherwise join this job's process group (and DeepSpeed config) while the other processes wait
+    at the barrier."""
+    import subprocess
+    import sys
+
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if name not in _LAUNCH_VARIABLES and not name.startswith(("ACCELERATE_", "TORCHELASTIC_"))
+    }
+    code = "import sys; from cegppo_trl.tiny_model import materialize_tiny as m; m(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))"
+    subprocess.run([sys.executable, "-c", code, path, str(seed), str(sft_steps)], env=env, check=True)
 
 
 def load_datasets(script_args: CEGPPOScriptArguments, training_args):
