@@ -2,7 +2,8 @@
 verdict + the numbers behind it) and the printed tables.
 
 Every verdict is a rule applied to numbers that the demo prints next to it, so a run on any machine states what that
-run showed: a count of seeds for the exact toy, a paired 95% interval for the tiny LM's CE-GPPO - GRPO differences.
+run showed: the number of seeds (or runs) in which a claim holds, with the numbers behind it; for the tiny LM's
+CE-GPPO - GRPO differences also the mean +- std and what their paired 95% interval says.
 """
 
 from __future__ import annotations
@@ -224,17 +225,22 @@ def lm_conclusions(pairs: Sequence[dict]) -> list[Conclusion]:
         ),
         Conclusion(
             "lm_entropy",
-            "Tiny LM: held-out entropy after training, CE-GPPO minus GRPO",
-            difference_verdict(diffs["entropy"]),
-            describe_difference(diffs["entropy"]) + " (nats)",
+            "Tiny LM: CE-GPPO ends with higher held-out entropy than GRPO (the paper's direction)",
+            count_verdict(sum(v > 0 for v in diffs["entropy"]["values"]), diffs["entropy"]["n"]),
+            "CE-GPPO - GRPO: " + describe_difference(diffs["entropy"], 4) + f" nats; {_interval(diffs['entropy'])}",
         ),
         Conclusion(
             "lm_accuracy",
-            "Tiny LM: held-out accuracy after training (sampled, T=1), CE-GPPO minus GRPO",
-            difference_verdict(diffs["accuracy"]),
-            describe_difference(diffs["accuracy"]),
+            "Tiny LM: CE-GPPO ends with higher held-out accuracy (sampled, T=1) than GRPO",
+            count_verdict(sum(v > 0 for v in diffs["accuracy"]["values"]), diffs["accuracy"]["n"]),
+            "CE-GPPO - GRPO: " + describe_difference(diffs["accuracy"]) + f"; {_interval(diffs['accuracy'])}",
         ),
     ]
+
+
+def _interval(diff: dict) -> str:
+    """What the 95% interval says, in the words of `difference_verdict`."""
+    return "by the 95% interval: " + difference_verdict(diff).replace(" (", ", ").rstrip(")")
 
 
 def format_lm_table(pairs: Sequence[dict], warm: dict | None = None) -> str:
