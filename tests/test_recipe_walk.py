@@ -14,10 +14,12 @@ What the walk swaps, and nothing else (`OVERRIDES`, given on the command line af
 command line override the recipe):
 
 * size: the tiny local model (the ~1M-parameter Qwen2-style model of `builtin:tiny`, warm-started with
-  `WALK_SFT_STEPS` SFT steps so that some groups are right and some wrong) in place of the Hub model; the built-in
-  arithmetic data (`builtin:arithmetic`, its columns `problem` / `answer`, and the tiny recipe's prompt instruction
-  that the tiny model was trained on) in place of the Hub data set; 16-token completions; 2 optimizer steps; a
-  temporary `output_dir`.
+  `WALK_SFT_STEPS` SFT steps so that some groups are right and some wrong) in place of the Hub model; the problems it
+  was warm-started on (the "sums" of `builtin:arithmetic`, written to a temporary `.jsonl` with its columns
+  `problem` / `answer`, and the tiny recipe's prompt instruction that the tiny model was trained on) in place of the
+  Hub data set; 16-token completions; 2 optimizer steps; a temporary `output_dir`. Model and data are chosen so that
+  most groups are informative (measured: ~65% of 8-sample groups at temperature 1 have both right and wrong answers),
+  enough to fill the training batch of a recipe that over-generates 2x.
 * hardware: Hugging Face generation in place of vLLM (`use_vllm false`), fp32 in place of bf16 (`bf16 false`,
   `dtype float32`), `use_cpu true`; on the launcher `--mixed_precision no` (the accelerate configs say bf16) and
   `--num_processes 2` in place of the configs' 8.
@@ -35,7 +37,8 @@ the reward through the logged rewards.
 Each run must exit 0, save a model (or LoRA adapter) that loads and differs from the start, log the CE-GPPO metrics at
 both steps with the recipe's betas, and, with dynamic sampling on, have dropped some groups and kept others, trained on
 the first informative groups, and logged `cegppo/batch_fill` 1.0 at every step whose generation batch had enough
-informative groups to fill the training batch. Nothing is
+informative groups to fill the training batch -- and a recipe that over-generates (`cegppo_oversampling` 2.0) must
+have had such a step, so the full-batch check really runs. Nothing is
 downloaded (HF_HUB_OFFLINE=1). The walks are `slow`; the checks of the walk's plan and of the docs' launch lines are
 fast.
 """
@@ -61,10 +64,15 @@ RECIPES_DIR = ROOT / "recipes"
 CONFIGS_DIR = ROOT / "accelerate_configs"
 TINY_RECIPE = RECIPES_DIR / "tiny" / "cegppo" / "config_cpu.yaml"
 TIMEOUT_S = 1800  # generous: the machine is shared; a walk took 32-105 s on a loaded 2-core machine
-WALK_SFT_STEPS = 300  # the demo's warm start: ~20% of its sampled answers are right, so groups differ
+# Warm start and data, measured with 8 samples at temperature 1, 16 new tokens (tiny model, seed 0): 200 SFT steps on
+# the sums give ~22% right answers and ~65% informative groups (256 prompts); 300 steps (the demo's) give 82% right
+# and 39% informative on the sums, 22% on all of builtin:arithmetic (its differences and word problems always wrong).
+# A recipe that over-generates 2x fills its training batch only when >= 50% of the groups are informative.
+WALK_SFT_STEPS = 200
+WALK_PROBLEMS = "sums"  # the tiny model's warm-start problems (cegppo_trl.tiny_model.PROBLEM_SETS)
 WALK_SEED = 0
 MAX_STEPS = 2
-DATA_ROWS = 3000  # rows of builtin:arithmetic
+DATA_ROWS = 1457  # rows of the walk's data (the sums of builtin:arithmetic); test_walk_data checks it
 DDP_CONFIG = "multi_gpu.yaml"
 DDP_PROCESSES = 2
 
@@ -84,7 +92,7 @@ SIZE_KEYS = frozenset(
 HARDWARE_KEYS = frozenset({"use_vllm", "bf16", "dtype", "use_cpu"})  # no GPU: no vLLM, no bf16
 OVERRIDES = {
     "model_name_or_path": None,  # filled with the tiny model's folder
-    "dataset_name": "builtin:arithmetic",
+    "dataset_name": None,  # filled with the walk's data file (the sums of builtin:arithmetic)
     "problem_column": "problem",
     "answer_column": "answer",
     "instruction": yaml.safe_load(TINY_RECIPE.read_text())["instruction"],
@@ -164,8 +172,10 @@ def _walk_id(entry) -> str:
     return f"{recipe.removesuffix('.yaml')}@{Path(config).stem}-{processes}proc"
 
 
-def override_args(model_dir, output_dir) -> list[str]:
-    values = dict(OVERRIDES, model_name_or_path=str(model_dir), output_dir=str(output_dir))
+def override_args(model_dir, output_dir, data_file) -> list[str]:
+    values = dict(
+        OVERRIDES, model_name_or_path=str(model_dir), output_dir=str(output_dir), dataset_name=str(data_file)
+    )
     return [item for key, value in values.items() for item in (f"--{key}", value)]
 
 
@@ -209,7 +219,9 @@ def test_overrides_change_only_size_and_hardware(recipe, tmp_path):
     values = yaml.safe_load(recipe.read_text())
     # The recipe as a GPU user gets it (bf16 needs `use_cpu` on a machine without a GPU, see tests/test_recipes.py).
     as_shipped = _parse(["--config", str(recipe), "--use_cpu", "true"])
-    walked = _parse(["--config", str(recipe), *override_args(tmp_path / "model", tmp_path / "out")])
+    walked = _parse(
+        ["--config", str(recipe), *override_args(tmp_path / "model", tmp_path / "out", tmp_path / "walk.jsonl")]
+    )
     changed = set()
     for ours, theirs in zip(as_shipped, walked):
         a, b = dataclasses.asdict(ours), dataclasses.asdict(theirs)
@@ -274,6 +286,31 @@ def test_doc_launch_lines_use_a_walked_config_and_recipe():
 # ----------------------------------------------------------------------------------------------------------------
 
 
+def write_walk_data(path: Path) -> Path:
+    """The walk's data set: the `WALK_PROBLEMS` rows of builtin:arithmetic, as a `.jsonl` with `problem` / `answer`."""
+    from cegppo_trl.data import write_jsonl
+    from cegppo_trl.tiny_model import load_rows
+
+    write_jsonl(load_rows("builtin:arithmetic", problems=WALK_PROBLEMS), path)
+    return path
+
+
+def test_walk_data(tmp_path):
+    """The walk's data file loads as the walk loads it: `DATA_ROWS` sums in the tiny model's prompt format."""
+    from cegppo_trl.data import load_math_dataset
+
+    data = load_math_dataset(str(write_walk_data(tmp_path / "walk.jsonl")), problem_column="problem",
+                             answer_column="answer", instruction=OVERRIDES["instruction"])  # fmt: skip
+    assert len(data) == DATA_ROWS
+    assert all(re.fullmatch(r"What is \d+\+\d+\? Put the final answer in \\boxed\{\}\.", row["prompt"][-1]["content"])
+               for row in data), data[0]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def walk_data_file(tmp_path_factory):
+    return write_walk_data(tmp_path_factory.mktemp("walk-data") / "walk.jsonl")
+
+
 @pytest.fixture(scope="module")
 def walk_model_dir(tmp_path_factory):
     """The tiny model, warm-started for `WALK_SFT_STEPS` steps (how `builtin:tiny` builds it), built once."""
@@ -289,11 +326,12 @@ def walk_model_dir(tmp_path_factory):
     return path
 
 
-def _launch(recipe: Path, config: str, processes: int, model_dir: Path, output_dir: Path) -> float:
+def _launch(recipe: Path, config: str, processes: int, model_dir: Path, data_file: Path, output_dir: Path) -> float:
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS_DIR / config)]
     if processes > 1:
         launcher += ["--num_processes", str(processes), "--main_process_port", str(free_port())]
-    cmd = [*launcher, *LAUNCHER_OVERRIDES, str(SCRIPT), "--config", str(recipe), *override_args(model_dir, output_dir)]
+    launcher += [*LAUNCHER_OVERRIDES, str(SCRIPT), "--config", str(recipe)]
+    cmd = [*launcher, *override_args(model_dir, output_dir, data_file)]
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
     seconds = time.perf_counter() - start
@@ -333,7 +371,9 @@ def _check_logs(output_dir: Path, values: dict, processes: int):
     oversampling = values.get("cegppo_oversampling", 1.0)
     trained_prompts = per_device * processes * per_generation // generations  # the training batch
     if values.get("cegppo_exclude_zero_advantage_groups"):
-        _check_dynamic_sampling(steps, trained_prompts, oversampling)
+        full_steps = _check_dynamic_sampling(steps, trained_prompts, oversampling)
+        if oversampling >= 2.0:  # the authors' setting: the walk's data is informative enough to fill the batch
+            assert full_steps, f"no step had {trained_prompts} informative groups: batch_fill 1.0 was never checked"
     else:
         assert "cegppo/informative_group_frac" not in first and "cegppo/batch_fill" not in first
     assert any(e["grad_norm"] > 0 for e in steps), "zero gradient at every step"
@@ -345,9 +385,11 @@ def _check_logs(output_dir: Path, values: dict, processes: int):
     assert steps[-1]["epoch"] == pytest.approx(MAX_STEPS * prompts_per_step / epoch_rows, rel=1e-3)
 
 
-def _check_dynamic_sampling(steps: list[dict], trained_prompts: int, oversampling: float):
+def _check_dynamic_sampling(steps: list[dict], trained_prompts: int, oversampling: float) -> list[int]:
     """The groups generated, kept and trained on, from the logs: the first informative groups fill the training batch,
-    and every optimizer step is full (`cegppo/batch_fill` 1.0) whenever enough groups were informative."""
+    and every optimizer step is full (`cegppo/batch_fill` 1.0) whenever enough groups were informative. Returns the
+    steps that had enough (checked full)."""
+    full_steps = []
     generated = round(trained_prompts * oversampling)
     first = steps[0]  # the step that generated the batch
     # Dynamic sampling ran and had something to do: some groups were dropped, others kept.
@@ -358,10 +400,12 @@ def _check_dynamic_sampling(steps: list[dict], trained_prompts: int, oversamplin
         assert entry["cegppo/groups_trained"] == min(informative, trained_prompts)
         if informative >= trained_prompts:
             assert entry["cegppo/batch_fill"] == 1.0, (entry["step"], informative, trained_prompts)
+            full_steps.append(entry["step"])
         else:
             assert 0.0 <= entry["cegppo/batch_fill"] <= 1.0
     print(f"informative groups {first['cegppo/informative_groups']:g} of {generated} generated, "
           f"training batch {trained_prompts}, batch_fill {[e['cegppo/batch_fill'] for e in steps]}")  # fmt: skip
+    return full_steps
 
 
 def _check_training_args(output_dir: Path, values: dict):
@@ -415,7 +459,7 @@ def _check_saved_model(output_dir: Path, values: dict, model_dir: Path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("recipe", "config", "processes"), WALK, ids=[_walk_id(e) for e in WALK])
-def test_recipe_walk(recipe, config, processes, walk_model_dir, tmp_path):
+def test_recipe_walk(recipe, config, processes, walk_model_dir, walk_data_file, tmp_path):
     if yaml.safe_load((CONFIGS_DIR / config).read_text()).get("distributed_type") == "DEEPSPEED":
         pytest.importorskip("deepspeed", reason=f"{config} needs DeepSpeed (pip install -e '.[deepspeed]')")
     if yaml.safe_load((RECIPES_DIR / recipe).read_text()).get("use_peft"):
@@ -423,7 +467,7 @@ def test_recipe_walk(recipe, config, processes, walk_model_dir, tmp_path):
     path = RECIPES_DIR / recipe
     values = yaml.safe_load(path.read_text())
     out = tmp_path / "out"
-    seconds = _launch(path, config, processes, walk_model_dir, out)
+    seconds = _launch(path, config, processes, walk_model_dir, walk_data_file, out)
     print(f"\nwalk {_walk_id((recipe, config, processes))}: {seconds:.1f} s")
     _check_logs(out, values, processes)
     _check_training_args(out, values)
