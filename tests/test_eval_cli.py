@@ -246,25 +246,33 @@ KERNELS_OFFLINE = (
 
 @pytest.mark.usefixtures("one_torch_thread")
 def test_an_offline_gpu_machine_gets_one_line_with_the_fix(model_dir, tmp_path, monkeypatch, capsys):
-    """transformers 5.25 kernelizes every model it loads unless told not to (`from_pretrained` ->
-    `set_use_kernels(True)` -> `kernelize`, also on CPU, where no kernel is fetched). The stand-in kernelize raises
-    what `kernels` raises on an offline GPU machine; the fixes the message names then load the model."""
-    import transformers.modeling_utils
+    """transformers loads Hub kernels through `PreTrainedModel.set_use_kernels`, which `from_pretrained` calls with the
+    resolved `use_kernels` (5.25: on unless told not to, also on CPU, where no kernel is fetched). The stand-in raises
+    what `kernels` raises on an offline GPU machine when kernels are on; the fixes the message names then load the
+    model. (The same stand-in as tests/test_hub_kernels.py's for cegppo-train.)"""
+    import transformers
+    from packaging.version import Version
+    from transformers import PreTrainedModel
 
     calls = []
+    original = PreTrainedModel.set_use_kernels
 
-    def offline_kernelize(*args, **kwargs):
-        calls.append(kwargs)
-        raise ValueError(KERNELS_OFFLINE)
+    def offline_set_use_kernels(self, use_kernels, *args, **kwargs):
+        if use_kernels:
+            calls.append(use_kernels)
+            raise ValueError(KERNELS_OFFLINE)
+        return original(self, use_kernels, *args, **kwargs)
 
-    monkeypatch.setattr(transformers.modeling_utils, "kernelize", offline_kernelize)  # pinned to transformers 5.25
+    monkeypatch.setattr(PreTrainedModel, "set_use_kernels", offline_set_use_kernels)
     monkeypatch.delenv("USE_HUB_KERNELS", raising=False)
     data = tmp_path / "p.jsonl"
     data.write_text(json.dumps({"problem": "What is 1+1?", "answer": "2"}) + "\n")
     argv = [str(model_dir), "--datasets", str(data), "--k", "1", "--temperature", "0", "--max-new-tokens", "2"]
     argv += ["--device", "cpu", "--no-progress"]
+    # transformers turns Hub kernels on by default from 5.25; at the floor (5.23) only a run that asks meets the case.
+    ask = [] if Version(transformers.__version__) >= Version("5.25") else ["--use_kernels", "true"]
     with pytest.raises(SystemExit) as error:
-        main([*argv, "--output", str(tmp_path / "r.json")])
+        main([*argv, *ask, "--output", str(tmp_path / "r.json")])
     assert error.value.code == 2 and calls
     _one_line_error(capsys, "'kernels-community/rotary'", "USE_HUB_KERNELS=0", "--use_kernels false")
 
