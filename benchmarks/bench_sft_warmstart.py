@@ -41,7 +41,9 @@ def hand_written_sft(model, tokenizer, examples, steps, batch_size=64, lr=3e-3, 
     )["input_ids"]
     labels[ids["attention_mask"] == 0] = -100
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
-    scheduler = get_cosine_with_min_lr_schedule_with_warmup(optimizer, max(1, min(50, steps // 10)), steps, 0.1)
+    scheduler = get_cosine_with_min_lr_schedule_with_warmup(
+        optimizer, max(1, min(50, steps // 10)), steps, min_lr_rate=0.1
+    )
     gen = torch.Generator().manual_seed(seed)
     model.train()
     for _ in range(steps):
