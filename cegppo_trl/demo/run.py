@@ -76,7 +76,7 @@ __all__ = [
 ]
 _ = _progress_callback  # re-exported for the tests
 
-#: The demo's sizes; each has a flag of the same name. The choice (estimated ~8 minutes on an idle 2-core CPU):
+#: The demo's sizes; each has a flag of the same name. The choice (6 minutes on a lightly loaded 2-core CPU):
 #: docs/entropy_results.md, section 3.
 DEFAULTS = {
     "toy_seeds": 4,
