@@ -91,11 +91,29 @@ TOKEN_METRIC_NAMES = tuple(name for name, _, _ in TOKEN_METRICS)
 STEP_FILL_METRICS = ("cegppo/batch_fill", "cegppo/informative_groups", "cegppo/groups_trained")
 
 
-def _shares(nums: torch.Tensor, dens: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """`nums / dens` on the device, 0 where nothing was counted, NaN everywhere when the micro-batch has no loss token
-    on any process (TRL's `log` skips NaN when it averages, so such a micro-batch adds nothing to the logged means)."""
-    shares = torch.where(dens > 0, nums / dens.clamp(min=torch.finfo(dens.dtype).tiny), torch.zeros_like(nums))
-    return torch.where(tokens > 0, shares, torch.full_like(shares, math.nan))
+@dataclass(frozen=True)
+class _Ratios:
+    """How `log` turns one recorded tensor of sums into metrics: `names[i] = sums[nums[i]] / sums[dens[i]]`."""
+
+    names: tuple[str, ...]
+    nums: tuple[int, ...]
+    dens: tuple[int, ...]
+    tokens: int  # the loss tokens of the micro-batch on all processes
+
+    def shares(self, sums: list[float]) -> list[float]:
+        """0 where nothing was counted, NaN everywhere when the micro-batch has no loss token on any process (TRL's
+        `log` skips NaN when it averages, so such a micro-batch adds nothing to the logged means)."""
+        if sums[self.tokens] <= 0:
+            return [math.nan] * len(self.names)
+        return [sums[n] / sums[d] if sums[d] > 0 else 0.0 for n, d in zip(self.nums, self.dens)]
+
+
+TOKEN_RATIOS = _Ratios(
+    TOKEN_METRIC_NAMES,
+    tuple(num for _, num, _ in TOKEN_METRICS),
+    tuple(den for _, _, den in TOKEN_METRICS),
+    _cell(_ALL, 0),
+)
 
 
 def _loss_mask(batch: dict) -> torch.Tensor:
@@ -558,8 +576,9 @@ class CEGPPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------------------------------
     # Metrics: kept on the device until `log` (one host transfer per log, none per micro-batch)
     # ------------------------------------------------------------------------------------------------------------
-    def _log_on_device(self, mode: str, names: tuple[str, ...], values: torch.Tensor) -> None:
-        """Record one value per name (`values`, on the device); `log` turns them into TRL's metric lists."""
+    def _log_on_device(self, mode: str, names: tuple[str, ...] | _Ratios, values: torch.Tensor) -> None:
+        """Record one value per name (`values`, on the device), or the sums `names` takes its ratios of; `log` turns
+        them into TRL's metric lists."""
         self._device_metrics[mode][names].append(values.detach().float())
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
@@ -578,9 +597,14 @@ class CEGPPOTrainer(GRPOTrainer):
             return
         flat = torch.cat([torch.stack(values).flatten() for _, values in pending]).tolist()
         position = 0
-        for names, values in pending:
-            block = flat[position : position + len(values) * len(names)]
+        for key, values in pending:
+            width = values[0].numel()
+            block = flat[position : position + len(values) * width]
             position += len(block)
+            names = key
+            if isinstance(key, _Ratios):  # sums recorded per micro-batch: one share per name and micro-batch
+                names = key.names
+                block = [share for j in range(len(values)) for share in key.shares(block[j * width : (j + 1) * width])]
             for i, name in enumerate(names):
                 column = block[i :: len(names)]
                 trl_values = self._metrics[mode][name]
@@ -600,8 +624,9 @@ class CEGPPOTrainer(GRPOTrainer):
     def _log_token_sums(self, mode: str, names: tuple[str, ...], sums: torch.Tensor) -> None:
         """Log `sum(num) / sum(den)` over all processes for each name, from `sums` = (num, den) rows, and
         `(num tokens, num tokens)` last: one all-reduce, no host transfer."""
-        totals = self.accelerator.reduce(sums.detach().float(), reduction="sum")
-        self._log_on_device(mode, names, _shares(totals[:-1, 0], totals[:-1, 1], totals[-1, 0]))
+        totals = self.accelerator.reduce(sums.detach().float(), reduction="sum").flatten()
+        last = totals.numel() - 2  # the (num tokens, num tokens) row
+        self._log_on_device(mode, _Ratios(names, tuple(range(0, last, 2)), tuple(range(1, last, 2)), last), totals)
 
     def _correct_policy_loss_metric(self, mode: str, correction: torch.Tensor) -> None:
         """Make TRL's `policy_loss` metric the CE-GPPO policy term (plus KL, as in TRL) instead of PPO-clip's.
@@ -635,9 +660,7 @@ class CEGPPOTrainer(GRPOTrainer):
         )
         sums = token_sets.flatten(1).float() @ torch.stack([mask.flatten(), weight.flatten()], dim=1)
         totals = self.accelerator.reduce(sums.detach(), reduction="sum").flatten()
-        nums = totals[[num for _, num, _ in TOKEN_METRICS]]
-        dens = totals[[den for _, _, den in TOKEN_METRICS]]
-        self._log_on_device(mode, TOKEN_METRIC_NAMES, _shares(nums, dens, totals[_cell(_ALL, 0)]))
+        self._log_on_device(mode, TOKEN_RATIOS, totals)  # the shares are taken on the host, at `log`
 
     # ------------------------------------------------------------------------------------------------------------
     # Optimizer-step sums: the entropy controller and the batch fill
