@@ -653,7 +653,7 @@ class CEGPPOTrainer(GRPOTrainer):
         positive, negative = advantages > 0, advantages < 0
         quadrants = [positive & ~low_prob, positive & low_prob, negative & ~low_prob, negative & low_prob]
         # Rows: token sets (see TOKEN_METRICS); columns: (tokens, gradient weight). One matmul and one all-reduce
-        # instead of ~50 small reductions per micro-batch; the shares stay on the device until `log`.
+        # instead of ~50 small reductions per micro-batch; the sums stay on the device until `log` divides them.
         clamped = torch.zeros_like(clipped) if clamped is None else clamped.expand(shape)
         token_sets = torch.stack(
             [torch.ones_like(clipped), beta1_set, beta2_set, *quadrants, *(q & clipped for q in quadrants), clamped]
