@@ -28,7 +28,14 @@ ROOT = Path(__file__).resolve().parents[1]
 VENV = ROOT / "build" / "floors-venv"
 TORCH = "torch==2.13.0"  # the CPU pin of the README's commands
 EXTRA = "dev"  # what the README's test command installs
-FAST_TIER = ["-m", "pytest", "tests", "-q", "-m", "not slow and not real_model and not vllm"]  # the README's fast tier (tests/test_floors.py checks)
+FAST_TIER = [
+    "-m",
+    "pytest",
+    "tests",
+    "-q",
+    "-m",
+    "not slow and not real_model and not vllm",
+]  # the README's fast tier (tests/test_floors.py checks)
 # `name[extras] specifiers ; marker`, as pyproject.toml writes its requirements.
 _REQUIREMENT_RE = re.compile(
     r"^\s*(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[(?P<extras>[^\]]*)\])?(?P<specs>[^;]*)$"

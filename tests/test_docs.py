@@ -262,7 +262,9 @@ def test_readme_test_command_is_ci():
     names it: together, every test."""
     fast, slow = _readme_test_lines()
     words = shlex.split(fast)
-    assert words[words.index("pytest") + 1 :] == ["tests", "-q", "-m", "not slow and not real_model and not vllm"], fast
+    assert words[words.index("pytest") + 1 :] == ["tests", "-q", "-m", "not slow and not real_model and not vllm"], (
+        fast
+    )
     assert shlex.split(slow)[2:] == ["pytest", "tests", "-q", "-m", "slow"], slow
     lint = fast.index("ruff check"), fast.index("ruff format --check")
     assert max(lint) < fast.index("pytest"), "the README's test command lints before the tests"
