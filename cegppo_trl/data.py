@@ -28,6 +28,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .model_source import can_be_hub_id  # the one Hub-id check of the package
 from .rewards.extract import normalize_gold
 
 
@@ -224,18 +225,6 @@ def _rows_to_columns(rows: Sequence[Any], source: str) -> dict[str, list]:
 
 # The stem of a data file's extension, as a typo keeps it: `.json1`, `.jsonl.gz`, `.cvs`, `.parq`, `.txt`.
 _FILE_EXTENSION_RE = re.compile(r"\.(jsonl?|ndjson|csv|cvs|tsv|txt|parq\w*|pq|arrow|gz|zip|xz|bz2|zst)\w*$", re.I)
-
-
-def can_be_hub_id(path_or_id: str) -> bool:
-    """Whether the Hub would accept `path_or_id` as a data set id (`name` or `namespace/name`), by huggingface_hub's
-    own validation (a dependency of `datasets`; imported here only)."""
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
-    try:
-        validate_repo_id(path_or_id)
-    except HFValidationError:
-        return False
-    return True
 
 
 def _looks_like_path(path_or_id: str) -> bool:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from trl import ScriptArguments
 
 from .data import DEFAULT_INSTRUCTION, resolve_instruction
+from .prompt_settings import resolve_system_prompt
 
 
 __all__ = [
@@ -99,7 +100,7 @@ class CEGPPOScriptArguments(ScriptArguments):
     answer_column: str | None = field(
         default=None, metadata={"help": "Column holding the gold answer ('a.b' = key b of dict column a)."}
     )
-    system_prompt: str | None = field(default=None, metadata={"help": "Optional system message."})
+    system_prompt: str | None = field(default=None, metadata={"help": "Optional system message ('none': none)."})
     instruction: str | None = field(
         default=DEFAULT_INSTRUCTION,
         metadata={"help": "'default', 'none', a template with {problem}, or text appended to each problem."},
@@ -124,6 +125,7 @@ class CEGPPOScriptArguments(ScriptArguments):
         if hasattr(super(), "__post_init__"):
             super().__post_init__()
         self.instruction = resolve_instruction(self.instruction)  # ValueError names an unknown {placeholder}
+        self.system_prompt = resolve_system_prompt(self.system_prompt)  # "none": no system message, as in cegppo-eval
         if self.max_train_samples is not None and self.max_train_samples < 1:
             raise ValueError(
                 f"--max_train_samples {self.max_train_samples}: it keeps the first N training rows and must be at "

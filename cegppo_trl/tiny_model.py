@@ -32,8 +32,7 @@ from transformers import (
 )
 
 from .data import load_builtin_rows
-from .evaluation import generate_completions, prompt_token_ids
-from .rewards import grade_completions
+from .evaluation.generation import prompt_token_ids
 from .rewards.extract import completion_text
 
 
@@ -56,7 +55,6 @@ __all__ = [
     "arithmetic_sft_examples",
     "sft_dataset",
     "sft_warmstart",
-    "greedy_accuracy",
     "warm_tiny",
     "materialize_tiny",
 ]
@@ -449,42 +447,6 @@ def _no_dataset_bars():
     finally:
         if was_shown:
             datasets.enable_progress_bars()
-
-
-def greedy_accuracy(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerFast,
-    rows: Sequence[dict],
-    n: int | None = 200,
-    temperature: float | None = None,
-    max_new_tokens: int = 32,
-    batch_size: int = 128,
-    seed: int = 0,
-    return_samples: bool = False,
-) -> float | tuple[float, list[dict]]:
-    """Fraction of the first `n` rows (all if None) whose completion the math reward grades correct.
-
-    Generation is `generate_completions` (greedy with `temperature=None`, else sampled with top_p 1, no top-k) and
-    grading is `grade_completions`, the reward's own, so this figure and the reward cannot disagree. With
-    `return_samples=True` also returns ``[{"problem", "answer", "completion", "pred", "correct"}]``.
-    """
-    rows = list(rows)[: n if n is not None else None]
-    if not rows:
-        raise ValueError("no rows")
-    prompts = [[{"role": "user", "content": format_user_message(str(r["problem"]))}] for r in rows]
-    texts = generate_completions(
-        model, tokenizer, prompts, 1, temperature=temperature or 0.0, top_p=1.0,
-        max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed,
-    )  # fmt: skip
-    texts = [group[0] for group in texts]
-    graded = grade_completions(texts, [r["answer"] for r in rows])
-    samples = [
-        {"problem": r["problem"], "answer": str(r["answer"]).strip(), "completion": text, "pred": g.answer,
-         "correct": g.status == "correct"}
-        for r, text, g in zip(rows, texts, graded)
-    ]  # fmt: skip
-    acc = sum(s["correct"] for s in samples) / len(samples)
-    return (acc, samples) if return_samples else acc
 
 
 # --------------------------------------------------------------------------------------------------------------

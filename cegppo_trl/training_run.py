@@ -4,13 +4,12 @@ format into every checkpoint and stop training cleanly on a signal (`cegppo_trl.
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterator
 
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
+from .model_source import UnreadableWeightsError, explain_unreadable_weights  # re-exported for scripts/train.py
 from .script_args import TINY_MODEL, CEGPPOScriptArguments, TrainArgumentError
 from .stopping import StopRequest, last_checkpoint
 
@@ -26,10 +25,6 @@ __all__ = [
     "resolve_model",
     "save_prompt_and_sampling",
 ]
-
-
-class UnreadableWeightsError(RuntimeError):
-    """A weights file of the model cannot be read (truncated or damaged); the message names the file."""
 
 
 def resolve_model(model_name_or_path: str | None, script_args: CEGPPOScriptArguments, training_args) -> str:
@@ -134,30 +129,6 @@ def checkpoint_to_resume(training_args) -> str | None:
     return found
 
 
-@contextlib.contextmanager
-def explain_unreadable_weights(model: str) -> Iterator[None]:
-    """Turn safetensors' "Error while deserializing header" (a truncated or damaged file) into one line naming the
-    file and the fix (`UnreadableWeightsError`)."""
-    from safetensors import SafetensorError, safe_open
-
-    try:
-        yield
-    except SafetensorError as error:
-        files = [os.path.join(model, f) for f in sorted(os.listdir(model))] if os.path.isdir(model) else []
-        bad = []
-        for path in (f for f in files if f.endswith(".safetensors")):
-            try:
-                with safe_open(path, "pt"):
-                    pass
-            except SafetensorError:
-                bad.append(path)
-        where = ", ".join(bad) if bad else f"a .safetensors file of {model}"
-        raise UnreadableWeightsError(
-            f"cannot read the weights in {where} ({error}): the file is truncated or damaged (an interrupted copy or "
-            "download?). Copy or download the model again."
-        ) from None
-
-
 def hub_dataset_name(name: str | None) -> str | None:
     """The data set name for the model card, if it is a Hub id (not a local file or a built-in set)."""
     if not name or name.startswith("builtin:") or os.path.exists(name) or name.count("/") != 1:
@@ -168,8 +139,8 @@ def hub_dataset_name(name: str | None) -> str | None:
 def save_prompt_and_sampling(path: str, script_args: CEGPPOScriptArguments, training_args) -> str:
     """Write, next to the model or adapter in `path`, the prompt format and sampling it was trained with: the
     instruction and system prompt in ``cegppo_prompt.json``, temperature / top_p / top_k / max_completion_length in
-    ``generation_config.json`` (`cegppo_trl.evaluation.save_eval_settings`). `cegppo-eval path` uses them."""
-    from .evaluation.settings import save_eval_settings
+    ``generation_config.json`` (`cegppo_trl.prompt_settings.save_eval_settings`). `cegppo-eval path` uses them."""
+    from .prompt_settings import save_eval_settings
 
     return save_eval_settings(
         path,

@@ -33,11 +33,11 @@ from cegppo_trl.evaluation import (
     pass_at_k,
     prompt_token_ids,
     resolve_eval_settings,
-    resolve_model_source,
     save_eval_settings,
     summarize_counts,
 )
 from cegppo_trl.evaluation.settings import EvalArguments
+from cegppo_trl.model_source import resolve_model_source
 from cegppo_trl.scripts.eval import main, parse_arguments
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from cegppo_trl.data import make_arithmetic_rows
-from cegppo_trl.rewards import extract_answer, math_reward
+from cegppo_trl.rewards import extract_answer
 from cegppo_trl.tiny_model import (
     CHAT_TEMPLATE,
     PROMPT_INSTRUCTION,
@@ -17,7 +17,6 @@ from cegppo_trl.tiny_model import (
     build_tiny_model,
     build_tiny_tokenizer,
     format_user_message,
-    greedy_accuracy,
     save_tiny,
     sft_warmstart,
 )
@@ -240,7 +239,7 @@ def test_sft_warmstart_lowers_loss_and_prompt_loss_is_ignored(tokenizer):
     assert prompt_nll > completion_nll + 1.0
 
 
-def test_sft_deterministic_dicts_and_accuracy_helper(tokenizer):
+def test_sft_deterministic_from_pairs_and_dicts(tokenizer):
     rows = make_arithmetic_rows(8, seed=5)
     dict_examples = [{"prompt": p, "completion": c} for p, c in arithmetic_sft_examples(rows)]
     kw = dict(steps=3, batch_size=4, progress=False, num_threads=1)
@@ -251,26 +250,3 @@ def test_sft_deterministic_dicts_and_accuracy_helper(tokenizer):
     assert s1["final_loss"] == s2["final_loss"]
     sd1, sd2 = m1.state_dict(), m2.state_dict()
     assert all(torch.equal(sd1[k], sd2[k]) for k in sd1)
-    acc, samples = greedy_accuracy(m1, tokenizer, rows, n=4, max_new_tokens=4, return_samples=True)
-    assert len(samples) == 4 and acc == sum(s["correct"] for s in samples) / 4
-    assert set(samples[0]) == {"problem", "answer", "completion", "pred", "correct"}
-    acc_t, sampled = greedy_accuracy(m1, tokenizer, rows, n=4, max_new_tokens=4, temperature=1.0, return_samples=True)
-    assert (acc_t, sampled) == greedy_accuracy(
-        m1, tokenizer, rows, n=4, max_new_tokens=4, temperature=1.0, return_samples=True
-    )  # seeded
-    assert [s["completion"] for s in sampled] != [s["completion"] for s in samples]  # sampled, not greedy
-
-
-def test_accuracy_is_the_rewards_verdict(tokenizer, monkeypatch):
-    """The tiny model's accuracy grades with the math reward's own grading: the two cannot disagree, also where an
-    exact string match of the box would (64.0, a spaced box, an unboxed final answer)."""
-    import cegppo_trl.tiny_model as tiny
-
-    texts = ["23+41=64. \\boxed{64}", "\\boxed{64.0}", "\\boxed{ 64 }", "so the answer is 64", "\\boxed{65}", "64+"]
-    monkeypatch.setattr(tiny, "generate_completions", lambda model, tok, prompts, k, **kw: [[t] for t in texts])
-    rows = [{"problem": PROBLEM, "answer": "64"}] * len(texts)
-    acc, samples = greedy_accuracy(None, tokenizer, rows, return_samples=True)
-    rewards = math_reward(texts, ["64"] * len(texts))
-    assert [s["correct"] for s in samples] == [r == 1.0 for r in rewards] == [True, True, True, True, False, False]
-    assert acc == 4 / 6
-    assert [s["pred"] for s in samples] == [extract_answer(t) for t in texts]

@@ -6,8 +6,9 @@ The modules, in reading order (each can be read on its own):
 - :mod:`.metrics` -- pass@k, grading samples, the figures of a set (pure Python);
 - :mod:`.settings` -- `EvalSettings` (every setting, declared once and checked in `__post_init__`) and
   `EvalArguments` (the command's model, data sets and report), parsed by TRL's `TrlParser` like cegppo-train's
-  dataclasses; the prompt and sampling that travel with a saved model (``cegppo_prompt.json`` +
-  ``generation_config.json``), what to load (full model or LoRA adapter, ``ID:SPLIT`` data sets); no torch;
+  dataclasses; no torch. The prompt and sampling that travel with a saved model: `cegppo_trl.prompt_settings`;
+  where the model comes from (full model, LoRA adapter, Hub id): `cegppo_trl.model_source`;
+- :mod:`.datasets` -- the ``--datasets`` entries (``ID:SPLIT``, files, built-in sets), loaded and checked first;
 - :mod:`.generation` -- seeded batched `generate`, the model loader and adapter merge, one vLLM engine per run;
 - :mod:`.run` -- `evaluate_model`: check everything, load once, write each set's result as soon as it is done;
 - :mod:`.callback` -- `AvgAtKCallback`, split across processes and logged through the trainer.
@@ -37,12 +38,10 @@ _NAMES = {
     "PROMPT_FILE": "settings",
     "EvalArguments": "settings",
     "EvalSettings": "settings",
-    "ModelSource": "settings",
-    "load_eval_settings": "settings",
-    "parse_dataset_spec": "settings",
     "resolve_eval_settings": "settings",
-    "resolve_model_source": "settings",
+    "load_eval_settings": "settings",  # defined in cegppo_trl.prompt_settings
     "save_eval_settings": "settings",
+    "parse_dataset_spec": "datasets",
     "generate_completions": "generation",
     "generate_with_entropy": "generation",
     "load_model": "generation",
@@ -60,6 +59,7 @@ __getattr__, __dir__ = lazy_names(__name__, globals(), _NAMES)
 
 if TYPE_CHECKING:  # static analysers and IDEs see the names eagerly
     from .callback import AvgAtKCallback  # noqa: F401
+    from .datasets import parse_dataset_spec  # noqa: F401
     from .generation import (  # noqa: F401
         generate_completions,
         generate_with_entropy,
@@ -78,10 +78,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the names eagerly
         PROMPT_FILE,
         EvalArguments,
         EvalSettings,
-        ModelSource,
         load_eval_settings,
-        parse_dataset_spec,
         resolve_eval_settings,
-        resolve_model_source,
         save_eval_settings,
     )

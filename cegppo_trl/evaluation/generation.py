@@ -11,7 +11,8 @@ from typing import Any
 
 import torch
 
-from .settings import DEFAULT_BATCH_SIZE, DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, ModelSource
+from ..model_source import ModelSource, explain_unreadable_weights
+from .settings import DEFAULT_BATCH_SIZE, DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, DEFAULT_TOP_P
 
 
 __all__ = [
@@ -204,7 +205,6 @@ def load_model(source: ModelSource, dtype: str = "auto", device: str = "cpu", us
     from transformers import AutoModelForCausalLM
 
     from ..hub_kernels import explain_uncached_hub_kernels
-    from ..training_run import explain_unreadable_weights  # the one check of cegppo-train and cegppo-eval
 
     options = {"dtype": _DTYPES[dtype]}
     if use_kernels is not None:  # None: transformers' default (on, unless USE_HUB_KERNELS says no)

@@ -23,49 +23,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from ..model_source import ModelSource, resolve_model_source
+from .datasets import DatasetSpec, load_eval_datasets
 from .metrics import evaluate_completions
-from .settings import DatasetSpec, EvalSettings, ModelSource, parse_dataset_spec, resolve_model_source
+from .settings import EvalSettings
 
 
-__all__ = ["evaluate_model", "load_eval_datasets", "write_report"]
-
-
-def load_eval_datasets(names: Sequence[str], settings: EvalSettings) -> tuple[list[DatasetSpec], dict[str, Any]]:
-    """The specs of the ``--datasets`` entries and ``{name: datasets.Dataset}``, each loaded with `load_math_dataset`
-    (its own split) and cut to `max_problems`. Raises one ValueError that lists every entry that fails, with its
-    reason, so that one run of the command shows every mistake."""
-    from ..data import load_math_dataset
-
-    specs, loaded, failures = [], {}, []
-    for name in names:
-        if name in loaded:
-            failures.append(f"  {name}: given twice")
-            continue
-        try:
-            spec = parse_dataset_spec(name, settings.split)
-            data = load_math_dataset(
-                spec.source,
-                split=spec.split,
-                problem_column=settings.problem_column,
-                answer_column=settings.answer_column,
-                system_prompt=settings.system_prompt or None,
-                instruction=settings.instruction or None,
-            )
-        except Exception as error:  # noqa: BLE001 - a user's data set: report every failure, with its reason
-            failures.append(f"  {name}: {type(error).__name__}: {error}")
-            continue
-        if settings.max_problems is not None:
-            data = data.select(range(min(settings.max_problems, len(data))))
-        specs.append(spec)
-        loaded[name] = data
-    if not names:
-        failures.append("  no data set given")
-    if failures:
-        raise ValueError(
-            f"--datasets: {len(failures)} of {len(names)} data sets cannot be used (nothing was evaluated; fix or "
-            "drop them; a Hub set's split is given as ID:SPLIT):\n" + "\n".join(failures)
-        )
-    return specs, loaded
+__all__ = ["evaluate_model", "write_report"]
 
 
 def check_output_path(path: str | os.PathLike) -> None:

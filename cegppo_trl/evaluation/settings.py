@@ -1,4 +1,4 @@
-"""What `cegppo-eval` can be told, declared once in TRL's way, and the settings that travel with a saved model.
+"""What `cegppo-eval` can be told, declared once in TRL's way.
 
 Two dataclasses, parsed by TRL's `TrlParser` (transformers' `HfArgumentParser` + ``--config EVAL.yaml``) exactly as
 ``cegppo-train`` parses its own, so a flag has one name and both spellings (``--problem_column``,
@@ -8,20 +8,31 @@ Two dataclasses, parsed by TRL's `TrlParser` (transformers' `HfArgumentParser` +
   ``"settings"``; `__post_init__` checks them (`validate`: one message naming the flag and the fix);
 - `EvalArguments` -- what to evaluate and where the report goes (the model, ``--datasets``, ``--output``).
 
-The prompt and sampling fields (`CHECKPOINT_SETTINGS`) may be left at None, meaning "the model's own": a model
-directory (or LoRA adapter folder) with a ``cegppo_prompt.json`` declares the prompt it was trained with there and its
-sampling in ``generation_config.json`` (`save_eval_settings`, called by ``cegppo-train`` and ``cegppo-demo``); without
-that file they take the paper's values (`PAPER_SETTINGS`).
-
-Nothing here imports torch: the command line parses and checks its input before any model code loads.
+The prompt and sampling fields (`CHECKPOINT_SETTINGS`) may be left at None, meaning "the model's own"
+(`cegppo_trl.prompt_settings`: what a model saved by ``cegppo-train`` or ``cegppo-demo`` declares), else the paper's
+values (`PAPER_SETTINGS`). Nothing here imports torch: the command line parses and checks its input before any model
+code loads.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
+
+from ..prompt_settings import (
+    CHECKPOINT_SETTINGS,
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TOP_P,
+    PAPER_SETTINGS,
+    PROMPT_FILE,
+    load_eval_settings,
+    prompt_word,
+    sampling_problem,
+    save_eval_settings,
+    settings_for_model,
+)
 
 
 __all__ = [
@@ -32,36 +43,14 @@ __all__ = [
     "DEFAULT_TOP_P",
     "PAPER_SETTINGS",
     "PROMPT_FILE",
-    "DatasetSpec",
     "EvalArguments",
     "EvalSettings",
-    "ModelSource",
-    "load_eval_settings",
-    "parse_dataset_spec",
+    "load_eval_settings",  # the settings saved with a model (cegppo_trl.prompt_settings), shown here too
     "resolve_eval_settings",
-    "resolve_model_source",
     "save_eval_settings",
 ]
 
-#: The file in a model directory that declares its prompt format (see the module docstring).
-PROMPT_FILE = "cegppo_prompt.json"
-ADAPTER_FILE = "adapter_config.json"  # what peft's save_pretrained writes in a LoRA adapter folder
-DEFAULT_TEMPERATURE = 0.6  # the paper's evaluation sampling
-DEFAULT_TOP_P = 0.95
-DEFAULT_MAX_NEW_TOKENS = 32768  # the paper evaluates DeepSeek-R1-Distill-Qwen-1.5B / 7B with up to 32k tokens
 DEFAULT_BATCH_SIZE = 64
-#: The prompt and sampling of a model that declares none (the paper's evaluation; "default": the DeepSeek-R1
-#: instruction of `load_math_dataset`).
-PAPER_SETTINGS = {
-    "instruction": "default",
-    "system_prompt": "",
-    "temperature": DEFAULT_TEMPERATURE,
-    "top_p": DEFAULT_TOP_P,
-    "top_k": 0,
-    "max_new_tokens": DEFAULT_MAX_NEW_TOKENS,
-}
-#: The settings a model directory may declare (None in `EvalSettings` = take the model's).
-CHECKPOINT_SETTINGS = tuple(PAPER_SETTINGS)
 
 
 def _option(default: Any, help: str, *aliases: str, **argparse_options: Any):
@@ -73,20 +62,6 @@ def _option(default: Any, help: str, *aliases: str, **argparse_options: Any):
     if aliases:
         metadata["aliases"] = [spelling for alias in aliases for spelling in (alias, alias.replace("_", "-"))]
     return field(default=default, metadata=metadata)
-
-
-def _prompt_words(name: str, value: Any) -> Any:
-    """The command line's words for a prompt part: `resolve_instruction`'s vocabulary (shared with cegppo-train:
-    'none', 'default', a ``{problem}`` template) for the instruction, 'none' for the system prompt; "" = nothing."""
-    if not isinstance(value, str):
-        return value
-    if name == "instruction":
-        from ..data import resolve_instruction
-
-        return resolve_instruction(value) or ""
-    if name == "system_prompt":
-        return "" if value.strip().lower() == "none" else value
-    return value
 
 
 @dataclass
@@ -211,7 +186,7 @@ class EvalSettings:
     def __post_init__(self):
         # The words 'none' and 'default' mean the same in Python as on the command line; None = not given.
         for name in ("instruction", "system_prompt"):
-            setattr(self, name, _prompt_words(name, getattr(self, name)))
+            setattr(self, name, prompt_word(name, getattr(self, name)))
         self.validate()
 
     @staticmethod
@@ -235,7 +210,7 @@ class EvalSettings:
     def validate(self) -> EvalSettings:
         """Raise ValueError naming the flag and the fix for the first bad value (called by `__post_init__`, so
         every instance is valid); returns self."""
-        for name in ("k", "batch_size", "tensor_parallel_size", "max_new_tokens", "max_problems", "max_model_len"):
+        for name in ("k", "batch_size", "tensor_parallel_size", "max_problems", "max_model_len"):
             if name in ("k", "batch_size", "tensor_parallel_size") or getattr(self, name) is not None:  # None: unset
                 self._need_int(name, 1, "must be an integer >= 1")
         for name in ("instruction", "system_prompt", "problem_column", "answer_column", "base_model", "merge_dir"):
@@ -259,23 +234,20 @@ class EvalSettings:
         return self
 
     def _check_sampling(self) -> None:
-        if self.temperature is not None:
-            self._need_number("temperature", lambda t: t >= 0, "must be >= 0 (0 = greedy)")
-            self._need(
-                self.temperature > 0 or self.k == 1,
-                "temperature",
-                f"0 is greedy decoding, so all --k {self.k} samples would be equal; pass --k 1 or a temperature > 0",
-            )
-        if self.top_p is not None:
-            self._need_number("top_p", lambda p: 0 < p <= 1, "must be in (0, 1]")
-        if self.top_k is not None:
-            self._need_int("top_k", 0, "must be an integer >= 0 (0 = no cut)")
+        for name in ("temperature", "top_p", "top_k", "max_new_tokens"):  # None: the model's own
+            problem = None if getattr(self, name) is None else sampling_problem(name, getattr(self, name))
+            self._need(problem is None, name, problem or "")
+        self._need(
+            self.temperature is None or self.temperature > 0 or self.k == 1,
+            "temperature",
+            f"0 is greedy decoding, so all --k {self.k} samples would be equal; pass --k 1 or a temperature > 0",
+        )
 
     def resolve(self, *model_dirs: str | os.PathLike | None) -> tuple[EvalSettings, list[str]]:
         """Fill the prompt and sampling fields left at None: from the first of `model_dirs` that has a
         ``cegppo_prompt.json`` (`load_eval_settings`), else `PAPER_SETTINGS`. Returns the filled settings and the
         names taken from the model."""
-        values, from_checkpoint = _fill_from_model(
+        values, from_checkpoint = settings_for_model(
             {name: getattr(self, name) for name in CHECKPOINT_SETTINGS}, model_dirs
         )
         return replace(self, **values), from_checkpoint
@@ -329,27 +301,6 @@ class EvalArguments:
             raise ValueError(f"--output needs the path of the JSON report, got {self.output!r}.")
 
 
-def _fill_from_model(given: dict[str, Any], model_dirs) -> tuple[dict[str, Any], list[str]]:
-    """`given` (CHECKPOINT_SETTINGS, None = not given) with each None filled from the first of `model_dirs` that
-    declares its settings, else from `PAPER_SETTINGS`; and the names taken from the model."""
-    saved: dict[str, Any] = {}
-    for directory in model_dirs:
-        if directory is not None and os.path.isdir(os.path.expanduser(os.fspath(directory))):
-            saved = load_eval_settings(directory) or {}
-            if saved:
-                break
-    values, from_checkpoint = {}, []
-    for name, value in given.items():
-        if value is not None:
-            values[name] = _prompt_words(name, value)
-        elif saved.get(name) is not None:
-            values[name] = saved[name]
-            from_checkpoint.append(name)
-        else:
-            values[name] = _prompt_words(name, PAPER_SETTINGS[name])
-    return values, from_checkpoint
-
-
 def resolve_eval_settings(
     model_name_or_path: str | os.PathLike, settings: EvalSettings | None = None, **given: Any
 ) -> tuple[dict[str, Any], list[str]]:
@@ -360,227 +311,4 @@ def resolve_eval_settings(
     EvalSettings(k=1, **given)  # checks the given values (k=1: greedy is a valid prompt and sampling here)
     current = {name: getattr(settings, name) for name in CHECKPOINT_SETTINGS}
     current.update({name: value for name, value in given.items() if value is not None})
-    return _fill_from_model(current, [model_name_or_path])
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Settings that travel with a checkpoint
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def _holds_model(directory: str) -> bool:
-    return os.path.isfile(os.path.join(directory, "config.json")) or os.path.isfile(
-        os.path.join(directory, ADAPTER_FILE)
-    )
-
-
-def save_eval_settings(
-    model_dir: str | os.PathLike,
-    *,
-    instruction: str | None,
-    temperature: float,
-    top_p: float = 1.0,
-    top_k: int = 0,
-    max_new_tokens: int,
-    system_prompt: str | None = None,
-    note: str | None = None,
-) -> str:
-    """Record in a saved model directory (or LoRA adapter folder) how it is prompted and sampled, so that
-    `cegppo-eval` uses it by default.
-
-    The prompt (`instruction`, a `load_math_dataset` instruction or ``{problem}`` template, None or "" for none, and
-    `system_prompt`) goes to ``cegppo_prompt.json``; the sampling (``do_sample``, ``temperature``, ``top_p``,
-    ``top_k`` (0: no cut), ``max_new_tokens``; `temperature` 0 = greedy) to the directory's ``generation_config.json``,
-    the standard place, which `model.generate()` and vLLM also read. Returns the path of ``cegppo_prompt.json``.
-    """
-    from transformers import GenerationConfig
-
-    model_dir = os.fspath(model_dir)
-    if not _holds_model(model_dir):
-        raise FileNotFoundError(
-            f"{model_dir!r} holds no saved model (no config.json or {ADAPTER_FILE}); save the model first."
-        )
-    EvalSettings(k=1, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens)  # checks
-    try:
-        generation = GenerationConfig.from_pretrained(model_dir, local_files_only=True)
-    except OSError:  # no generation_config.json yet (e.g. an adapter folder)
-        generation = GenerationConfig()
-    generation.max_new_tokens = int(max_new_tokens)
-    if temperature > 0:
-        generation.update(do_sample=True, temperature=float(temperature), top_p=float(top_p), top_k=int(top_k))
-    else:
-        generation.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-    generation.save_pretrained(model_dir)
-    path = os.path.join(model_dir, PROMPT_FILE)
-    prompt = {
-        "instruction": instruction or None,
-        "system_prompt": system_prompt or None,
-        "note": note
-        or "Prompt format this model was trained with; cegppo-eval uses it, and the sampling in "
-        "generation_config.json, unless --instruction / --system-prompt / --temperature / --top-p / --top-k / "
-        "--max-new-tokens are given.",
-    }
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(prompt, f, indent=2)
-        f.write("\n")
-    return path
-
-
-def load_eval_settings(model_dir: str | os.PathLike) -> dict[str, Any] | None:
-    """The settings `save_eval_settings` recorded in `model_dir`, or None if it has no ``cegppo_prompt.json``.
-
-    Returns ``{"instruction", "system_prompt"}`` ("" for none) plus whichever of ``temperature`` (0 when
-    ``do_sample`` is false), ``top_p``, ``top_k`` and ``max_new_tokens`` its ``generation_config.json`` sets.
-    """
-    from transformers import GenerationConfig
-
-    model_dir = os.path.expanduser(os.fspath(model_dir))
-    path = os.path.join(model_dir, PROMPT_FILE)
-    if not os.path.isfile(path):
-        return None
-    with open(path, encoding="utf-8") as f:
-        prompt = json.load(f)
-    settings: dict[str, Any] = {
-        "instruction": prompt.get("instruction") or "",
-        "system_prompt": prompt.get("system_prompt") or "",
-    }
-    if os.path.isfile(os.path.join(model_dir, "generation_config.json")):
-        generation = GenerationConfig.from_pretrained(model_dir, local_files_only=True)
-        if generation.max_new_tokens is not None:
-            settings["max_new_tokens"] = int(generation.max_new_tokens)
-        if generation.do_sample is False:
-            settings["temperature"] = 0.0
-        else:
-            for name in ("temperature", "top_p"):
-                if getattr(generation, name) is not None:
-                    settings[name] = float(getattr(generation, name))
-            if generation.top_k is not None:
-                settings["top_k"] = int(generation.top_k)
-    return settings
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# What to load: the model (full or LoRA adapter) and the data sets
-# ----------------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    """Where the weights come from. `path`: the full model to load (a local directory or a Hub id); `adapter`: a
-    LoRA adapter folder applied on top of it (merged), or None. `settings_dirs`: where its settings may be."""
-
-    given: str
-    path: str
-    adapter: str | None = None
-
-    @property
-    def settings_dirs(self) -> tuple[str, ...]:
-        return tuple(d for d in (self.adapter, self.path) if d is not None)
-
-    @property
-    def tokenizer_dir(self) -> str:
-        """The adapter folder when it has a tokenizer (Trainer.save_model writes it there), else the base model."""
-        if self.adapter and any(
-            os.path.isfile(os.path.join(self.adapter, name)) for name in ("tokenizer.json", "tokenizer_config.json")
-        ):
-            return self.adapter
-        return self.path
-
-
-def _check_local_or_hub(name: str, what: str, fix: str) -> str:
-    """`name` as a local model directory (expanded) or a Hub id; a path that does not exist is an error naming it."""
-    from ..data import can_be_hub_id  # huggingface_hub's repo-id check, the one of the package
-
-    path = os.path.expanduser(name)
-    where = os.path.abspath(path)
-    if os.path.isdir(path):
-        if os.path.isfile(os.path.join(path, "config.json")):
-            return path
-        raise FileNotFoundError(f"{what} {name!r} ({where}) holds no saved model (no config.json). {fix}")
-    if os.path.exists(path):
-        raise FileNotFoundError(f"{what} {name!r} is a file; pass a model directory or a Hub id. {fix}")
-    parent = os.path.dirname(where.rstrip(os.sep))
-    looks_local = name.startswith((".", "/", "~")) or (
-        "/" in name.rstrip("/") and os.path.isdir(os.path.dirname(path.rstrip(os.sep)) or ".")
-    )
-    if looks_local or not can_be_hub_id(name):
-        raise FileNotFoundError(
-            f"{what} {name!r} does not exist ({where}"
-            + ("" if os.path.isdir(parent) else f"; its parent {parent} does not exist either")
-            + f") and is not a Hugging Face Hub id ('org/name'). {fix}"
-        )
-    return name
-
-
-def resolve_model_source(model_name_or_path: str, base_model: str | None = None) -> ModelSource:
-    """Check `model_name_or_path` (and, for a LoRA adapter folder, its base) before anything loads.
-
-    A local directory with ``config.json`` is a full model; one with ``adapter_config.json`` and no ``config.json``
-    (what ``cegppo-train --use_peft true`` saves) is a LoRA adapter whose base is `base_model` or the adapter's
-    ``base_model_name_or_path``. Anything else must be a valid Hub id. Errors name the path and the fix.
-    """
-    name = os.fspath(model_name_or_path)
-    path = os.path.expanduser(name)
-    fix = "Pass a directory written by save_pretrained / Trainer.save_model (or a checkpoint-N folder), or a Hub id."
-    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
-        if os.path.isfile(os.path.join(path, ADAPTER_FILE)):
-            with open(os.path.join(path, ADAPTER_FILE), encoding="utf-8") as f:
-                recorded = json.load(f).get("base_model_name_or_path")
-            base = base_model or recorded
-            if not base:
-                raise FileNotFoundError(
-                    f"LoRA adapter {name!r}: its {ADAPTER_FILE} names no base_model_name_or_path; pass --base-model."
-                )
-            source = "--base-model" if base_model else f"base_model_name_or_path in {os.path.join(name, ADAPTER_FILE)}"
-            base_path = _check_local_or_hub(
-                base, f"the base model of LoRA adapter {name!r} ({source})", "Pass --base-model PATH_OR_HUB_ID."
-            )
-            return ModelSource(given=name, path=base_path, adapter=path)
-        inside = sorted(
-            entry
-            for entry in os.listdir(path)
-            if _holds_model(os.path.join(path, entry)) and (entry == "final" or entry.startswith("checkpoint-"))
-        )
-        hint = f" It contains saved models: {', '.join(os.path.join(name, e) for e in inside)}." if inside else ""
-        raise FileNotFoundError(
-            f"model directory {name!r} ({os.path.abspath(path)}) holds no saved model (no config.json or "
-            f"{ADAPTER_FILE}).{hint} {fix}"
-        )
-    if base_model is not None:
-        raise ValueError(f"--base-model applies to LoRA adapter folders; {name!r} is not one.")
-    return ModelSource(given=name, path=_check_local_or_hub(name, "model path", fix))
-
-
-@dataclass(frozen=True)
-class DatasetSpec:
-    """One ``--datasets`` entry: `name` as given (the report's key), the `source` for `load_math_dataset`, and its
-    `split` (Hub sets; `explicit` when written as ``ID:SPLIT``)."""
-
-    name: str
-    source: str
-    split: str
-    explicit: bool = False
-
-
-def parse_dataset_spec(text: str, default_split: str = "test") -> DatasetSpec:
-    """``ID``, ``ID:SPLIT`` (a Hub data set and its split, e.g. ``HuggingFaceH4/aime_2024:train``), a local file, or
-    a built-in set. A split applies to Hub sets only: a file is one split."""
-    from ..data import BUILTIN_DATASETS
-
-    if not isinstance(text, str) or not text.strip():
-        raise ValueError(f"{text!r} is not a data set name.")
-    if text in BUILTIN_DATASETS or os.path.exists(os.path.expanduser(text)):
-        return DatasetSpec(text, text, default_split)
-    prefix = "builtin:" if text.startswith("builtin:") else ""
-    source, colon, split = text[len(prefix) :].partition(":")
-    source = prefix + source
-    if colon and not split:
-        raise ValueError("empty split after ':'; write ID:SPLIT, e.g. math-ai/aime25:test.")
-    if source in BUILTIN_DATASETS or os.path.exists(os.path.expanduser(source)):
-        if colon:
-            raise ValueError(
-                f"a split applies to Hub data sets; {source} is a local file (one split). "
-                f"Write {source} without ':{split}'."
-            )
-        return DatasetSpec(text, source, default_split)
-    return DatasetSpec(text, source, split or default_split, explicit=bool(colon))
+    return settings_for_model(current, [model_name_or_path])

@@ -1,0 +1,206 @@
+"""The prompt and sampling that travel with a saved model: written by `cegppo-train` (into the final model and every
+``checkpoint-N``) and `cegppo-demo`, read by `cegppo-eval` and the demo.
+
+A model directory (or LoRA adapter folder) declares its prompt in ``cegppo_prompt.json`` (the instruction and system
+prompt) and its sampling in ``generation_config.json`` (the standard place, which `model.generate()` and vLLM also
+read). A model without ``cegppo_prompt.json`` takes the paper's evaluation values (`PAPER_SETTINGS`).
+
+The words of the prompt flags are one vocabulary for both commands: ``none`` (or "") means no instruction / no
+system message (`resolve_system_prompt`, `cegppo_trl.data.resolve_instruction`), ``default`` the DeepSeek-R1
+``\\boxed{}`` instruction. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from typing import Any
+
+from .model_source import holds_model
+
+
+__all__ = [
+    "CHECKPOINT_SETTINGS",
+    "DEFAULT_MAX_NEW_TOKENS",
+    "DEFAULT_TEMPERATURE",
+    "DEFAULT_TOP_P",
+    "PAPER_SETTINGS",
+    "PROMPT_FILE",
+    "load_eval_settings",
+    "prompt_word",
+    "resolve_system_prompt",
+    "sampling_problem",
+    "save_eval_settings",
+    "settings_for_model",
+]
+
+#: The file in a model directory that declares its prompt format.
+PROMPT_FILE = "cegppo_prompt.json"
+DEFAULT_TEMPERATURE = 0.6  # the paper's evaluation sampling
+DEFAULT_TOP_P = 0.95
+DEFAULT_MAX_NEW_TOKENS = 32768  # the paper evaluates DeepSeek-R1-Distill-Qwen-1.5B / 7B with up to 32k tokens
+#: The prompt and sampling of a model that declares none (the paper's evaluation; "default": the DeepSeek-R1
+#: instruction of `load_math_dataset`).
+PAPER_SETTINGS = {
+    "instruction": "default",
+    "system_prompt": "",
+    "temperature": DEFAULT_TEMPERATURE,
+    "top_p": DEFAULT_TOP_P,
+    "top_k": 0,
+    "max_new_tokens": DEFAULT_MAX_NEW_TOKENS,
+}
+#: The settings a model directory may declare.
+CHECKPOINT_SETTINGS = tuple(PAPER_SETTINGS)
+
+
+def resolve_system_prompt(value: str | None) -> str | None:
+    """The system prompt a command-line word means, in `cegppo-train` and `cegppo-eval` alike: ``none`` or ""
+    -> None (no system message); any other text -> itself; None stays None."""
+    if value is None or value.strip().lower() in ("", "none"):
+        return None
+    return value
+
+
+def prompt_word(name: str, value: Any) -> Any:
+    """A prompt part as the evaluation stores it: `resolve_instruction` / `resolve_system_prompt` of a word, with
+    "" for nothing; other names and non-strings unchanged."""
+    if not isinstance(value, str):
+        return value
+    if name == "instruction":
+        from .data import resolve_instruction
+
+        return resolve_instruction(value) or ""
+    if name == "system_prompt":
+        return resolve_system_prompt(value) or ""
+    return value
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def sampling_problem(name: str, value: Any) -> str | None:
+    """What is wrong with one sampling value (``temperature``, ``top_p``, ``top_k``, ``max_new_tokens``), or None:
+    the one place these rules live (`EvalSettings` and `save_eval_settings` both ask here)."""
+    if name == "temperature" and not (_is_number(value) and value >= 0):
+        return "must be >= 0 (0 = greedy)"
+    if name == "top_p" and not (_is_number(value) and 0 < value <= 1):
+        return "must be in (0, 1]"
+    if name == "top_k" and not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+        return "must be an integer >= 0 (0 = no cut)"
+    if name == "max_new_tokens" and not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return "must be an integer >= 1"
+    return None
+
+
+def save_eval_settings(
+    model_dir: str | os.PathLike,
+    *,
+    instruction: str | None,
+    temperature: float,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    max_new_tokens: int,
+    system_prompt: str | None = None,
+    note: str | None = None,
+) -> str:
+    """Record in a saved model directory (or LoRA adapter folder) how it is prompted and sampled, so that
+    `cegppo-eval` uses it by default.
+
+    The prompt (`instruction`, a resolved instruction or ``{problem}`` template, None or "" for none, and
+    `system_prompt`) goes to ``cegppo_prompt.json``; the sampling (``do_sample``, ``temperature``, ``top_p``,
+    ``top_k`` (0: no cut), ``max_new_tokens``; `temperature` 0 = greedy) to the directory's ``generation_config.json``.
+    Returns the path of ``cegppo_prompt.json``.
+    """
+    from transformers import GenerationConfig
+
+    model_dir = os.fspath(model_dir)
+    if not holds_model(model_dir):
+        raise FileNotFoundError(
+            f"{model_dir!r} holds no saved model (no config.json or adapter_config.json); save the model first."
+        )
+    sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "max_new_tokens": max_new_tokens}
+    for name, value in sampling.items():
+        problem = sampling_problem(name, value)
+        if problem:
+            raise ValueError(f"save_eval_settings: {name} {problem}, got {value!r}.")
+    try:
+        generation = GenerationConfig.from_pretrained(model_dir, local_files_only=True)
+    except OSError:  # no generation_config.json yet (e.g. an adapter folder)
+        generation = GenerationConfig()
+    generation.max_new_tokens = int(max_new_tokens)
+    if temperature > 0:
+        generation.update(do_sample=True, temperature=float(temperature), top_p=float(top_p), top_k=int(top_k))
+    else:
+        generation.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+    generation.save_pretrained(model_dir)
+    path = os.path.join(model_dir, PROMPT_FILE)
+    prompt = {
+        "instruction": instruction or None,
+        "system_prompt": system_prompt or None,
+        "note": note
+        or "Prompt format this model was trained with; cegppo-eval uses it, and the sampling in "
+        "generation_config.json, unless --instruction / --system-prompt / --temperature / --top-p / --top-k / "
+        "--max-new-tokens are given.",
+    }
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(prompt, f, indent=2)
+        f.write("\n")
+    return path
+
+
+def load_eval_settings(model_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """The settings `save_eval_settings` recorded in `model_dir`, or None if it has no ``cegppo_prompt.json``.
+
+    Returns ``{"instruction", "system_prompt"}`` ("" for none) plus whichever of ``temperature`` (0 when
+    ``do_sample`` is false), ``top_p``, ``top_k`` and ``max_new_tokens`` its ``generation_config.json`` sets.
+    """
+    from transformers import GenerationConfig
+
+    model_dir = os.path.expanduser(os.fspath(model_dir))
+    path = os.path.join(model_dir, PROMPT_FILE)
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        prompt = json.load(f)
+    settings: dict[str, Any] = {
+        "instruction": prompt.get("instruction") or "",
+        "system_prompt": prompt.get("system_prompt") or "",
+    }
+    if os.path.isfile(os.path.join(model_dir, "generation_config.json")):
+        generation = GenerationConfig.from_pretrained(model_dir, local_files_only=True)
+        if generation.max_new_tokens is not None:
+            settings["max_new_tokens"] = int(generation.max_new_tokens)
+        if generation.do_sample is False:
+            settings["temperature"] = 0.0
+        else:
+            for name in ("temperature", "top_p"):
+                if getattr(generation, name) is not None:
+                    settings[name] = float(getattr(generation, name))
+            if generation.top_k is not None:
+                settings["top_k"] = int(generation.top_k)
+    return settings
+
+
+def settings_for_model(
+    given: dict[str, Any], model_dirs: Iterable[str | os.PathLike | None]
+) -> tuple[dict[str, Any], list[str]]:
+    """`given` (`CHECKPOINT_SETTINGS`, None = not given) with each None filled from the first of `model_dirs` that
+    declares its settings, else from `PAPER_SETTINGS`; and the names taken from the model."""
+    saved: dict[str, Any] = {}
+    for directory in model_dirs:
+        if directory is not None and os.path.isdir(os.path.expanduser(os.fspath(directory))):
+            saved = load_eval_settings(directory) or {}
+            if saved:
+                break
+    values, from_checkpoint = {}, []
+    for name, value in given.items():
+        if value is not None:
+            values[name] = prompt_word(name, value)
+        elif saved.get(name) is not None:
+            values[name] = saved[name]
+            from_checkpoint.append(name)
+        else:
+            values[name] = prompt_word(name, PAPER_SETTINGS[name])
+    return values, from_checkpoint
