@@ -38,8 +38,9 @@ _WORKER_BOOT = (
 _STARTUP_TIMEOUT_S = 120.0  # importing sympy on a loaded 2-core machine can take many seconds
 _PIPELINE_DEPTH = 4  # tasks queued per worker: hides the round trip, keeps load balanced
 
-Task = tuple[str | None, str]
-"""``(answer or None, gold)``: ``None`` asks only whether the gold parses (status ``gold_ok``)."""
+Task = tuple[str | None, str] | tuple[str, str, str]
+"""``(answer or None, gold)``: ``None`` asks only whether the gold parses (status ``gold_ok``); or ``(completion,
+gold, protocol)``: the whole completion graded with a named protocol (:mod:`.protocols`)."""
 
 
 def worker_argv() -> list[str]:
@@ -171,8 +172,8 @@ class Worker:
         if not self.queue:
             self.busy_since = now
         self.queue.append(task_id)
-        answer, gold = task
-        self.wbuf += (json.dumps([task_id, answer, gold, soft_timeout]) + "\n").encode()
+        answer, gold, *protocol = task
+        self.wbuf += (json.dumps([task_id, answer, gold, soft_timeout, *protocol]) + "\n").encode()
 
     def flush(self, event: int) -> bool:
         """Write what the pipe takes of the queued lines; ``False`` if the worker's stdin is gone."""

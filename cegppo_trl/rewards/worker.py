@@ -1,10 +1,13 @@
 """The grading worker program, and the status strings it replies with (used by the whole reward).
 
 The parent (:mod:`.grading`) runs this file by path (``runpy.run_path``) in a fresh interpreter, so it imports
-only the standard library and math-verify, never its own package, torch or TRL. Protocol, one JSON list per line:
-the worker writes ``["ready", pid]`` once warm, then reads ``[id, answer | null, gold, soft_timeout]`` and replies
-``[id, status, seconds]``; a ``null`` answer asks only whether the gold parses (status ``gold_ok``). Why a worker,
-and the two timeouts: docs/rewards_and_data.md, *Timeouts and worker processes*.
+only the standard library and math-verify (and, for a named grading protocol, ``cegppo_trl.rewards.protocols`` from
+the same checkout), never torch or TRL. Protocol, one JSON list per line: the worker writes ``["ready", pid]`` once
+warm, then reads ``[id, answer | null, gold, soft_timeout]`` and replies ``[id, status, seconds]``; a ``null``
+answer asks only whether the gold parses (status ``gold_ok``). A fifth item names a grading protocol: the answer is
+then the whole completion, graded by :func:`.protocols.grade_in_worker` under math-verify's own timeouts (the soft
+timer stays off; the parent's hard timeout still applies). Why a worker, and the two timeouts:
+docs/rewards_and_data.md, *Timeouts and worker processes*.
 """
 
 from __future__ import annotations
@@ -154,6 +157,16 @@ class _Grader:
         self.parsed_gold.cache_clear()
 
 
+def _protocol_grader() -> Callable[[str, str, str], str]:  # pragma: no cover - runs in the worker
+    """``grade_in_worker`` of the ``protocols`` module beside this file, imported from this same checkout."""
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if package_root not in sys.path:
+        sys.path.insert(0, package_root)
+    from cegppo_trl.rewards.protocols import grade_in_worker
+
+    return grade_in_worker
+
+
 def _reply_stream() -> Any:  # pragma: no cover - runs in the worker
     """Take stdout for the replies alone, ignore Ctrl-C, arm the timer's handler and cap the address space."""
     out = os.fdopen(os.dup(1), "w", buffering=1)
@@ -180,10 +193,13 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker (exercised 
         line = stdin.readline()
         if not line:
             return  # the parent closed our stdin (exit) or died
-        task_id, answer, gold, soft = json.loads(line)
+        task_id, answer, gold, soft, *protocol = json.loads(line)
         start = time.perf_counter()
         try:
-            status = grader.grade(answer, gold, float(soft))
+            if protocol:  # math-verify's own timeouts (signal.alarm) bound it; our soft timer would clash with them
+                status = _protocol_grader()(protocol[0], answer, gold)
+            else:
+                status = grader.grade(answer, gold, float(soft))
         except Exception:  # noqa: BLE001 - a grading bug must cost one completion, not the worker
             status = ERROR
         except _SoftTimeout:
