@@ -101,6 +101,20 @@ class CEGPPOConfig(GRPOConfig):
             the groups are informative. `1.0` samples only the training batch. Must make a whole number of prompts
             per generation batch and of rows per process; values above 1 need dynamic sampling on (without it every
             group is trained on, so the extra groups would be generated for nothing: refused).
+        > Entropy-ratio clipping (the authors' follow-up, ERC, arXiv 2512.05591; off by default)
+
+        cegppo_entropy_ratio_clip (`list[float]` of two numbers, *optional*, defaults to `None`):
+            `[low, high]`, with `0 < low < 1 < high`, turns on entropy-ratio clipping: per loss token, `rho =
+            (H(pi_theta) + 1e-8) / (H(pi_old) + 1e-8)`, the ratio of the full-vocabulary entropies of
+            `softmax(logits / temperature)` at that position under the current and the old policy; tokens with `rho`
+            outside the open interval `(low, high)` keep their policy-loss value but give it no gradient (they still
+            count in every denominator). Only the policy term is masked: the KL term, the entropy bonus and the SFT
+            term are not (as in the authors' `gppo_erc` loss). The old entropies come from the pass that computes the
+            old log-probs (no extra forward), so like CE-GPPO it acts only off-policy: on-policy `rho == 1` and the
+            trainer warns that it is inert. The authors' released scripts use `[0.95, 1.05]` (their config's default
+            is `[0.8, 1.2]`), with `cegppo_beta1 = cegppo_beta2 = 1` and `delta = 10`. `None` disables it. Metrics:
+            `cegppo/erc_low_frac`, `cegppo/erc_high_frac` (`docs/method.md`, "Entropy-ratio clipping").
+
         > Diagnostics
 
         cegppo_low_prob_threshold (`float`, *optional*, defaults to `0.5`):
@@ -166,6 +180,13 @@ class CEGPPOConfig(GRPOConfig):
         default=1.0,
         metadata={
             "help": "Prompts generated per generation batch / prompts trained on, with dynamic sampling (authors: 2)."
+        },
+    )
+    cegppo_entropy_ratio_clip: list[float] | None = field(
+        default=None,
+        metadata={
+            "help": "Entropy-ratio clipping band `low high` (0 < low < 1 < high): tokens whose entropy ratio to the "
+            "old policy leaves it give no policy gradient (authors' ERC scripts: 0.95 1.05). None: off."
         },
     )
     cegppo_low_prob_threshold: float = field(
@@ -268,9 +289,25 @@ def validate_cegppo_config(args) -> None:
                 f"The entropy controller needs `{low}` <= `{start}` <= `{high}`, got {lo} <= {b0} <= {hi}. "
                 f"Widen the bounds or move `{start}` inside them.",
             )
+    _validate_entropy_ratio_clip(args.cegppo_entropy_ratio_clip)
     _validate_oversampling(args)
     if args.cegppo_exclude_zero_advantage_groups:
         _validate_dynamic_sampling(args)
+
+
+def _validate_entropy_ratio_clip(band) -> None:
+    """`cegppo_entropy_ratio_clip`: None, or two finite numbers `low < 1 < high` with `low > 0` (a band that holds
+    `rho = 1`, where the current and old entropies agree; otherwise every on-policy token would lose its gradient)."""
+    if band is None:
+        return
+    numbers = isinstance(band, (list, tuple)) and len(band) == 2
+    numbers = numbers and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in band)
+    _require(
+        numbers and all(math.isfinite(v) for v in band) and 0 < band[0] < 1 < band[1],
+        f"`cegppo_entropy_ratio_clip` must be two numbers [low, high] with 0 < low < 1 < high, got {band!r}. Use the "
+        "authors' [0.95, 1.05] (on the command line: --cegppo_entropy_ratio_clip 0.95 1.05), or None to disable "
+        "entropy-ratio clipping.",
+    )
 
 
 def _validate_oversampling(args) -> None:

@@ -18,6 +18,15 @@ and the per-token *loss* is `-l_t`; comparisons are strict. The scalars `eps_low
 TRL's optional dual-clip `delta`) travel together as one [`ClipParams`]. What each branch means for the forward value
 and the gradient, why the trainer can add [`gradient_preserving_correction`] to TRL's loss, and why the old log-probs
 are clamped: `docs/method.md`.
+
+Entropy-ratio clipping (ERC; Su et al., "Entropy Ratio Clipping as a Soft Global Constraint for Stable Reinforcement
+Learning", arXiv 2512.05591; the authors' verl loss `gppo_erc` agrees), an option on top of Eq. 8:
+
+    rho_t  = (H_t(pi_theta) + 1e-8) / (H_t(pi_old) + 1e-8)    H_t: full-vocabulary entropy at position t
+    L_t   <- L_t         if low < rho_t < high                 (strict: the open interval)
+             sg(L_t)     otherwise                              same value, no gradient; still counted
+
+[`entropy_ratio`], [`entropy_ratio_band`] and [`entropy_ratio_clip`] are these lines.
 """
 
 from __future__ import annotations
@@ -31,6 +40,10 @@ import torch
 # Bound on |log pi_theta - log pi_old| before any `exp`, as in verl (`clamp(log_prob - old_log_prob, -20, 20)`).
 # exp(20) ~ 4.85e8 and exp(-20) ~ 2.06e-9 are far outside any clip range and representable in float32 and bf16.
 LOG_RATIO_CLAMP = 20.0
+
+# Added to both entropies of the entropy ratio, as in the authors' ERC code: a token whose old distribution is one-hot
+# (entropy 0) gets a large finite ratio instead of a division by zero, and two zero entropies give exactly 1.
+ENTROPY_RATIO_EPS = 1e-8
 
 # Two rewards of one group count as equal when they differ by at most this much relative to max(1, |reward|): a few
 # float32 ulps, so rewards computed by different arithmetic (0.1 + 0.6 vs 0.7) still compare equal.
@@ -217,3 +230,53 @@ def gradient_preserving_correction(
         beta = torch.where(sets.beta1_mask, p.beta1, p.beta2).to(log_ratio.dtype)
     correction = clipped_objective * (1 - beta * torch.exp(log_ratio - log_ratio.detach()))
     return correction, sets
+
+
+@torch.no_grad()
+def entropy_ratio(
+    entropies: torch.Tensor, old_entropies: torch.Tensor, eps: float = ENTROPY_RATIO_EPS
+) -> torch.Tensor:
+    """ERC's `rho_t = (H_t(pi_theta) + eps) / (H_t(pi_old) + eps)`, per token (detached).
+
+    Args:
+        entropies: `(B, T)` entropies of the current policy, `softmax(logits / temperature)` over the whole
+            vocabulary at each completion position (what TRL's `_get_per_token_logps_and_entropies` returns).
+        old_entropies: `(B, T)` the same under the old policy (the pass that computed the old log-probs).
+        eps: added to both, as the authors do.
+    """
+    return (entropies.detach() + eps) / (old_entropies + eps)
+
+
+@dataclass
+class EntropyRatioBand:
+    """Where each token's entropy ratio lies against ERC's band `(low, high)` (bool, detached, same shape).
+
+    Attributes:
+        keep: `low < rho < high` (the authors' strict comparisons): the tokens that keep their gradient.
+        below: `rho <= low`; above: `rho >= high`. A NaN ratio is in none of the three (and loses its gradient).
+    """
+
+    keep: torch.Tensor
+    below: torch.Tensor
+    above: torch.Tensor
+
+
+@torch.no_grad()
+def entropy_ratio_band(
+    entropies: torch.Tensor, old_entropies: torch.Tensor, band: tuple[float, float]
+) -> EntropyRatioBand:
+    """Split the tokens by [`entropy_ratio`] against `band = (low, high)`; arguments as there."""
+    low, high = band
+    rho = entropy_ratio(entropies, old_entropies)
+    return EntropyRatioBand(keep=(rho > low) & (rho < high), below=rho <= low, above=rho >= high)
+
+
+def entropy_ratio_clip(per_token_loss: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """ERC's masked gradient: `torch.where(keep, L, sg(L))`. Every token keeps its loss value (so it still counts in
+    the loss's value and in the token-mean denominator); the tokens outside the band (`keep` False) give no gradient.
+
+    Args:
+        per_token_loss: the policy term's per-token loss `L`, `(B, T)` or `(B, 1)` (sequence level; broadcast).
+        keep: bool `(B, T)`, [`EntropyRatioBand.keep`] of [`entropy_ratio_band`].
+    """
+    return torch.where(keep, per_token_loss, per_token_loss.detach())

@@ -15,3 +15,87 @@ def cegppo_token_mean_loss(
     """
     per_token = cegppo_per_token_loss(log_ratio, advantages, params)
     return (per_token.per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Entropy-ratio clipping (ERC, arXiv 2512.05591; the authors' verl loss `gppo_erc`), written out from its definition
+# in float64, sharing no code with cegppo_trl (not even Eq. 8: it is restated below).
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def full_vocab_entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """`H = -sum_v p_v log p_v` of `p = softmax(logits / temperature)` over the last dimension, in float64."""
+    log_p = torch.log_softmax(logits.double() / temperature, dim=-1)
+    return -(log_p.exp() * log_p).sum(-1)
+
+
+def gppo_erc_per_token_loss(
+    log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    entropies: torch.Tensor,
+    old_entropies: torch.Tensor,
+    params: ClipParams,
+    band: tuple[float, float] | None,
+) -> torch.Tensor:
+    """Per-token loss `-l_t` of Eq. 8 (with the dual-clip cap `min(r, delta)` on the unclipped branch), then ERC:
+    tokens with `rho = (H + 1e-8) / (H_old + 1e-8)` outside the open interval `band` keep the value, lose the gradient.
+    `band=None`: Eq. 8 alone. Float64; `log_probs` carries the gradient."""
+    log_probs, old_log_probs, advantages = log_probs.double(), old_log_probs.double(), advantages.double()
+    p = params
+    r = torch.exp(log_probs - old_log_probs)
+    r_over_sg_r = torch.exp(log_probs - log_probs.detach())  # 1 in value, d log pi in gradient
+    in_beta1_set = (r.detach() < 1 - p.epsilon_low) & (advantages < 0)
+    in_beta2_set = (r.detach() > 1 + p.epsilon_high) & (advantages > 0)
+    capped_r = r if p.delta is None else torch.minimum(r, torch.full_like(r, p.delta))
+    objective = torch.where(
+        in_beta1_set,
+        p.beta1 * (1 - p.epsilon_low) * r_over_sg_r * advantages,
+        torch.where(in_beta2_set, p.beta2 * (1 + p.epsilon_high) * r_over_sg_r * advantages, capped_r * advantages),
+    )
+    loss = -objective
+    if band is None:
+        return loss
+    rho = (entropies.double() + 1e-8) / (old_entropies.double() + 1e-8)
+    inside = (rho > band[0]) & (rho < band[1])
+    return torch.where(inside, loss, loss.detach())
+
+
+def expected_erc_gradient(
+    log_ratio: torch.Tensor, advantages: torch.Tensor, rho: torch.Tensor, params: ClipParams, band
+) -> torch.Tensor:
+    """`d(-l_t) / d log pi_theta` token by token, by the case analysis of the definitions (no autograd): outside the
+    band 0; inside, `-beta1 (1 - eps_low) A` on the beta1 set, `-beta2 (1 + eps_high) A` on the beta2 set, 0 where
+    the dual clip caps the ratio (`r > delta`), `-r A` elsewhere."""
+    p = params
+    r = torch.exp(log_ratio.double())
+    a = advantages.double()
+    grad = torch.empty_like(r)
+    for i in range(r.numel()):
+        ri, ai, rhoi = r.flatten()[i].item(), a.flatten()[i].item(), rho.flatten()[i].item()
+        if band is not None and not band[0] < rhoi < band[1]:
+            g = 0.0
+        elif ri < 1 - p.epsilon_low and ai < 0:
+            g = -p.beta1 * (1 - p.epsilon_low) * ai
+        elif ri > 1 + p.epsilon_high and ai > 0:
+            g = -p.beta2 * (1 + p.epsilon_high) * ai
+        elif p.delta is not None and ri > p.delta:
+            g = 0.0
+        else:
+            g = -ri * ai
+        grad.view(-1)[i] = g
+    return grad
+
+
+def completion_log_probs_and_entropies(model, batch: dict, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`log pi(y_t)` and the full-vocabulary entropy at every completion position of `batch` (TRL's layout: left-padded
+    `prompt_ids`, right-padded `completion_ids` and their masks), from the model's plain logits, in float64. Pass a
+    float64 copy of the model that no trainer has patched."""
+    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    completion_length = batch["completion_ids"].size(1)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits.double()
+    logits = logits[:, -completion_length - 1 : -1]  # position t predicts token t + 1
+    log_p = torch.log_softmax(logits / temperature, dim=-1)
+    token_log_probs = log_p.gather(-1, batch["completion_ids"].unsqueeze(-1)).squeeze(-1)
+    return token_log_probs, full_vocab_entropy(logits, temperature)
