@@ -74,6 +74,7 @@ WALK_SEED = 0
 MAX_STEPS = 2
 DATA_ROWS = 1457  # rows of the walk's data (the sums of builtin:arithmetic); test_walk_data checks it
 DDP_CONFIG = "multi_gpu.yaml"
+ERC_METRICS = ("cegppo/erc_low_frac", "cegppo/erc_high_frac")  # logged with cegppo_entropy_ratio_clip
 DDP_PROCESSES = 2
 
 # What the walk changes, with why. Everything else is the recipe's own value.
@@ -355,6 +356,15 @@ def _check_logs(output_dir: Path, values: dict, processes: int):
         if not controller:
             assert entry["cegppo/beta1"] == values.get("cegppo_beta1", 0.5)
             assert entry["cegppo/beta2"] == values.get("cegppo_beta2", 1.0)
+    erc = values.get("cegppo_entropy_ratio_clip") is not None
+    # Entropy-ratio clipping's metrics, exactly when the recipe turns it on (their values: tests/test_erc_trainer.py;
+    # at the recipes' lr 1e-6 two steps barely move the entropy, so here they are only shares).
+    for entry in steps:
+        shares = [entry.get(m) for m in ERC_METRICS]
+        if erc:
+            assert all(v is not None and 0.0 <= v <= 1.0 for v in shares), (entry["step"], shares)
+        else:
+            assert shares == [None, None], (entry["step"], shares)
     first = steps[0]  # the step that generated the batch
     # The reward the recipe names, with its values: math's correct / wrong rewards give reward = c*acc + w*(1-acc).
     rewards = values.get("reward_funcs", ["math"])

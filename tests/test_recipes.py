@@ -66,6 +66,11 @@ PAPER_RECIPES = {
         8,
     ),
 }
+# The authors' entropy-ratio clipping runs (arXiv 2512.05591; Kwai-Klear/ERC's `gppo_erc` scripts): recipe -> model.
+ERC_RECIPES = {
+    "DeepSeek-R1-Distill-Qwen-1.5B/erc/config_paper.yaml": "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B",
+    "DeepSeek-R1-Distill-Qwen-7B/erc/config_paper.yaml": "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B",
+}
 LORA_RECIPE = "DeepSeek-R1-Distill-Qwen-1.5B/cegppo/config_lora.yaml"
 TINY_RECIPE = "tiny/cegppo/config_cpu.yaml"
 
@@ -99,7 +104,9 @@ def parse(recipe: str | Path, *extra: str):
 
 def test_all_recipes_are_listed():
     found = {_rel(p) for p in RECIPES}
-    assert found == set(PAPER_RECIPES) | {LORA_RECIPE, TINY_RECIPE}, "add new recipes to the tables of this test"
+    assert found == set(PAPER_RECIPES) | set(ERC_RECIPES) | {LORA_RECIPE, TINY_RECIPE}, (
+        "add new recipes to the tables of this test"
+    )
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=_rel)
@@ -172,6 +179,36 @@ def test_baselines_differ_from_cegppo_only_where_intended(size):
             diff = {k for k in a if a[k] != b[k]} - allowed
             assert not diff, f"{algo} differs from cegppo in {sorted(diff)}"
         assert parsed[algo][1].output_dir != parsed["cegppo"][1].output_dir
+
+
+@pytest.mark.parametrize("recipe", sorted(ERC_RECIPES))
+def test_erc_recipe_has_the_authors_released_values(recipe):
+    """The values of the authors' `gppo_erc` scripts: GPPO (beta1 = beta2 = 1), band [0.95, 1.05], eps 0.2 / 0.2,
+    dual clip c = 10, SFT 0.1, token-mean, lr 1e-6, 256 prompts generated for 128 trained, 8 samples, 16 prompts per
+    optimizer step on the recipe's 8 processes."""
+    script_args, c, model_args = parse(recipe)
+    assert model_args.model_name_or_path == ERC_RECIPES[recipe] and script_args.dataset_name == DATASET
+    assert (c.cegppo_beta1, c.cegppo_beta2) == (1.0, 1.0) and c.cegppo_entropy_ratio_clip == [0.95, 1.05]
+    assert c.epsilon == 0.2 and c.epsilon_high == 0.2 and c.delta == 10.0 and c.cegppo_sft_coef == 0.1
+    assert c.cegppo_sft_reward_threshold == 1.0 and script_args.correct_reward == 1.0
+    assert c.loss_type == "dapo" and c.beta == 0.0 and c.learning_rate == 1e-6 and c.num_generations == 8
+    assert c.cegppo_exclude_zero_advantage_groups and c.cegppo_oversampling == 2.0
+    assert c.per_device_train_batch_size * 8 * c.steps_per_generation == 128 * 8  # 128 prompts trained per batch
+    assert c.per_device_train_batch_size * 8 * c.gradient_accumulation_steps == 16 * 8
+    assert c.cegppo_entropy_target is None and c.entropy_coef == 0.0
+
+
+@pytest.mark.parametrize("size", ["1.5B", "7B"])
+def test_erc_recipe_differs_from_cegppo_only_in_the_authors_erc_options(size):
+    base = f"DeepSeek-R1-Distill-Qwen-{size}"
+    cegppo, erc = parse(f"{base}/cegppo/config_paper.yaml"), parse(f"{base}/erc/config_paper.yaml")
+    allowed = {"cegppo_beta1", "cegppo_beta2", "cegppo_entropy_ratio_clip", "delta", "cegppo_sft_coef"}
+    allowed |= {"output_dir", "run_name", "logging_dir"}
+    for ours, theirs in zip(cegppo, erc):
+        a, b = dataclasses.asdict(ours), dataclasses.asdict(theirs)
+        diff = {k for k in a if a[k] != b[k]}
+        assert diff <= allowed, f"erc differs from cegppo in {sorted(diff - allowed)}"
+    assert erc[1].output_dir != cegppo[1].output_dir
 
 
 def test_lora_recipe_fits_one_gpu():
