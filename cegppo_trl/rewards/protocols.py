@@ -1,14 +1,15 @@
 """Grading protocols: how one completion is graded against one gold answer, and how its prompt is written.
 
-A number is only comparable with another graded the same way. Three protocols, each a small function over one
-completion (a string) and one gold answer that returns a status of :mod:`.worker` (``correct``, ``wrong``,
+A number is only comparable with another graded the same way. The protocols, each a small function over one
+completion (a string) and one gold answer (a string) that returns a status of :mod:`.worker` (``correct``, ``wrong``,
 ``no_answer``, ``unparseable``, ``bad_gold``; the grading pool adds ``timeout`` and ``error``):
 
 - :func:`authors` -- the CE-GPPO authors' grader (Kwai-Klear/CE-GPPO at 10558fe,
   ``verl/utils/reward_score/math_dapo.py``, ``math_verify_from_sky``), used for their training reward and their
   AIME evaluation; their prompt is the raw problem as one user message.
-- :func:`lighteval` -- what lighteval 0.13's math tasks (``aime24``, ``aime25``, ``*_avg``) score with
-  ``MultilingualExtractiveMatchMetric``; their prompt is lighteval's instruction template.
+- :func:`lighteval` -- what lighteval 0.13's ``pass_at_k_math`` metric scores (``math_500``, ``aime24`` / ``aime25``
+  pass@1: think block removed, extractive match); :func:`lighteval_avg` -- its ``avg_at_n_math`` (``aime24_avg`` /
+  ``aime25_avg``), which grades the whole completion; their prompt is lighteval's AIME instruction template.
 - :func:`boxed` -- this package's reward and ``cegppo-eval``'s historical grading (the last ``\\boxed{}`` after
   ``</think>``, with fallbacks; :mod:`.extract`), with the DeepSeek-R1 instruction appended.
 
@@ -40,6 +41,8 @@ __all__ = [
     "boxed",
     "grade_with_protocol",
     "lighteval",
+    "lighteval_avg",
+    "remove_reasoning_tags",
     "resolve_protocol",
 ]
 
@@ -139,17 +142,27 @@ def _lighteval_configs() -> list:
 
 
 def lighteval(completion: str, gold: str) -> str:
-    """What lighteval 0.13's math metric (``avg_at_n_math`` / ``pass_at_k_math``) scores: 1 if ``correct``, else 0.
+    """What lighteval 0.13's ``pass_at_k_math`` metric scores (math_500, aime24/aime25 pass@1): 1 if ``correct``.
 
-    ``<think>...</think>`` is removed (lighteval's ``--remove-reasoning-tags``, on by default); the rest and the gold
-    are extracted with ``[ExprExtractionConfig(), LatexExtractionConfig()]``, ``fallback_mode="first_match"``,
-    ``extraction_mode="any_match"``, timeout 5 s, and compared with precision 6. A gold that extracts nothing is
-    compared as its own string (as lighteval does), and is ``bad_gold`` unless that string matches. Nothing
-    extracted from the completion: ``no_answer``. Computed with math-verify, not lighteval's own copy of the
-    extraction code (lighteval pins latex2sympy2_extended 1.0.6); the anchors count where the two differ.
+    ``<think>...</think>`` is removed first (lighteval's ``--remove-reasoning-tags``, on by default; see
+    :func:`remove_reasoning_tags`), then the rest is graded by :func:`lighteval_avg`'s extractive match.
     """
-    text = remove_reasoning_tags(completion or "")
-    if not text.strip():
+    return lighteval_avg(remove_reasoning_tags(completion or ""), gold)
+
+
+def lighteval_avg(completion: str, gold: str) -> str:
+    """What lighteval 0.13's ``avg_at_n_math`` metric scores (aime24_avg / aime25_avg, avg@64): 1 if ``correct``.
+
+    That metric reads each sample through ``ModelResponse.__getitem__``, which drops the post-processed text, so the
+    think block is NOT removed: the whole completion is graded. The completion and the gold are extracted with
+    ``[ExprExtractionConfig(), LatexExtractionConfig()]``, ``fallback_mode="first_match"``,
+    ``extraction_mode="any_match"``, timeout 5 s, and compared with precision 6. The gold is read as lighteval's AIME
+    tasks pass it (the bare answer); a gold that extracts nothing is compared as its own string, as lighteval does,
+    and is ``bad_gold`` unless that string matches. Nothing extracted from the completion: ``no_answer``. Computed
+    with math-verify, not lighteval's own copy of the extraction code (which pins latex2sympy2_extended 1.0.6); the
+    anchors count where the two differ.
+    """
+    if not completion or not completion.strip():
         return NO_ANSWER
     mv = _math_verify()
     configs = _lighteval_configs()
@@ -163,7 +176,7 @@ def lighteval(completion: str, gold: str) -> str:
             parsing_timeout=LIGHTEVAL_TIMEOUT_S,
         )
 
-    predicted = extract(text)
+    predicted = extract(completion)
     if not predicted:
         return NO_ANSWER
     gold_parsed = extract(gold)
@@ -212,7 +225,14 @@ PROTOCOLS: dict[str, Protocol] = {
         lighteval,
         LIGHTEVAL_MATH_TEMPLATE,
         40.0,
-        "lighteval 0.13's math metric (think block removed, extractive match; its AIME instruction template)",
+        "lighteval 0.13's pass@k math metric (think block removed, extractive match; its AIME instruction template)",
+    ),
+    "lighteval_avg": Protocol(
+        "lighteval_avg",
+        lighteval_avg,
+        LIGHTEVAL_MATH_TEMPLATE,
+        40.0,
+        "lighteval 0.13's avg@n math metric of aime24_avg/aime25_avg (as lighteval, on the whole completion)",
     ),
     "boxed": Protocol(
         "boxed",
@@ -240,11 +260,10 @@ def resolve_protocol(name: Any) -> Protocol:
 
 def grade_in_worker(protocol: str, completion: str, gold: str) -> str:
     """A grading worker's entry for a protocol task (the worker imports this module by its package path)."""
-    if protocol == "authors":
-        return authors(completion, gold)
-    if protocol == "lighteval":
-        return lighteval(completion, gold)
-    return ERROR
+    spec = PROTOCOLS.get(protocol)
+    if spec is None or spec.name == "boxed":  # boxed batches go to grade_completions, never here
+        return ERROR
+    return spec.grade(completion, gold)
 
 
 def grade_with_protocol(
