@@ -17,8 +17,11 @@ and the median is taken. Printed per point and variant, CE-GPPO / GRPO:
 
 Variants (each a CE-GPPO config compared with the same plain GRPO): `base` (paper defaults), `sft`
 (`cegppo_sft_coef=0.1`, half of the completions get the NLL term), `entropy` (`cegppo_entropy_target=0.5`, the PI
-controller updates beta1 / beta2 every micro-batch). CE-GPPO's quadrant metrics are always computed (no flag), so
-every variant includes them. Goal: every ratio <= 1.01.
+controller updates beta1 / beta2 every micro-batch), `erc` (`cegppo_entropy_ratio_clip=[0.95, 1.05]`, entropy-ratio
+clipping; the batch's old entropies are the current ones times exp(N(0, 0.05^2)), so ~30% of tokens leave the band).
+CE-GPPO's quadrant metrics are always computed (no flag), so every variant includes them. Goal: every ratio <= 1.01.
+Where `erc` and `base` run at the same point, an `erc/base` line gives ERC's own cost (on vs off, same rounds), and an
+`old pass` line the cost of keeping the old entropies in the old-log-prob pass (`compute_entropy` True vs False).
 """
 
 from __future__ import annotations
@@ -26,12 +29,20 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import statistics
+import sys
 import tempfile
 import time
 import warnings
 
 import torch
+
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import bench_scaling_plot  # noqa: E402
+import gpu_check_erc  # noqa: E402
 
 
 warnings.filterwarnings("ignore")
@@ -75,6 +86,7 @@ VARIANTS = {
     "base": {},
     "sft": {"cegppo_sft_coef": 0.1},
     "entropy": {"cegppo_entropy_target": 0.5},
+    "erc": {"cegppo_entropy_ratio_clip": [0.95, 1.05]},
 }
 # Default point set: (completion_len, batch). Chosen to fit ~20 min on 2 shared CPU cores (see docs/scaling.md).
 DEFAULT_POINTS = ["256x1", "256x2", "1024x1"]
@@ -180,8 +192,11 @@ def make_trainers(model, device, completion_len, variants=None, tokenizer=None, 
     return trainers
 
 
-def make_batch(trainer, vocab_size, batch, completion_len, device, prompt_len=16, seed=0, noise=0.3):
-    """Off-policy batch: old log-probs = current log-probs + N(0, noise^2), lengths in [T/2, T]."""
+def make_batch(
+    trainer, vocab_size, batch, completion_len, device, prompt_len=16, seed=0, noise=0.3, entropy_noise=0.05
+):
+    """Off-policy batch: old log-probs = current log-probs + N(0, noise^2), old entropies = current ones times
+    exp(N(0, entropy_noise^2)) (for `cegppo_entropy_ratio_clip`; other trainers ignore them), lengths in [T/2, T]."""
     gen = torch.Generator().manual_seed(seed)
     b, p, c = batch, prompt_len, completion_len
     lengths = torch.randint(c // 2, c + 1, (b,), generator=gen)
@@ -206,9 +221,13 @@ def make_batch(trainer, vocab_size, batch, completion_len, device, prompt_len=16
     with torch.no_grad():
         ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
         mask = torch.cat([out["prompt_mask"], out["completion_mask"]], 1)
-        logps, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, c)
+        logps, entropies, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.model, ids, mask, c, compute_entropy=True
+        )
     old = logps.float().cpu() + noise * torch.randn(logps.shape, generator=gen)
     out["old_per_token_logps"] = old.to(device)
+    old_entropies = entropies.float().cpu() * torch.exp(entropy_noise * torch.randn(logps.shape, generator=gen))
+    out["cegppo_old_entropies"] = old_entropies.to(device)
     return out
 
 
@@ -392,61 +411,6 @@ def overhead_only(points, variants, repeats=5):
     return rows
 
 
-def plot(results, path, overhead=None):
-    """Ratio vs tokens per micro-batch, one panel per measure, one line per variant."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8), sharey=False)
-    for ax, key, title in zip(
-        axes,
-        ("lb_ratio", "step_ratio", "mem_ratio"),
-        ("loss + backward time", "training step time (+AdamW)", "loss + backward peak memory"),
-    ):
-        for variant, marker in zip(VARIANTS, "osD"):
-            rows = sorted((r for r in results if r["variant"] == variant), key=lambda r: (r["T"] * r["B"], r["B"]))
-            if not rows:
-                continue
-            x = [r["T"] * r["B"] for r in rows]
-            ax.plot(
-                x,
-                [r[key] for r in rows],
-                marker=marker,
-                linestyle="-" if variant == "base" else "none",
-                label=f"CE-GPPO {variant}",
-            )
-            for r in rows:
-                ax.annotate(
-                    f"B={r['B']}", (r["T"] * r["B"], r[key]), fontsize=7, xytext=(3, 3), textcoords="offset points"
-                )
-        if key == "lb_ratio" and overhead:
-            base = {(r["T"], r["B"]): r for r in results if r["variant"] == "base"}
-            pts = []
-            for o in overhead:
-                # Bound from CE-GPPO's own cost over a GRPO step extrapolated linearly in tokens from measured points.
-                ref = max(base.values(), key=lambda r: r["T"] * r["B"]) if base else None
-                if ref is None:
-                    continue
-                grpo_ms = ref["grpo_lb_ms"] * (o["T"] * o["B"]) / (ref["T"] * ref["B"])
-                pts.append((o["T"] * o["B"], 1 + (o["delta_ms_base"] + o["corr_bwd_ms"]) / grpo_ms))
-            if pts:
-                ax.plot(*zip(*sorted(pts)), "k--", lw=1, label="bound from CE-GPPO's own cost")
-        ax.axhline(1.01, color="red", lw=0.8, ls=":", label="goal 1.01")
-        ax.axhline(1.0, color="grey", lw=0.6)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("completion tokens per micro-batch (B x T)")
-        ax.set_title(title, fontsize=10)
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("CE-GPPO / GRPO")
-    axes[0].legend(fontsize=7)
-    fig.suptitle("CE-GPPO vs GRPO (dapo), Qwen2-1.5B shape (1 layer, vocab 151,936), CPU, fp32", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    print(f"# wrote {path}")
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # The benchmark
 # ----------------------------------------------------------------------------------------------------------------
@@ -511,7 +475,7 @@ def main(argv=None) -> list[dict]:
         for r in saved["results"]:
             print(format_row(r))
         if args.plot:
-            plot(saved["results"], args.plot, saved.get("overhead"))
+            bench_scaling_plot.plot(saved["results"], args.plot, VARIANTS, saved.get("overhead"))
         return saved["results"]
     device = torch.device("cpu")
     shape = TINY if args.tiny else QWEN2_1_5B
@@ -536,7 +500,7 @@ def main(argv=None) -> list[dict]:
     )
     print("# ratios are CE-GPPO / GRPO(dapo); lb = loss+backward, step = +AdamW step, mem = loss+backward peak")
     print(HEADER, flush=True)
-    results = []
+    results, erc_rows = [], []
     start = time.perf_counter()
     trainers_by_len = {}
     for t_len, b in points:
@@ -552,6 +516,11 @@ def main(argv=None) -> list[dict]:
             r.update(T=t_len, B=b, variant=variant, repeats=repeats)
             results.append(r)
             print(format_row(r), flush=True)
+        erc = gpu_check_erc.erc_vs_base(results, t_len, b)
+        if erc is not None:
+            erc["old_pass"] = gpu_check_erc.old_pass_cost(trainers["erc"], batch, device, repeats)
+            erc_rows.append(dict(erc, T=t_len, B=b))
+            print(gpu_check_erc.format_erc(erc, t_len, b), flush=True)
         del batch
         gc.collect()
     worst = {k: max((r[k] for r in results), default=float("nan")) for k in ("lb_ratio", "step_ratio", "mem_ratio")}
@@ -569,10 +538,12 @@ def main(argv=None) -> list[dict]:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
-                {"params": n_params, "layers": args.layers, "results": results, "overhead": overhead}, f, indent=1
+                {"params": n_params, "layers": args.layers, "results": results, "erc": erc_rows, "overhead": overhead},
+                f,
+                indent=1,
             )
     if args.plot:
-        plot(results, args.plot, overhead)
+        bench_scaling_plot.plot(results, args.plot, VARIANTS, overhead)
     return results
 
 

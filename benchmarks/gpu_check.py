@@ -17,10 +17,15 @@ Parts (`--parts`, default all), each printing its lines as it finishes:
      backward;
    then one `EQ8` line: in bf16 (small batch), the trainer's loss and gradient (all parameters) against an independent
    implementation of paper Eq. 8 on the same log-probs, with GRPO's gradient as a control that must *not* match.
-2. `sync`: one `RESULT sync:` line, the synchronizing calls of one micro-batch's loss + backward for GRPO and for
+2. `erc`: entropy-ratio clipping (`cegppo_entropy_ratio_clip=[0.95, 1.05]`) at the first loss case's shape: one
+   `RESULT erc:` line, ERC on / off (the `erc` CE-GPPO variant against `base`, interleaved): `lb_ratio`, `step_ratio`,
+   `mem_ratio`, and the old-log-prob pass with the entropies kept / dropped (`old_pass_time_ratio`,
+   `old_pass_mem_ratio`); then one `ERC` line: the ERC trainer's gradient against Eq. 8 with the band written out,
+   the ERC-off gradient as a control that must not match (benchmarks/gpu_check_erc.py).
+3. `sync`: one `RESULT sync:` line, the synchronizing calls of one micro-batch's loss + backward for GRPO and for
    CE-GPPO (plain, with the entropy controller, with the SFT term), and where CE-GPPO's extra ones are
    (benchmarks/gpu_check_sync.py).
-3. `lora`, `paper`: recipes/DeepSeek-R1-Distill-Qwen-1.5B/cegppo/config_lora.yaml and config_paper.yaml launched as a
+4. `lora`, `paper`: recipes/DeepSeek-R1-Distill-Qwen-1.5B/cegppo/config_lora.yaml and config_paper.yaml launched as a
    user launches them (`accelerate launch --config_file accelerate_configs/single_gpu.yaml examples/train_cegppo.py
    --config <recipe> ...`) on a random-init model of R1-Distill-1.5B's shape built locally, 256-token completions,
    8 steps; one `RECIPE <name>:` line each (steps trained, the saved output, the first step's generation, what was
@@ -28,7 +33,7 @@ Parts (`--parts`, default all), each printing its lines as it finishes:
    (benchmarks/gpu_check_recipes.py).
 
 Ends with `GPU_CHECK DONE ok: ...`; exit status 0 only if every part ran and passed (EQ8 PASS, every recipe trained
-every step and saved, every evaluation read its model); 2 when there is no GPU (refused).
+every step and saved, every evaluation read its model, ERC PASS); 2 when there is no GPU (refused).
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bench_scaling as bs  # noqa: E402
+import gpu_check_erc  # noqa: E402
 import gpu_check_recipes as rc  # noqa: E402
 import gpu_check_sync as sync  # noqa: E402
 import torch  # noqa: E402
@@ -62,7 +68,7 @@ SMOKE_CASES = [(name, bs.TINY, 2, lora) for name, _, _, lora in FULL_CASES]
 LORA = dict(r=32, lora_alpha=64, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
 
 
-PARTS = ("loss", "sync", "lora", "paper")
+PARTS = ("loss", "erc", "sync", "lora", "paper")
 
 
 def parse_args(argv=None):
@@ -266,6 +272,15 @@ def loss_part(args, device, dtype, start) -> tuple[bool, int, int]:
     return ok, ran, len(cases)
 
 
+def erc_part(args, device, dtype) -> bool:
+    """Entropy-ratio clipping's cost and gradient check at the first loss case's shape (`RESULT erc:`, `ERC`)."""
+    _, shape, layers, _ = (SMOKE_CASES if args.smoke else FULL_CASES)[0]
+    completion_len = args.completion_len or (32 if args.smoke else 4096)
+    batch_size = args.batch or (2 if args.smoke else 1)
+    repeats = args.repeats or (1 if args.smoke else 5)
+    return gpu_check_erc.erc_part(bs, shape, layers, device, dtype, completion_len, batch_size, repeats)
+
+
 def recipes_part(args) -> tuple[bool, str]:
     """The LoRA and paper recipes end to end, then `cegppo-eval` on each output: (ok, summary)."""
     names = [name for name in ("lora", "paper") if name in args.parts]
@@ -301,6 +316,11 @@ def main(argv=None) -> int:
         loss_ok, ran, total = loss_part(args, device, dtype, start)
         ok = ok and loss_ok
         summary.append(f"loss {ran}/{total} case(s)")
+    if "erc" in args.parts:
+        erc_ok = erc_part(args, device, dtype)
+        ok = ok and erc_ok
+        summary.append(f"erc {'PASS' if erc_ok else 'FAIL'}")
+        free_device_memory(device)
     if "sync" in args.parts:
         ok = sync.sync_part(bs, device, dtype, args.smoke) and ok
         summary.append("sync")
