@@ -237,14 +237,19 @@ def _looks_like_path(path_or_id: str) -> bool:
     )
 
 
+def did_you_mean(word: str, known: Iterable[str], n: int = 1, cutoff: float = 0.6, show=repr) -> str:
+    """The sentence ' Did you mean A or B?' for the (at most `n`) entries of `known` closest to `word` (difflib), or "": the one
+    "did you mean" of the package (file names here, flags in cegppo-eval)."""
+    close = difflib.get_close_matches(word, list(known), n=n, cutoff=cutoff)
+    return " Did you mean " + " or ".join(show(name) for name in close) + "?" if close else ""
+
+
 def _missing_file_message(path_or_id: str, local: Path) -> str:
     folder = local.parent
     hint = ""
     if folder.is_dir():
         names = [p.name for p in folder.iterdir() if p.is_file()]
-        close = difflib.get_close_matches(local.name, names, n=3, cutoff=0.6)
-        if close:
-            hint = " Did you mean " + " or ".join(repr(str(folder / name)) for name in close) + "?"
+        hint = did_you_mean(local.name, names, n=3, show=lambda name: repr(str(folder / name)))
     else:
         hint = f" The folder {str(folder)!r} does not exist either."
     return (

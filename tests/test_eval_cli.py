@@ -81,16 +81,67 @@ def test_shared_flags_have_one_name_and_both_spellings_in_both_commands(dashed, 
         assert got == ([expected] if field == "datasets" else expected), name
 
 
-def test_config_yaml_gives_values_and_flags_win(tmp_path):
+@pytest.mark.parametrize("spelling", ["--config PATH", "--config=PATH"])
+def test_config_yaml_gives_values_and_flags_win(spelling, tmp_path):
     config = tmp_path / "eval.yaml"
     config.write_text(
         "model_name_or_path: outputs/tiny\ndatasets: [builtin:arithmetic_eval, problems.jsonl]\nk: 8\n"
         "max_new_tokens: 512\ntemperature: 0.6\n"
     )
-    arguments, settings = parse_arguments(["--config", str(config), "--k", "4", "--top-p", "0.9"])
+    given = spelling.replace("PATH", str(config)).split(" ")
+    arguments, settings = parse_arguments([*given, "--k", "4", "--top-p", "0.9"])
     assert arguments.model_name_or_path == "outputs/tiny"
     assert arguments.datasets == ["builtin:arithmetic_eval", "problems.jsonl"]
     assert (settings.k, settings.max_new_tokens, settings.temperature, settings.top_p) == (4, 512, 0.6, 0.9)
+
+
+def test_the_paper_preset_gives_defaults_that_config_and_flags_override(tmp_path):
+    """`--preset paper`: the paper's five Hub sets with their k (@32, MATH500 @4), the authors' protocol and the
+    paper's sampling, as defaults: a --config key wins over the preset, a flag over both."""
+    from cegppo_trl.evaluation.datasets import PRESETS
+
+    arguments, settings = parse_arguments(["m", "--preset", "paper"])
+    assert arguments.datasets == [
+        "HuggingFaceH4/aime_2024:train@32", "math-ai/aime25:test@32", "MathArena/hmmt_feb_2025:train@32",
+        "HuggingFaceH4/MATH-500:test@4", "math-ai/amc23:test@32",
+    ]  # fmt: skip
+    expected = {"protocol": "authors", "temperature": 0.6, "top_p": 0.95, "top_k": 0, "max_new_tokens": 32768}
+    assert {name: getattr(settings, name) for name in expected} == expected
+    assert PRESETS["paper"] == {"datasets": arguments.datasets, **expected}
+    config = tmp_path / "eval.yaml"
+    config.write_text("max_new_tokens: 16384\nprotocol: lighteval\n")
+    arguments, settings = parse_arguments(["m", "--preset=paper", "--config", str(config), "--protocol", "boxed",
+                                           "--datasets", "local.jsonl@2"])  # fmt: skip
+    assert (settings.max_new_tokens, settings.protocol, settings.temperature) == (16384, "boxed", 0.6)
+    assert arguments.datasets == ["local.jsonl@2"]
+
+
+def test_compare_and_a_bad_protocol_as_a_user_runs_them(tmp_path):
+    """`cegppo-eval --compare A B` prints the sets side by side and warns about a different protocol (exit 0); an
+    unknown protocol and a report that is not one are one line, exit status 2."""
+    sampling = {"temperature": 0.6, "top_p": 0.95, "top_k": 0, "max_new_tokens": 8, "k": 2, "seed": 0, "backend": "hf"}
+    versions = {"math-verify": "0.9.0", "latex2sympy2_extended": "1.11.0"}
+    for name, protocol, figure in (("a.json", "boxed", 0.5), ("b.json", "authors", 0.25)):
+        report = {"protocol": protocol, "math_verify": versions, "sampling": sampling, "settings": {},
+                  "datasets": {"aime": {"k": 2, "avg@2": figure}}}  # fmt: skip
+        (tmp_path / name).write_text(json.dumps(report))
+    (tmp_path / "bad.json").write_text("{")
+
+    def cegppo_eval(*argv):
+        return subprocess.run([str(BIN / "cegppo-eval"), *argv], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=300)  # fmt: skip
+
+    proc = cegppo_eval("--compare", "a.json", "b.json")
+    assert proc.returncode == 0, proc.stderr
+    assert "aime" in proc.stdout and "avg@2 50.0%" in proc.stdout and "avg@2 25.0%" in proc.stdout
+    assert "warning: graded by different protocols: A boxed, B authors; the figures are not comparable." in proc.stdout
+    for argv, words in (
+        (["--compare", "a.json", "bad.json"], "--compare bad.json: not a JSON report"),
+        (["m", "--datasets", "builtin:arithmetic_eval", "--protocol", "author"], "invalid choice: 'author'"),
+    ):
+        proc = cegppo_eval(*argv)
+        assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stderr.count("\n") == 1 and words in proc.stderr, proc.stderr
 
 
 @pytest.fixture
@@ -121,10 +172,10 @@ def _one_line_error(capsys, *words: str) -> str:
         (["--batch_size", "0"], ["--batch-size (batch_size) must be an integer >= 1"]),
         (["--k", "abc"], ["argument --k", "invalid int value: 'abc'", "cegppo-eval --help"]),
         (["--instruction", "{question} Think."], ["--instruction", "{question}", "{problem}"]),
-        (
-            ["--tempreature", "0.6"],
-            ["unknown arguments --tempreature (did you mean --temperature?) 0.6", "cegppo-eval --help"],
-        ),
+        (["--tempreature", "0.6"], ["unknown arguments --tempreature 0.6. Did you mean --temperature?", "--help"]),
+        (["--protocol", "autors"], ["argument --protocol", "invalid choice: 'autors'", "boxed"]),
+        (["--preset", "papers"], ["argument --preset", "invalid choice: 'papers'", "paper"]),
+        (["--compare", "a.json", "b.json"], ["--compare takes two reports and nothing else"]),
         (["--model_name_or_path", "other"], ["two models", "give one"]),
         (["--backend", "trt"], ["argument --backend", "invalid choice: 'trt'"]),
         (["--use_kernels", "maybe"], ["argument --use_kernels", "true/false"]),
@@ -282,20 +333,3 @@ def test_an_offline_gpu_machine_gets_one_line_with_the_fix(model_dir, tmp_path, 
     assert main([*argv, "--output", str(tmp_path / "env.json")]) == 0
     assert calls == []
     assert json.loads((tmp_path / "flag.json").read_text())["settings"]["use_kernels"] is False
-
-
-def test_eval_library_functions_are_at_most_60_lines():
-    """The evaluation package and the command: no function body over 60 lines, docstring aside."""
-    import ast
-
-    root = Path(__file__).resolve().parents[1] / "cegppo_trl"
-    too_long = []
-    for path in [*sorted((root / "evaluation").glob("*.py")), root / "scripts" / "eval.py"]:
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                body = node.body
-                if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-                    body = body[1:]
-                if body and body[-1].end_lineno - body[0].lineno + 1 > 60:
-                    too_long.append(f"{path.name}:{node.name}")
-    assert too_long == []

@@ -12,6 +12,7 @@ import json
 import shutil
 import subprocess
 import sys
+from importlib.metadata import version
 from math import comb
 from pathlib import Path
 
@@ -141,6 +142,34 @@ def test_summarize_counts_leaves_out_unparseable_golds():
         summarize_counts([5], 4)
 
 
+@pytest.mark.parametrize("protocol", ["boxed", "authors", "lighteval"])
+def test_every_sample_gets_a_counted_status(protocol):
+    """An empty completion, a whitespace one and one that is all think block with no answer are `no_answer`, an empty
+    gold `bad_gold` (its problem left out and counted in `num_skipped`), under every protocol: counted in the report
+    and in the printed line, never a crash or a silent 0."""
+    completions = [
+        ["<think>so 12?</think> The answer is \\boxed{12}.", "", "<think>Let me think about this problem carefully and", " "],
+        ["\\boxed{3}"] * 4,
+    ]  # fmt: skip
+    report = evaluate_completions(completions, ["12", ""], protocol=protocol)
+    assert report["statuses"] == [["correct", "no_answer", "no_answer", "no_answer"], ["bad_gold"] * 4]
+    assert report["status_counts"] == {"correct": 1, "no_answer": 3, "bad_gold": 4}
+    assert (report["num_skipped"], report["avg@4"]) == (1, 0.25)
+    assert "1 skipped (unparseable gold); samples: 3 no_answer" in format_summary("set", report)
+    if protocol != "authors":  # the authors' procedure compares an unparseable gold as a string: wrong, not bad_gold
+        assert evaluate_completions([["\\boxed{3}"]], ["\\frac{"], protocol=protocol)["num_skipped"] == 1
+
+
+def test_the_protocol_reaches_the_grader():
+    """An answer only inside the think block: the authors parse the whole completion (correct), lighteval removes the
+    think block and boxed reads after </think> (no answer)."""
+    statuses = {
+        protocol: evaluate_completions([["<think>\\boxed{8}</think>"]], ["8"], protocol=protocol)["statuses"][0][0]
+        for protocol in ("boxed", "authors", "lighteval")
+    }
+    assert statuses == {"boxed": "no_answer", "authors": "correct", "lighteval": "no_answer"}
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Settings: declared once, checked once
 # ----------------------------------------------------------------------------------------------------------------
@@ -157,7 +186,7 @@ def test_every_setting_is_one_field_one_flag_and_one_report_entry(model_dir, tmp
         "split": "validation", "problem_column": "question", "answer_column": "final", "max_problems": 9,
         "backend": "vllm", "dtype": "float32", "base_model": "org/base", "batch_size": 8, "device": "cpu",
         "use_kernels": False, "max_model_len": 4096, "gpu_memory_utilization": 0.5, "tensor_parallel_size": 2,
-        "merge_dir": "merged",
+        "merge_dir": "merged", "protocol": "authors",
     }  # fmt: skip
     assert set(given) == names, "this test gives every field a non-default value"
     spellings = (lambda n: f"--{n}", lambda n: "--" + n.replace("_", "-"), EvalSettings.flag)
@@ -238,11 +267,18 @@ def test_prompt_words_none_and_default():
         ("HuggingFaceH4/aime_2024:train", ("HuggingFaceH4/aime_2024", "train", True)),
         ("math-ai/amc23:test[:10]", ("math-ai/amc23", "test[:10]", True)),
         ("builtin:arithmetic_eval", ("builtin:arithmetic_eval", "test", False)),
+        ("HuggingFaceH4/MATH-500:test@4", ("HuggingFaceH4/MATH-500", "test", True, 4)),
+        ("builtin:arithmetic_eval@2", ("builtin:arithmetic_eval", "test", False, 2)),
     ],
 )
 def test_dataset_specs(text, expected):
+    """`ID`, `ID:SPLIT`, a built-in set, each with an optional `@K` (its own samples per problem; not in the name)."""
     spec = parse_dataset_spec(text)
-    assert (spec.source, spec.split, spec.explicit) == expected and spec.name == text
+    assert (spec.source, spec.split, spec.explicit, spec.k) == (
+        *expected[:3],
+        expected[3] if len(expected) > 3 else None,
+    )
+    assert spec.name == text.rsplit("@", 1)[0]
 
 
 def test_dataset_spec_refuses_a_split_on_a_file(tmp_path):
@@ -253,6 +289,10 @@ def test_dataset_spec_refuses_a_split_on_a_file(tmp_path):
             parse_dataset_spec(text)
     with pytest.raises(ValueError, match="empty split"):
         parse_dataset_spec("math-ai/aime25:")
+    with pytest.raises(ValueError, match="after '@' must be >= 1"):
+        parse_dataset_spec(f"{data}@0")
+    odd = write_problems(tmp_path / "p@2", [1])  # a file whose name ends in @2 is that file
+    assert (parse_dataset_spec(str(odd)).source, parse_dataset_spec(str(odd)).k) == (str(odd), None)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -322,6 +362,9 @@ def test_cegppo_eval_writes_json_report(model_dir, tmp_path, capsys):
     report = json.loads(out.read_text())
     assert report["model"] == str(model_dir) and report["settings"]["k"] == 3 and report["pending"] == []
     assert report["settings"]["temperature"] == 0.6 and report["settings"]["top_p"] == 0.95
+    assert report["protocol"] == "boxed" and report["math_verify"]["math-verify"] == version("math-verify")
+    assert report["sampling"] == {"temperature": 0.6, "top_p": 0.95, "top_k": 0, "max_new_tokens": 6, "k": 3,
+                                  "seed": 0, "backend": "hf"}  # fmt: skip
     assert list(report["datasets"]) == ["builtin:arithmetic_eval", str(data)]
     for name, n in (("builtin:arithmetic_eval", 4), (str(data), 3)):
         metrics = report["datasets"][name]
@@ -348,6 +391,75 @@ def test_cegppo_eval_writes_json_report(model_dir, tmp_path, capsys):
     assert [p["completions"] for p in again["problems"]] == [
         p["completions"] for p in report["datasets"][str(data)]["problems"]
     ]
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_a_protocol_brings_its_prompt_and_each_set_its_own_k(model_dir, tmp_path):
+    """`--protocol authors` prompts with the raw problem although the model declares an instruction (a flag still
+    wins), `lighteval` with its template; `SET@K` sets a set's own samples per problem; the report says it all."""
+    from cegppo_trl.rewards.protocols import LIGHTEVAL_MATH_TEMPLATE
+
+    save_eval_settings(model_dir, instruction=TINY_INSTRUCTION, temperature=1.0, max_new_tokens=4)
+    data = write_problems(tmp_path / "p.jsonl", [1, 2])
+    sets = [f"{data}@1", "builtin:arithmetic_eval@3"]
+    report = evaluate_model(str(model_dir), sets, protocol="authors", max_problems=2, save_completions=True,
+                            progress=False)  # fmt: skip
+    assert report["protocol"] == "authors" and report["settings"]["instruction"] == ""
+    assert report["settings"]["from_checkpoint"] == ["temperature", "top_p", "top_k", "max_new_tokens"]
+    first, second = (report["datasets"][name] for name in (str(data), "builtin:arithmetic_eval"))
+    assert (first["k"], second["k"], "avg@1" in first, "avg@3" in second) == (1, 3, True, True)
+    assert [len(p["completions"]) for p in first["problems"] + second["problems"]] == [1, 1, 3, 3]
+    assert first["problems"][0]["problem"] == "What is 0+1?"  # the raw problem, the authors' prompt
+    assert sum(second["status_counts"].values()) == 2 * 3
+
+    flag = evaluate_model(str(model_dir), [str(data)], protocol="authors", instruction="default", k=1, progress=False)
+    assert flag["settings"]["instruction"].startswith("Please reason step by step")
+    template = evaluate_model(str(model_dir), [str(data)], protocol="lighteval", k=1, save_completions=True,
+                              progress=False)  # fmt: skip
+    problem = template["datasets"][str(data)]["problems"][0]["problem"]
+    assert problem == LIGHTEVAL_MATH_TEMPLATE.replace("{problem}", "What is 0+1?").strip()  # (the report strips)
+    with pytest.raises(ValueError, match="--pass-k"):  # a set's own K is checked against --pass-k, before loading
+        evaluate_model(str(model_dir), [f"{data}@2"], pass_ks=[1, 3], k=4, progress=False)
+
+
+def test_compare_warns_where_two_reports_are_not_comparable():
+    """A different protocol, math-verify minor version, sampling or prompt is a warning; a patch version, the seed
+    and the backend are not (the seed and backend: a note)."""
+    from cegppo_trl.evaluation.compare import compare_reports
+
+    sampling = {
+        "temperature": 0.6,
+        "top_p": 0.95,
+        "top_k": 0,
+        "max_new_tokens": 64,
+        "k": 4,
+        "seed": 0,
+        "backend": "hf",
+    }
+    a = {"protocol": "authors", "math_verify": {"math-verify": "0.9.0", "latex2sympy2_extended": "1.11.0"},
+         "sampling": sampling, "settings": {"instruction": "", "system_prompt": ""},
+         "datasets": {"aime": {"k": 4, "avg@4": 0.25}, "math": {"k": 4, "avg@4": 0.5}}}  # fmt: skip
+    b = copy.deepcopy(a)
+    b["math_verify"]["math-verify"] = "0.9.1"
+    b["sampling"]["seed"] = 1
+    b["datasets"] = {"aime": {"k": 32, "avg@32": 0.3}}
+    lines = compare_reports(a, b)
+    assert [line.split()[1:] for line in lines if line.startswith("aime")] == [["avg@4", "25.0%", "avg@32", "30.0%"]]
+    assert [line.split()[1:] for line in lines if line.startswith("math ")] == [["avg@4", "50.0%", "-"]]
+    assert not [line for line in lines if line.startswith("warning")]
+    assert [line for line in lines if line.startswith("note")] == [
+        "note: seed 0 (A) and 1 (B): other samples, same law"
+    ]
+    b.update(protocol="boxed", math_verify={"math-verify": "0.8.0", "latex2sympy2_extended": "1.10.2"})
+    b["sampling"]["temperature"] = 1.0
+    b["settings"]["instruction"] = "default"
+    warnings = [line for line in compare_reports(a, b) if line.startswith("warning")]
+    assert len(warnings) == 5 and all(line.endswith("the figures are not comparable.") for line in warnings)
+    for words in ("protocols: A authors, B boxed", "math-verify 0.9.0 (A) and 0.8.0 (B)", "latex2sympy2_extended",
+                  "temperature 0.6 (A) and 1.0 (B)", "instruction '' (A) and 'default' (B)"):  # fmt: skip
+        assert any(words in line for line in warnings), words
+    del b["protocol"]  # a report written before the protocol was recorded
+    assert any("A authors, B not recorded" in line for line in compare_reports(a, b))
 
 
 def test_cegppo_eval_rejects_bad_arguments(tmp_path):
@@ -400,11 +512,11 @@ def test_each_set_is_written_as_soon_as_it_finishes(model_dir, tmp_path, monkeyp
     real_call = generation.HFGenerator.__call__
     calls = []
 
-    def fail_on_the_second_set(self, prompts, progress=False):
+    def fail_on_the_second_set(self, prompts, k, progress=False):
         calls.append(len(prompts))
         if len(calls) == 2:
             raise RuntimeError("CUDA out of memory (simulated)")
-        return real_call(self, prompts, progress)
+        return real_call(self, prompts, k, progress)
 
     monkeypatch.setattr(generation.HFGenerator, "__call__", fail_on_the_second_set)
     out2 = tmp_path / "report2.json"

@@ -247,16 +247,17 @@ def _device(device: str) -> str:
 
 
 class HFGenerator:
-    """Hugging Face `generate` on one loaded model, for every data set of a run."""
+    """Hugging Face `generate` on one loaded model, for every data set of a run (`k` samples per problem: each set's
+    own)."""
 
     def __init__(self, source: ModelSource, settings):
         self.settings = settings
         self.model, self.tokenizer = load_model(source, settings.dtype, _device(settings.device), settings.use_kernels)
 
-    def __call__(self, prompts: Sequence[Any], progress: bool | str = False) -> list[list[str]]:
+    def __call__(self, prompts: Sequence[Any], k: int, progress: bool | str = False) -> list[list[str]]:
         s = self.settings
         return generate_completions(
-            self.model, self.tokenizer, prompts, s.k, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+            self.model, self.tokenizer, prompts, k, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
             max_new_tokens=s.max_new_tokens, batch_size=s.batch_size, seed=s.seed, progress=progress,
         )  # fmt: skip
 
@@ -296,12 +297,12 @@ class VLLMGenerator:
             engine["max_model_len"] = settings.max_model_len
         self.llm = LLM(**engine)
 
-    def __call__(self, prompts: Sequence[Any], progress: bool | str = False) -> list[list[str]]:
+    def __call__(self, prompts: Sequence[Any], k: int, progress: bool | str = False) -> list[list[str]]:
         from vllm import SamplingParams
 
         s = self.settings
         params = SamplingParams(
-            n=s.k,
+            n=k,
             temperature=s.temperature,
             top_p=s.top_p if s.temperature > 0 else 1.0,
             top_k=s.top_k,  # 0: no cut, as TRL 1.16 passes GRPOConfig.top_k to vLLM

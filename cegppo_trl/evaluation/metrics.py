@@ -1,6 +1,6 @@
 """avg@k and pass@k from graded samples (pure Python: no torch, no model).
 
-The paper reports avg@32 (MATH500: avg@4): `k` samples per problem graded with the math reward, accuracy averaged over
+The paper reports avg@32 (MATH500: avg@4): `k` samples per problem graded by a protocol, accuracy averaged over
 all `k x N` samples. pass@j (`j <= k`) is the unbiased estimator of Chen et al. (2021), `1 - C(k - c, j) / C(k, j)`
 per problem with `c` correct samples, averaged over problems.
 """
@@ -66,16 +66,20 @@ def evaluate_completions(
     solutions: Sequence[Any],
     pass_ks: Sequence[int] | None = None,
     *,
+    protocol: str = "boxed",
     timeout_s: float | None = None,
     num_workers: int | None = None,
 ) -> dict[str, Any]:
-    """Grade `completions[i]` (the `k` samples of problem `i`) against `solutions[i]` with the math reward.
+    """Grade `completions[i]` (the `k` samples of problem `i`) against `solutions[i]` with the grading `protocol`
+    (`cegppo_trl.rewards.protocols`: ``boxed``, the math reward's grading; ``authors``; ``lighteval``), in the
+    grading pool with the hard time limit `timeout_s` per completion (default: the protocol's).
 
     Returns `summarize_counts`'s figures plus ``"status_counts": {status: count}``, ``"num_correct": [c_i]`` and
-    ``"statuses": [[...]]``. Problems whose gold answer cannot be parsed (status ``bad_gold``, reward None in
-    training) are excluded from the averages and counted in ``num_skipped``.
+    ``"statuses": [[...]]``. Every sample has a status: an empty completion or one with no answer is ``no_answer``,
+    never a silent 0. Problems whose gold answer cannot be parsed (status ``bad_gold``) are excluded from the averages
+    and counted in ``num_skipped``.
     """
-    from ..rewards import DEFAULT_TIMEOUT_S, grade_completions
+    from ..rewards.protocols import grade_with_protocol
 
     if len(completions) != len(solutions):
         raise ValueError(f"got completions for {len(completions)} problems but {len(solutions)} solutions.")
@@ -86,9 +90,7 @@ def evaluate_completions(
     _pass_ks(pass_ks, k)  # fail before grading
     flat = [text for group in completions for text in group]
     golds = [solution for solution in solutions for _ in range(k)]
-    graded = grade_completions(
-        flat, golds, timeout_s=DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s, num_workers=num_workers
-    )
+    graded = grade_with_protocol(flat, golds, protocol, timeout_s=timeout_s, num_workers=num_workers)
     statuses = [[g.status for g in graded[i * k : (i + 1) * k]] for i in range(len(completions))]
     num_correct = [sum(s == "correct" for s in row) for row in statuses]
     report = summarize_counts(num_correct, k, pass_ks, skipped=["bad_gold" in row for row in statuses])
@@ -99,10 +101,15 @@ def evaluate_completions(
 
 
 def format_summary(name: str, metrics: dict[str, Any]) -> str:
-    """One line: ``name: avg@k = xx.x% | pass@1 = ... | pass@k = ... (N problems x k samples, T s)``."""
+    """One line: ``name: avg@k = xx.x% | pass@1 = ... | pass@k = ... (N problems x k samples; samples: 3 no_answer,
+    T s)``: the samples neither right nor wrong are counted by status."""
     k = metrics["k"]
     parts = [f"avg@{k} = {100 * metrics[f'avg@{k}']:.1f}%"]
     parts += [f"{key} = {100 * value:.1f}%" for key, value in metrics.items() if key.startswith("pass@")]
     skipped = f", {metrics['num_skipped']} skipped (unparseable gold)" if metrics.get("num_skipped") else ""
+    other = {s: n for s, n in metrics.get("status_counts", {}).items() if s not in ("correct", "wrong", "bad_gold")}
+    samples = ", ".join(f"{n} {status}" for status, n in sorted(other.items()))
+    samples = f"; samples: {samples}" if samples else ""
     seconds = f", {metrics['seconds']:.1f} s" if "seconds" in metrics else ""
-    return f"{name}: " + " | ".join(parts) + f" ({metrics['num_problems']} problems x {k} samples{skipped}{seconds})"
+    problems = f"{metrics['num_problems']} problems x {k} samples{skipped}{samples}{seconds}"
+    return f"{name}: " + " | ".join(parts) + f" ({problems})"

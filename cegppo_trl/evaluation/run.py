@@ -24,7 +24,8 @@ from dataclasses import replace
 from typing import Any
 
 from ..model_source import ModelSource, resolve_model_source
-from .datasets import DatasetSpec, load_eval_datasets
+from .compare import grading_and_sampling
+from .datasets import DatasetSpec, load_eval_datasets, set_settings
 from .metrics import evaluate_completions
 from .settings import EvalSettings
 
@@ -81,7 +82,9 @@ def _set_metrics(spec: DatasetSpec, rows, completions, settings: EvalSettings, s
     from ..data import problem_text
 
     prompts, solutions = list(rows["prompt"]), list(rows["solution"])
-    result = evaluate_completions(completions, solutions, settings.pass_ks, timeout_s=settings.timeout_s)
+    result = evaluate_completions(
+        completions, solutions, settings.pass_ks, protocol=settings.protocol, timeout_s=settings.timeout_s
+    )
     problems = []
     for i, (prompt, solution) in enumerate(zip(prompts, solutions)):
         entry = {"index": i, "problem": problem_text(prompt)[0], "solution": solution,
@@ -127,7 +130,8 @@ def evaluate_model(
     (``report["settings"]["from_checkpoint"]`` lists those taken from the model). `datasets` are
     ``--datasets`` entries: local files, ``builtin:...`` sets, Hub ids, ``ID:SPLIT``.
 
-    Returns the report ``{"model", "source", "settings", "datasets": {name: metrics}, "pending", "seconds"}``; with
+    Returns the report ``{"model", "source", "protocol", "math_verify", "sampling", "settings", "datasets": {name:
+    metrics}, "pending", "seconds"}`` (`grading_and_sampling`: what makes two reports comparable); with
     `output` it is also written there after every finished set (`output` is checked to be writable first). `log`
     receives progress messages (the command prints them to stderr), `on_result(name, metrics)` each set's figures as
     soon as they are known.
@@ -142,6 +146,7 @@ def evaluate_model(
     report: dict[str, Any] = {
         "model": model_name_or_path,
         "source": {"model": source.path, "adapter": source.adapter},
+        **grading_and_sampling(settings),
         "settings": {**settings.as_dict(), "from_checkpoint": from_checkpoint},
         "datasets": {},
         "pending": [spec.name for spec in specs],
@@ -152,9 +157,9 @@ def evaluate_model(
     try:
         for spec in specs:
             start = time.perf_counter()
-            rows = data[spec.name]
-            completions = generate(list(rows["prompt"]), progress=spec.name if progress else False)
-            metrics, problems = _set_metrics(spec, rows, completions, settings, save_completions)
+            rows, own = data[spec.name], set_settings(spec, settings)
+            completions = generate(list(rows["prompt"]), own.k, progress=spec.name if progress else False)
+            metrics, problems = _set_metrics(spec, rows, completions, own, save_completions)
             metrics.update(seconds=time.perf_counter() - start, problems=problems)
             report["datasets"][spec.name] = metrics
             report["pending"].remove(spec.name)

@@ -33,6 +33,7 @@ from ..prompt_settings import (
     save_eval_settings,
     settings_for_model,
 )
+from ..rewards.protocols import DEFAULT_PROTOCOL, PROTOCOLS
 
 
 __all__ = [
@@ -94,8 +95,15 @@ class EvalSettings:
             pass@j values to report, each <= k (default: 1 and k); flag `--pass-k`.
         seed (`int`, *optional*, defaults to `0`):
             Sampling seed; each data set starts from it.
+        protocol (`str`, *optional*, defaults to `"boxed"`):
+            How completions are graded and prompted (`cegppo_trl.rewards.protocols`): `boxed` (the last `\\boxed{}`
+            after `</think>`, the model's own or the DeepSeek-R1 instruction: `math_reward`'s grading), `authors` (the
+            CE-GPPO authors' grader and raw-problem prompt: comparable with the paper's table) or `lighteval`
+            (lighteval 0.13's math metric and template). `authors` and `lighteval` bring their own prompt in place of
+            the model's (`--instruction` / `--system-prompt` still win).
         timeout_s (`float`, *optional*):
-            Grading time limit per completion (default 3 s; `cegppo-train`'s `reward_timeout_s`).
+            Hard grading time limit per completion (default: the protocol's, 3 s for `boxed`, 40 s for the others;
+            `cegppo-train`'s `reward_timeout_s`).
 
     Parameters that control the data sets:
 
@@ -152,7 +160,17 @@ class EvalSettings:
     pass_ks: list[int] | None = _option(None, "pass@j values to report, each <= k (default: 1 and k)", "--pass_k",
                                         metavar="J")  # fmt: skip
     seed: int = _option(0, "sampling seed; each data set starts from it")
-    timeout_s: float | None = _option(None, "grading time limit per completion (default: 3 s)", "--reward_timeout_s")
+    protocol: str = _option(
+        DEFAULT_PROTOCOL,
+        "grading protocol and its prompt: 'boxed' (default: the last \\boxed{} after </think>; the model's own "
+        "instruction, else the DeepSeek-R1 one), 'authors' (the CE-GPPO authors' grader and their raw-problem prompt: "
+        "comparable with the paper's table) or 'lighteval' (lighteval 0.13's math metric and template)",
+        choices=tuple(PROTOCOLS),
+    )
+    timeout_s: float | None = _option(
+        None, "hard grading time limit per completion (default: the protocol's: boxed 3 s, others 40 s)",
+        "--reward_timeout_s",
+    )  # fmt: skip
     # Data sets
     split: str = _option("test", "split of the Hub data sets written without one (ID:SPLIT sets its own)",
                          "--dataset_test_split")  # fmt: skip
@@ -247,9 +265,13 @@ class EvalSettings:
         """Fill the prompt and sampling fields left at None: from the first of `model_dirs` that has a
         ``cegppo_prompt.json`` (`load_eval_settings`), else `PAPER_SETTINGS`. Returns the filled settings and the
         names taken from the model."""
-        values, from_checkpoint = settings_for_model(
-            {name: getattr(self, name) for name in CHECKPOINT_SETTINGS}, model_dirs
-        )
+        given = {name: getattr(self, name) for name in CHECKPOINT_SETTINGS}
+        if self.protocol != DEFAULT_PROTOCOL:  # the protocol's own prompt, in place of the model's
+            given["instruction"] = (
+                self.instruction if self.instruction is not None else PROTOCOLS[self.protocol].instruction
+            )
+            given["system_prompt"] = self.system_prompt if self.system_prompt is not None else ""
+        values, from_checkpoint = settings_for_model(given, model_dirs)
         return replace(self, **values), from_checkpoint
 
     def as_dict(self) -> dict[str, Any]:

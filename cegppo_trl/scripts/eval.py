@@ -3,8 +3,8 @@
 Examples::
 
     cegppo-eval outputs/tiny-cegppo --datasets builtin:arithmetic_eval --k 4
-    cegppo-eval outputs/DeepSeek-R1-Distill-Qwen-1.5B-CEGPPO --backend vllm --k 32 \\
-        --datasets HuggingFaceH4/MATH-500:test math-ai/aime25:test HuggingFaceH4/aime_2024:train
+    cegppo-eval outputs/DeepSeek-R1-Distill-Qwen-1.5B-CEGPPO --backend vllm --preset paper --output eval.json
+    cegppo-eval --compare eval.json other.json
 
 `MODEL` is a saved model directory, a LoRA adapter folder (``cegppo-train --use_peft true``), a Trainer checkpoint or
 a Hub id. A model saved by ``cegppo-train`` or ``cegppo-demo`` brings the prompt it was trained with and its sampling;
@@ -13,45 +13,61 @@ written to ``--output`` as soon as the set finishes.
 
 The arguments are two dataclasses, `EvalArguments` and `EvalSettings` (`cegppo_trl.evaluation.settings`), parsed by
 TRL's `TrlParser` as ``cegppo-train`` parses its own: every flag is written ``--name`` or ``--name-with-dashes``, a
-YAML file passed with ``--config`` gives values (flags win), and bad values are one line naming the flag (exit status
-2) before anything loads. The one addition is the positional `MODEL` (a plain argparse positional on the parser; the
-same as ``--model_name_or_path``), which `HfArgumentParser` has no dataclass field for.
+YAML file passed with ``--config PATH`` or ``--config=PATH`` gives values (flags win), and bad values are one line
+naming the flag (exit status 2) before anything loads. Three additions to the dataclasses' flags: the positional
+`MODEL` (the same as ``--model_name_or_path``), ``--preset NAME`` (a built-in set of values under ``--config``:
+`cegppo_trl.evaluation.datasets.PRESETS`) and ``--compare A.json B.json`` (two reports side by side, with a warning
+for each difference that makes them not comparable).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import sys
 from collections.abc import Sequence
 
 
 DESCRIPTION = """\
-avg@k and pass@k of a model, LoRA adapter or checkpoint on math data sets, graded with math-verify (+1 correct / -1
-otherwise, as in CE-GPPO). The paper reports avg@32 (MATH500: avg@4) at temperature 0.6, top_p 0.95 and up to 32768
-new tokens for DeepSeek-R1-Distill-Qwen-1.5B / 7B. A model saved by cegppo-train or cegppo-demo declares the
-instruction, system prompt and sampling it was trained with (cegppo_prompt.json, generation_config.json); they are
-the defaults of the prompt and sampling flags. Every flag is written --name or --name-with-dashes; a YAML file given
-with --config sets values (one `name: value` per line), flags override it.
+avg@k and pass@k of a model, LoRA adapter or checkpoint on math data sets. --protocol says how a completion is graded
+and prompted: boxed (the default: the last \\boxed{} after </think>, graded by math-verify as the training reward
+does; the model's own instruction, else the DeepSeek-R1 one), authors (the CE-GPPO authors' grader and raw-problem
+prompt: the one to compare with the paper's table) or lighteval (lighteval 0.13's math metric and template). The
+paper reports avg@32 (MATH500: avg@4) at temperature 0.6, top_p 0.95 and up to 32768 new tokens; --preset paper runs
+exactly that on its five Hub sets. A model saved by cegppo-train or cegppo-demo declares the instruction, system
+prompt and sampling it was trained with (cegppo_prompt.json, generation_config.json); they are the defaults of the
+prompt and sampling flags. Every flag is written --name or --name-with-dashes; a YAML file given with --config sets
+values (one `name: value` per line), flags override it. The report names the protocol, the math-verify version and
+the sampling; --compare A.json B.json shows two reports side by side and warns where they are not comparable.
 
 examples:
   cegppo-eval outputs/tiny-cegppo --datasets builtin:arithmetic_eval --k 4
-  cegppo-eval outputs/R1-Distill-1.5B-CEGPPO --backend vllm --k 32 --temperature 0.6 --top_p 0.95 \\
-      --datasets HuggingFaceH4/MATH-500:test math-ai/aime25:test --output eval.json"""
-USAGE = "%(prog)s MODEL --datasets SET [SET ...] [--config EVAL.yaml] [--option VALUE ...]"
+  cegppo-eval outputs/R1-Distill-1.5B-CEGPPO --backend vllm --preset paper --output eval.json
+  cegppo-eval outputs/R1-Distill-1.5B-CEGPPO --protocol authors --k 32 --temperature 0.6 --top_p 0.95 \\
+      --datasets math-ai/aime25:test HuggingFaceH4/MATH-500:test@4 --output eval.json
+  cegppo-eval --compare eval.json other.json"""
+USAGE = (
+    "%(prog)s MODEL (--datasets SET[@K] [SET ...] | --preset paper) [--config EVAL.yaml] [--option VALUE ...]\n"
+    "       %(prog)s --compare A.json B.json"
+)
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Keeps the description's line breaks (the examples); each option's help says its default."""
 
 
+def _split_equals(argv: Sequence[str], flag: str) -> list[str]:
+    """`argv` with ``FLAG=VALUE`` written as ``FLAG VALUE`` (TrlParser finds ``--config`` only as its own word)."""
+    return [part for word in argv for part in (word.split("=", 1) if word.startswith(flag + "=") else [word])]
+
+
 def build_parser():
     """TRL's parser over `EvalArguments` and `EvalSettings`, plus the positional MODEL and the help of ``--config``
-    (which `TrlParser.parse_args_and_config` reads itself); argparse's own errors (a value of the wrong type) are one
-    line too."""
+    (which `TrlParser.parse_args_and_config` reads itself), ``--preset`` and ``--compare``; argparse's own errors (a
+    value of the wrong type) are one line too."""
     from trl import TrlParser
 
+    from ..evaluation.datasets import PRESETS
     from ..evaluation.settings import EvalArguments, EvalSettings
 
     class EvalParser(TrlParser):
@@ -72,6 +88,17 @@ def build_parser():
     parser.add_argument(
         "--config", default=argparse.SUPPRESS, metavar="EVAL.yaml", help="YAML file of `name: value` lines"
     )
+    parser.add_argument(
+        "--preset", choices=tuple(PRESETS), default=argparse.SUPPRESS,
+        help="built-in values, under --config and flags. paper: the paper's five sets with its k per set "
+        "(AIME24, AIME25, HMMT25, AMC23 @32; MATH500 @4), --protocol authors, temperature 0.6, top_p 0.95, top_k 0, "
+        "32768 new tokens",
+    )  # fmt: skip
+    parser.add_argument(
+        "--compare", nargs=2, default=argparse.SUPPRESS, metavar=("A.json", "B.json"),
+        help="instead of evaluating: two reports side by side, with a warning for each difference in protocol, "
+        "math-verify version, sampling or prompt (nothing else on the command line)",
+    )  # fmt: skip
     return parser
 
 
@@ -94,13 +121,22 @@ def _field_of_alias() -> dict[str, str]:
 
 
 def _unknown_flags(words: Sequence[str]) -> str:
-    """The unknown words, each unknown flag with the closest known one."""
-    known = list(_field_of_alias())
-    shown = []
-    for word in words:
-        close = difflib.get_close_matches(word[2:], known, n=1, cutoff=0.75) if word.startswith("--") else []
-        shown.append(f"{word} (did you mean --{close[0]}?)" if close else word)
-    return " ".join(shown)
+    """The unknown words, then for each unknown flag the closest known one."""
+    from ..data import did_you_mean
+
+    known = [*_field_of_alias(), "config", "preset", "compare"]
+    hints = [did_you_mean(word[2:], known, cutoff=0.75, show=lambda name: f"--{name}") for word in words]
+    return " ".join(words) + "." + "".join(hint for word, hint in zip(words, hints) if word.startswith("--"))
+
+
+def _apply_preset(parser, argv: Sequence[str]) -> None:
+    """``--preset NAME``: its values become the parser's defaults (TrlParser's own `set_defaults_with_config`, as for
+    ``--config``, which is applied after it and so wins; flags win over both). An unknown NAME is left to argparse."""
+    from ..evaluation.datasets import PRESETS
+
+    for word, value in zip(argv, argv[1:]):
+        if word == "--preset" and value in PRESETS:
+            parser.set_defaults_with_config(**PRESETS[value])
 
 
 def parse_arguments(argv: Sequence[str] | None = None):
@@ -108,7 +144,9 @@ def parse_arguments(argv: Sequence[str] | None = None):
     flag (or the ``--config`` key) and the fix, before any model code loads."""
     import yaml
 
+    argv = _split_equals(_split_equals(sys.argv[1:] if argv is None else argv, "--config"), "--preset")
     parser = build_parser()
+    _apply_preset(parser, argv)
     try:
         *parsed, in_config, unknown = parser.parse_args_and_config(
             argv, return_remaining_strings=True, separate_remaining_strings=True
@@ -125,11 +163,11 @@ def parse_arguments(argv: Sequence[str] | None = None):
         )
         _fail(f"--config: unknown keys {keys}; `cegppo-eval --help` lists the options.")
     if unknown:
-        _fail(f"unknown arguments {_unknown_flags(unknown)}; `cegppo-eval --help` lists the options.")
-    arguments, settings, *extra = parsed
+        _fail(f"unknown arguments {_unknown_flags(unknown)} `cegppo-eval --help` lists the options.")
+    arguments, settings, *extra = parsed  # extra: argparse's namespace of MODEL / --preset / --compare, if given
     model = getattr(extra[0], "model", None) if extra else None
-    if extra and hasattr(extra[0], "config"):  # `--config=PATH`: TrlParser reads only `--config PATH`
-        _fail("write --config PATH, with a space (TrlParser does not read --config=PATH).")
+    if extra and hasattr(extra[0], "compare"):
+        _fail("--compare takes two reports and nothing else: cegppo-eval --compare A.json B.json.")
     if model is not None and arguments.model_name_or_path not in (None, model):
         _fail(f"two models: MODEL {model!r} and --model_name_or_path {arguments.model_name_or_path!r}; give one.")
     if model is None and arguments.model_name_or_path is None:
@@ -138,8 +176,23 @@ def parse_arguments(argv: Sequence[str] | None = None):
     return arguments, settings
 
 
+def compare(paths: Sequence[str]) -> int:
+    """``cegppo-eval --compare A.json B.json``: the lines of `compare_reports` on stdout."""
+    from ..evaluation.compare import compare_reports, load_report
+
+    try:
+        reports = [load_report(path) for path in paths]
+    except (OSError, ValueError) as error:
+        _fail(str(error))
+    print("\n".join(compare_reports(*reports, names=tuple(paths))), flush=True)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point `cegppo-eval`."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--compare"] and len(argv) == 3:
+        return compare(argv[1:])
     arguments, settings = parse_arguments(argv)
 
     def log(message: str) -> None:
