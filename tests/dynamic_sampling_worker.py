@@ -30,6 +30,16 @@ def _cloned(batch: dict) -> dict:
     return {k: v.detach().clone() if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
+def _log_probs(trainer, batch: dict) -> torch.Tensor:
+    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    with torch.no_grad():
+        logps, _, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.model, input_ids, attention_mask, batch["completion_ids"].size(1), batch_size=4
+        )
+    return logps
+
+
 class RecordingTrainer(CEGPPOTrainer):
     """Records the selection of the training rows, every micro-batch the loss saw and the metric lists at each log."""
 
@@ -37,20 +47,17 @@ class RecordingTrainer(CEGPPOTrainer):
         super().__init__(*args, **kwargs)
         self.recorded, self.logged, self.selections = [], [], []
 
-    def _select_training_rows(self, output, rewards):
-        selected, rows = super()._select_training_rows(output, rewards)
-        self.selections.append(
-            {
-                "generated": _cloned(output),
-                "rewards": rewards.clone(),
-                "rows": rows.clone(),
-                "trained": _cloned(selected),
-            }
-        )
-        return selected, rows
+    def _select_training_rows(self, output, rewards, mode):
+        generated = _cloned(output)
+        if "old_per_token_logps" not in output:  # select first, then compute: the old log-probs of every generated
+            generated["old_per_token_logps"] = _log_probs(self, output)  # row, here only to check the selection
+        selected, selection = super()._select_training_rows(output, rewards, mode)
+        self.selections.append({"generated": generated, "rewards": rewards.clone(), "rows": selection.rows.clone()})
+        return selected, selection
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
+        self.selections[-1]["trained"] = _cloned(output)
         # Move the old log-probs away from the current ones so that both clipped sets (beta1, beta2) are populated
         # from the first step on; the same values reach the loss under test and the reference (recorded below).
         generator = torch.Generator().manual_seed(1000 + self.accelerator.process_index)

@@ -38,7 +38,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from dynamic_sampling_worker import make_config, make_dataset, position_reward  # noqa: E402
-from test_edges import select_rows  # noqa: E402
+from trl_batches import build, build_trainer, select_rows  # noqa: E402
 
 
 LOSS_TYPES = ("bnpo", "dapo")
@@ -135,7 +135,11 @@ def _check_selection(selections: list[dict], oversampling: float) -> set[str]:
         )
         length = int(source["completion_mask"][i].sum())
         assert torch.equal(source["completion_ids"][i, :length], target["completion_ids"][j, :length])
-        assert torch.equal(source["old_per_token_logps"][i, :length], target["old_per_token_logps"][j, :length])
+        source_old, target_old = source["old_per_token_logps"][i, :length], target["old_per_token_logps"][j, :length]
+        if oversampling == 1:  # computed with the generation batch, then moved
+            assert torch.equal(source_old, target_old)
+        else:  # select first, then compute: on the training rows only (the worker recomputed the generated rows')
+            assert torch.allclose(source_old, target_old, rtol=0, atol=1e-5), (source_old - target_old).abs().max()
         assert source["advantages"][i] == target["advantages"][j]
         kept = bool(target["cegppo_keep"][j])
         assert int(target["completion_mask"][j].sum()) == (length if kept else 0)
@@ -158,12 +162,8 @@ def _clip_extremes(records, m, level, per_pair):
 
 def _replay(model_dir: Path, scenario: dict, records: list[list[dict]], tmp_path: Path):
     """The physically selected run: returns (parameters after each step, expected metrics per step, betas)."""
-    from cegppo_trl import CEGPPOTrainer
-
     args = make_config(tmp_path / "reference" / scenario["name"], scenario, exclude=False)
-    reference = CEGPPOTrainer(
-        model=str(model_dir), reward_funcs=position_reward, args=args, train_dataset=make_dataset(scenario)
-    )
+    reference = build_trainer(str(model_dir), None, make_dataset(scenario), args, reward_funcs=position_reward)
     model = reference.model
     model.train()
     params = dict(model.named_parameters())
@@ -329,24 +329,18 @@ def test_oversampling_enlarges_each_generation_batch(
 ):
     """Each loader batch (one process's share of a generation batch) holds `cegppo_oversampling` times the rows it
     trains on: whole groups of distinct prompts, repeated for the batch's optimizer steps as TRL's sampler does."""
-    from conftest import contains_answer_reward, cpu_config
-
-    from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
-
     dataset = arithmetic_dataset.to_iterable_dataset() if iterable else arithmetic_dataset
     rows = {}
     for oversampling in (1.0, 2.0):
-        args = cpu_config(
-            CEGPPOConfig,
+        trainer = build(
+            tiny_model,
+            tiny_tokenizer,
+            dataset,
             tmp_path / str(oversampling),
             steps_per_generation=2,
             cegppo_exclude_zero_advantage_groups=True,
             cegppo_oversampling=oversampling,
         )
-        trainer = CEGPPOTrainer(
-            model=tiny_model, reward_funcs=contains_answer_reward, args=args, train_dataset=dataset,
-            processing_class=tiny_tokenizer,
-        )  # fmt: skip
         batches = iter(trainer.get_train_dataloader())
         first, repeat = next(batches), next(batches)
         prompts = [str(example["prompt"]) for example in first]
@@ -355,3 +349,44 @@ def test_oversampling_enlarges_each_generation_batch(
         assert [str(example["prompt"]) for example in repeat] == prompts  # the same batch for its 2 micro-batches
         rows[oversampling] = len(first)
     assert rows == {1.0: 8 * 2, 2.0: 2 * 8 * 2}  # per_device_train_batch_size x steps_per_generation x oversampling
+
+
+def test_select_first_computes_old_and_reference_log_probs_for_the_training_rows_only(
+    tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path, monkeypatch
+):
+    """With `cegppo_oversampling` 2.0 and KL on, TRL's old- and reference-log-prob passes run on the training rows
+    only (half the generated rows), and give the values TRL's own passes give those rows when they run on the whole
+    generated batch (the mirror in `dynamic_sampling.old_policy_pass`, pinned to TRL 1.16)."""
+    from trl import GRPOTrainer
+
+    from cegppo_trl.tiny_model import save_tiny
+
+    model_dir = save_tiny(tiny_model, tiny_tokenizer, tmp_path / "tiny")  # beta > 0: TRL loads the reference by name
+    trainer = build(
+        model_dir, tiny_tokenizer, arithmetic_dataset, tmp_path / "run", beta=0.1,
+        cegppo_exclude_zero_advantage_groups=True, cegppo_oversampling=2.0,
+    )  # fmt: skip
+    trainer.model.train()
+    rows_seen = []
+    trl_pass = GRPOTrainer._get_per_token_logps_and_entropies
+
+    def counting(self, model, input_ids, *args, **kwargs):
+        rows_seen.append((model is self.ref_model, input_ids.size(0)))
+        return trl_pass(self, model, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(GRPOTrainer, "_get_per_token_logps_and_entropies", counting)
+    prompts = [arithmetic_dataset[i % 16] for i in range(16) for _ in range(4)]  # 16 groups of 4: 2x the batch
+    batches = {}
+    for select_first in (True, False):
+        monkeypatch.setattr(type(trainer), "_old_policy_pass_after_selection", lambda self, mode: select_first)
+        rows_seen.clear()
+        torch.manual_seed(0)
+        batches[select_first] = trainer._generate_and_score_completions(prompts)
+        rows = 32 if select_first else 64  # one old (policy) and one reference pass, each on this many rows
+        assert sorted(rows_seen) == [(False, rows), (True, rows)], rows_seen
+    first, after = batches[True], batches[False]
+    assert torch.equal(first["completion_ids"], after["completion_ids"]) and first["completion_ids"].size(0) == 32
+    assert torch.equal(first["advantages"], after["advantages"])
+    for key in ("old_per_token_logps", "ref_per_token_logps"):
+        mask = first["completion_mask"].bool()
+        assert torch.allclose(first[key][mask], after[key][mask], rtol=0, atol=1e-5), key

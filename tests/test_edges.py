@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 from conftest import contains_answer_reward, cpu_config, make_loss_batch
-from test_trl_parity import add_off_policy, current_logps, logged, loss_and_grad, tiny_moe
+from trl_batches import add_off_policy, current_logps, logged, loss_and_grad, tiny_moe
 
 import cegppo_trl.trainer as trainer_module
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer

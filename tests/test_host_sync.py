@@ -13,10 +13,8 @@ import warnings
 import pytest
 import torch
 from conftest import make_loss_batch
-from test_trl_parity import add_off_policy, build
-from trl import GRPOConfig, GRPOTrainer
-
-from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
+from trl import GRPOTrainer
+from trl_batches import add_off_policy, build, ready_for_loss
 
 
 HOST_TRANSFERS = ("item", "tolist", "__bool__", "cpu", "__float__", "__int__")
@@ -83,20 +81,9 @@ def test_no_host_transfer_per_micro_batch_and_at_most_one_per_step(
     common = dict(gradient_accumulation_steps=2, steps_per_generation=4, **trl_options)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        grpo = build(GRPOTrainer, GRPOConfig, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path / "g", **common)
-        cegppo = build(
-            CEGPPOTrainer,
-            CEGPPOConfig,
-            tiny_model,
-            tiny_tokenizer,
-            arithmetic_dataset,
-            tmp_path / "c",
-            **common,
-            **cegppo_options,
-        )
-    for trainer in (grpo, cegppo):
-        trainer.model.train()
-        trainer.current_gradient_accumulation_steps = 2
+        grpo = build(tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path / "g", cls=GRPOTrainer, **common)
+        cegppo = build(tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path / "c", **common, **cegppo_options)
+    ready_for_loss(grpo, cegppo)
     inputs = _micro_batch(cegppo, tiny_tokenizer, cegppo_options)
     for sync_gradients, allowed in ((False, 0), (True, 1 if "cegppo_entropy_target" in cegppo_options else 0)):
         trl_count = _transfers(grpo, inputs, sync_gradients)

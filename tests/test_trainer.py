@@ -7,19 +7,9 @@ import warnings
 import pytest
 import torch
 from trl import GRPOConfig
+from trl_batches import build_trainer, current_logps, ready_for_loss
 
-from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
-
-
-def make_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, config, **kwargs):
-    return CEGPPOTrainer(
-        model=tiny_model,
-        reward_funcs=reward_fn,
-        args=config,
-        train_dataset=arithmetic_dataset,
-        processing_class=tiny_tokenizer,
-        **kwargs,
-    )
+from cegppo_trl import CEGPPOConfig
 
 
 def history_values(trainer, key):
@@ -30,7 +20,7 @@ def test_off_policy_training_changes_weights_and_logs_clipping(
     tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config, tmp_path
 ):
     config = make_config(CEGPPOConfig, tmp_path, max_steps=8, steps_per_generation=4)
-    trainer = make_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, config)
+    trainer = build_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, config, reward_funcs=reward_fn)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
     changed = [n for n, p in trainer.model.named_parameters() if not torch.equal(before[n], p.detach())]
@@ -46,7 +36,7 @@ def test_off_policy_training_changes_weights_and_logs_clipping(
 
 def test_checkpoint_save_and_resume(tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config, tmp_path):
     config = make_config(CEGPPOConfig, tmp_path / "run", max_steps=4, save_strategy="steps", save_steps=2)
-    trainer = make_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, config)
+    trainer = build_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, config, reward_funcs=reward_fn)
     trainer.train()
     checkpoint = tmp_path / "run" / "checkpoint-2"
     assert (checkpoint / "model.safetensors").exists() and (checkpoint / "trainer_state.json").exists()
@@ -59,7 +49,7 @@ def test_checkpoint_save_and_resume(tiny_model, tiny_tokenizer, arithmetic_datas
         assert torch.equal(p.detach(), q.detach()), name
 
     config = make_config(CEGPPOConfig, tmp_path / "run", max_steps=6, save_strategy="steps", save_steps=2)
-    resumed = make_trainer(reloaded, tiny_tokenizer, arithmetic_dataset, reward_fn, config)
+    resumed = build_trainer(reloaded, tiny_tokenizer, arithmetic_dataset, config, reward_funcs=reward_fn)
     resumed.train(resume_from_checkpoint=str(checkpoint))
     assert resumed.state.global_step == 6
     assert (tmp_path / "run" / "checkpoint-6").exists()
@@ -76,8 +66,8 @@ def test_lora_adapter_saves_and_loads(
     from cegppo_trl.tiny_model import save_tiny
 
     save_tiny(tiny_model, tiny_tokenizer, base_dir)
-    trainer = make_trainer(
-        str(base_dir), tiny_tokenizer, arithmetic_dataset, reward_fn, config, peft_config=peft_config
+    trainer = build_trainer(
+        str(base_dir), tiny_tokenizer, arithmetic_dataset, config, reward_funcs=reward_fn, peft_config=peft_config
     )
     trainable = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     assert trainable and all("lora" in n for n in trainable)
@@ -101,12 +91,12 @@ def test_eval_runs_with_cegppo_metrics(
     config = make_config(
         CEGPPOConfig, tmp_path, max_steps=2, eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=8
     )
-    trainer = make_trainer(
+    trainer = build_trainer(
         tiny_model,
         tiny_tokenizer,
         arithmetic_dataset,
-        reward_fn,
         config,
+        reward_funcs=reward_fn,
         eval_dataset=arithmetic_dataset.select(range(8)),
     )
     trainer.train()
@@ -124,13 +114,7 @@ def test_sft_term_and_zero_advantage_denominator(
     config = make_config(
         CEGPPOConfig, tmp_path, max_steps=2, cegppo_sft_coef=0.1, cegppo_exclude_zero_advantage_groups=True
     )
-    trainer = CEGPPOTrainer(
-        model=tiny_model,
-        reward_funcs=first_completion_wins,
-        args=config,
-        train_dataset=arithmetic_dataset,
-        processing_class=tiny_tokenizer,
-    )
+    trainer = build_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, config, reward_funcs=first_completion_wins)
     trainer.model.train()
     batch = trainer._generate_and_score_completions([arithmetic_dataset[i] for i in range(8)])
     sft_mask = batch["cegppo_sft_mask"]
@@ -153,9 +137,8 @@ def test_sft_term_adds_token_mean_nll(
     config = make_config(CEGPPOConfig, tmp_path, cegppo_sft_coef=0.25, steps_per_generation=1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer = make_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, config)
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = 1
+        trainer = build_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, config, reward_funcs=reward_fn)
+    ready_for_loss(trainer, accumulation=1)
     inputs = make_loss_batch(tiny_tokenizer, seed=3)
     sft_mask = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 0.0])
     inputs["cegppo_sft_mask"] = sft_mask
@@ -163,11 +146,7 @@ def test_sft_term_adds_token_mean_nll(
     with_sft = trainer._compute_loss(trainer.model, inputs).item()
     trainer.args.cegppo_sft_coef = 0.0
     without = trainer._compute_loss(trainer.model, inputs).item()
-    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
-    attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-    logps, _, _ = trainer._get_per_token_logps_and_entropies(
-        trainer.model, input_ids, attention_mask, inputs["completion_ids"].size(1)
-    )
+    logps, _ = current_logps(trainer, inputs)
     mask = inputs["completion_mask"] * sft_mask.unsqueeze(1)
     expected = 0.25 * (-(logps * mask).sum() / mask.sum()).item()
     assert with_sft - without == pytest.approx(expected, rel=1e-4)
@@ -176,11 +155,11 @@ def test_sft_term_adds_token_mean_nll(
 def test_inert_configuration_warns(tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config, tmp_path):
     config = make_config(CEGPPOConfig, tmp_path, steps_per_generation=1, gradient_accumulation_steps=1)
     with pytest.warns(UserWarning, match=r"steps_per_generation.*num_iterations.*8 optimizer steps"):
-        make_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, config)
+        build_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, config, reward_funcs=reward_fn)
     config = make_config(CEGPPOConfig, tmp_path, steps_per_generation=1, num_iterations=2)
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
-        make_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, config)
+        build_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, config, reward_funcs=reward_fn)
 
 
 def test_plain_grpo_config_is_upgraded(
@@ -188,7 +167,7 @@ def test_plain_grpo_config_is_upgraded(
 ):
     config = make_config(GRPOConfig, tmp_path, max_steps=1, epsilon=0.25)
     with pytest.warns(UserWarning, match="plain GRPOConfig"):
-        trainer = make_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, config)
+        trainer = build_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, config, reward_funcs=reward_fn)
     assert isinstance(trainer.args, CEGPPOConfig)
     assert trainer.args.cegppo_beta1 == 0.5 and trainer.args.epsilon == 0.25
     assert trainer.args.steps_per_generation == 4 and trainer.args.generation_batch_size == 32
@@ -241,7 +220,7 @@ def test_bad_values_set_after_construction_fail_at_trainer_init(
     config = make_config(CEGPPOConfig, tmp_path)
     config.cegppo_beta1 = float("nan")
     with pytest.raises(ValueError, match="cegppo_beta1"):
-        make_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, config)
+        build_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, config, reward_funcs=reward_fn)
 
 
 def test_paper_defaults():
@@ -260,13 +239,13 @@ def test_betas_in_force_have_one_owner(
     from cegppo_trl.controller import EntropyController, FixedBetas
 
     config = make_config(CEGPPOConfig, tmp_path / "fixed", cegppo_beta1=0.75, epsilon_high=0.28, delta=10.0)
-    trainer = make_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, config)
+    trainer = build_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, config, reward_funcs=reward_fn)
     assert isinstance(trainer._betas, FixedBetas) and trainer._controller is None
     assert trainer.clip_params == ClipParams(0.2, 0.28, 0.75, 1.0, 10.0)
     assert not hasattr(trainer, "cegppo_beta1") and not hasattr(trainer, "cegppo_beta2")
 
     config = make_config(CEGPPOConfig, tmp_path / "controlled", cegppo_entropy_target=7.0)
-    trainer = make_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, config)
+    trainer = build_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, config, reward_funcs=reward_fn)
     assert isinstance(trainer._betas, EntropyController) and trainer._controller is trainer._betas
     trainer._controller.update(1.0)  # entropy far below target: beta1 falls, beta2 rises
     params = trainer.clip_params

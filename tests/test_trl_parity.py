@@ -10,11 +10,11 @@ import copy
 
 import pytest
 import torch
-from conftest import contains_answer_reward, cpu_config, make_loss_batch
+from conftest import make_loss_batch
 from oracles import cegppo_token_mean_loss
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOTrainer
+from trl_batches import add_off_policy, build, current_logps, logged, loss_and_grad, ready_for_loss, tiny_moe
 
-from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
 from cegppo_trl.core import ClipParams, ppo_clip_per_token_loss
 
 
@@ -30,56 +30,12 @@ VARIANTS = {
 }
 
 
-def build(cls, config_cls, model, tokenizer, dataset, tmp_path, **overrides):
-    args = cpu_config(config_cls, tmp_path, **overrides)
-    return cls(
-        model=model, reward_funcs=contains_answer_reward, args=args, train_dataset=dataset, processing_class=tokenizer
-    )
-
-
-def add_off_policy(trainer, inputs, seed=0, scale=0.4):
-    """Old log-probs = current ones + noise, so ratios spread over both clip edges."""
-    logps = current_logps(trainer, inputs)[0].detach()
-    gen = torch.Generator().manual_seed(seed)
-    inputs = dict(inputs)
-    inputs["old_per_token_logps"] = logps + scale * torch.randn(logps.shape, generator=gen)
-    return inputs
-
-
-def current_logps(trainer, inputs):
-    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
-    attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-    logps, entropies, _ = trainer._get_per_token_logps_and_entropies(
-        trainer.model, input_ids, attention_mask, inputs["completion_ids"].size(1), compute_entropy=True
-    )
-    return logps, entropies
-
-
-def logged(trainer, mode="train"):
-    """The trainer's per-micro-batch metric lists as `log` would average them (CE-GPPO's own wait on the device)."""
-    trainer._flush_device_metrics(mode)
-    return trainer._metrics[mode]
-
-
-def grads(model):
-    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
-
-
-def loss_and_grad(trainer, inputs, compute=None):
-    trainer.model.zero_grad()
-    loss = (compute or trainer._compute_loss)(trainer.model, inputs)
-    loss.backward()
-    return loss.detach(), grads(trainer.model).clone()
-
-
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
 def test_mirror_of_trl_policy_loss_matches_grpo_trainer(
     loss_type, variant, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path
 ):
     trainer = build(
-        CEGPPOTrainer,
-        CEGPPOConfig,
         tiny_model,
         tiny_tokenizer,
         arithmetic_dataset,
@@ -89,8 +45,7 @@ def test_mirror_of_trl_policy_loss_matches_grpo_trainer(
         steps_per_generation=4,
         **VARIANTS[variant],
     )
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = 2
+    ready_for_loss(trainer)
     inputs = add_off_policy(trainer, make_loss_batch(tiny_tokenizer, seed=1))
     inputs["num_items_in_batch"] = inputs["completion_mask"].sum() * 3  # as if the generation batch were larger
     if variant == "tool_mask":  # multi-turn tool output tokens are excluded from the loss
@@ -126,8 +81,6 @@ def test_mirror_of_trl_policy_loss_matches_grpo_trainer(
 def test_dapo_loss_is_the_papers_token_mean_objective(tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path):
     """One process, one accumulation step: the trainer's loss and gradient equal -J of Eq. 8 computed directly."""
     trainer = build(
-        CEGPPOTrainer,
-        CEGPPOConfig,
         tiny_model,
         tiny_tokenizer,
         arithmetic_dataset,
@@ -136,8 +89,7 @@ def test_dapo_loss_is_the_papers_token_mean_objective(tiny_model, tiny_tokenizer
         cegppo_beta1=0.5,
         cegppo_beta2=1.0,
     )
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = 1
+    ready_for_loss(trainer)
     inputs = add_off_policy(trainer, make_loss_batch(tiny_tokenizer, seed=2))
     loss, grad = loss_and_grad(trainer, inputs)
 
@@ -159,10 +111,8 @@ def test_dapo_loss_is_the_papers_token_mean_objective(tiny_model, tiny_tokenizer
 
 def _pair(loss_type, tiny_model, tiny_tokenizer, dataset, tmp_path, beta1, beta2, **overrides):
     common = dict(loss_type=loss_type, gradient_accumulation_steps=2, steps_per_generation=4, **overrides)
-    grpo = build(GRPOTrainer, GRPOConfig, copy.deepcopy(tiny_model), tiny_tokenizer, dataset, tmp_path / "g", **common)
+    grpo = build(copy.deepcopy(tiny_model), tiny_tokenizer, dataset, tmp_path / "g", cls=GRPOTrainer, **common)
     ceg = build(
-        CEGPPOTrainer,
-        CEGPPOConfig,
         copy.deepcopy(tiny_model),
         tiny_tokenizer,
         dataset,
@@ -171,10 +121,7 @@ def _pair(loss_type, tiny_model, tiny_tokenizer, dataset, tmp_path, beta1, beta2
         cegppo_beta2=beta2,
         **common,
     )
-    for t in (grpo, ceg):
-        t.model.train()
-        t.current_gradient_accumulation_steps = 2
-    return grpo, ceg
+    return ready_for_loss(grpo, ceg)
 
 
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
@@ -237,28 +184,6 @@ def test_entropy_bonus_is_kept(extra, tiny_model, tiny_tokenizer, arithmetic_dat
     ceg_loss, _ = loss_and_grad(ceg, inputs)
     assert torch.allclose(ceg_loss, grpo_loss, rtol=1e-5, atol=1e-7)
     assert ceg._metrics["train"]["entropy_coef"] == grpo._metrics["train"]["entropy_coef"]
-
-
-def tiny_moe(tokenizer):
-    """A one-layer Mixtral with router logits on, so TRL adds the MoE aux loss."""
-    from transformers import MixtralConfig, MixtralForCausalLM
-
-    torch.manual_seed(0)
-    config = MixtralConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_local_experts=4,
-        num_experts_per_tok=2,
-        output_router_logits=True,
-        router_aux_loss_coef=0.05,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    return MixtralForCausalLM(config)
 
 
 def test_moe_aux_loss_is_kept(tiny_tokenizer, arithmetic_dataset, tmp_path):

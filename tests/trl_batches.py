@@ -1,0 +1,96 @@
+"""What the trainer tests share (not a test module): the one builder of a trainer on the tiny model, CE-GPPO's or
+TRL's own for parity, and the helpers that score a hand-built micro-batch (`conftest.make_loss_batch`): old
+log-probs off the current policy, the forward pass, the logged metrics, loss and gradient, row selection."""
+
+import torch
+from conftest import contains_answer_reward, cpu_config
+from trl import GRPOConfig, GRPOTrainer
+
+from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
+
+
+def build_trainer(model, tokenizer, dataset, args, cls=CEGPPOTrainer, reward_funcs=contains_answer_reward, **kwargs):
+    """`cls` (`CEGPPOTrainer`, or TRL's `GRPOTrainer` for parity) on `model` with the config `args`."""
+    return cls(
+        model=model, reward_funcs=reward_funcs, args=args, train_dataset=dataset, processing_class=tokenizer, **kwargs
+    )
+
+
+def build(model, tokenizer, dataset, tmp_path, cls=CEGPPOTrainer, reward_funcs=contains_answer_reward, **overrides):
+    """`build_trainer` with `conftest.cpu_config` (plus `overrides`) of the trainer's own config class."""
+    config_cls = GRPOConfig if cls is GRPOTrainer else CEGPPOConfig
+    return build_trainer(model, tokenizer, dataset, cpu_config(config_cls, tmp_path, **overrides), cls, reward_funcs)
+
+
+def ready_for_loss(*trainers, accumulation=None):
+    """Train mode and the accumulation TRL's loop sets, for `_compute_loss` calls on hand-built micro-batches."""
+    for trainer in trainers:
+        trainer.model.train()
+        trainer.current_gradient_accumulation_steps = accumulation or trainer.args.gradient_accumulation_steps
+    return trainers[0] if len(trainers) == 1 else trainers
+
+
+def current_logps(trainer, inputs):
+    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    logps, entropies, _ = trainer._get_per_token_logps_and_entropies(
+        trainer.model, input_ids, attention_mask, inputs["completion_ids"].size(1), compute_entropy=True
+    )
+    return logps, entropies
+
+
+def add_off_policy(trainer, inputs, seed=0, scale=0.4):
+    """Old log-probs = current ones + noise, so ratios spread over both clip edges."""
+    logps = current_logps(trainer, inputs)[0].detach()
+    gen = torch.Generator().manual_seed(seed)
+    inputs = dict(inputs)
+    inputs["old_per_token_logps"] = logps + scale * torch.randn(logps.shape, generator=gen)
+    return inputs
+
+
+def logged(trainer, mode="train"):
+    """The trainer's per-micro-batch metric lists as `log` would average them (CE-GPPO's own wait on the device)."""
+    trainer._flush_device_metrics(mode)
+    return trainer._metrics[mode]
+
+
+def grads(model):
+    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+
+def loss_and_grad(trainer, inputs, compute=None):
+    trainer.model.zero_grad()
+    loss = (compute or trainer._compute_loss)(trainer.model, inputs)
+    loss.backward()
+    return loss.detach(), grads(trainer.model).clone()
+
+
+def select_rows(inputs, rows):
+    """The batch with only `rows` kept: what 'physically removed' means for one micro-batch."""
+    index = torch.tensor(rows)
+    n = inputs["completion_ids"].size(0)
+    return {
+        k: v[index] if isinstance(v, torch.Tensor) and v.ndim > 0 and v.size(0) == n else v for k, v in inputs.items()
+    }
+
+
+def tiny_moe(tokenizer):
+    """A one-layer Mixtral with router logits on, so TRL adds the MoE aux loss."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    torch.manual_seed(0)
+    config = MixtralConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        output_router_logits=True,
+        router_aux_loss_coef=0.05,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    return MixtralForCausalLM(config)
