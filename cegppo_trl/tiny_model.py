@@ -1,10 +1,8 @@
-"""The built-in tiny model (``builtin:tiny``): a local byte-level BPE tokenizer and a ~1M-parameter Qwen2-style causal
-LM, its SFT warm start on the built-in arithmetic problems, and `materialize_tiny`, which builds ``builtin:tiny`` for
-`cegppo-train`. The tests, the demo (`cegppo-demo`) and the benchmarks use the same model.
-
-Nothing here touches the Hugging Face Hub. The tokenizer is Qwen2's pipeline (NFC, Qwen2's split regex, byte-level BPE)
-with ChatML, so it round-trips through `AutoTokenizer`; digits are single tokens. Special tokens: ``<|endoftext|>``
-(pad / bos, never added automatically), ``<|im_start|>``, ``<|im_end|>`` (eos, ends the assistant turn).
+"""The built-in tiny model (``builtin:tiny``, also the tests', demo's and benchmarks' model): a local byte-level BPE
+tokenizer and a ~1M-parameter Qwen2-style causal LM, its SFT warm start on the built-in arithmetic problems, and
+`materialize_tiny`, which builds it for `cegppo-train`. Nothing here touches the Hub. The tokenizer is Qwen2's pipeline
+(NFC, Qwen2's split regex, byte-level BPE) with ChatML, so it round-trips through `AutoTokenizer`; digits are single
+tokens; ``<|endoftext|>`` is pad / bos (never added), ``<|im_end|>`` eos (ends the assistant turn).
 """
 
 from __future__ import annotations
@@ -218,10 +216,8 @@ def build_tiny_model(
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config)
     model = model.to(torch.float32)
-    gc = model.generation_config
-    gc.bos_token_id = tokenizer.bos_token_id
-    gc.eos_token_id = tokenizer.eos_token_id
-    gc.pad_token_id = tokenizer.pad_token_id
+    ids = {f"{name}_token_id": getattr(tokenizer, f"{name}_token_id") for name in ("bos", "eos", "pad")}
+    model.generation_config.update(**ids)
     return model
 
 
@@ -249,8 +245,8 @@ def load_tiny(path: str | os.PathLike) -> tuple[PreTrainedModel, PreTrainedToken
 # Data and SFT warm start
 # --------------------------------------------------------------------------------------------------------------
 
-#: Which built-in problems the tiny model is warm-started on (and the demo trains and evaluates on): "sums" ("What is a+b?": short sequences) or "all" (also
-#: differences and one-line word problems).
+#: The built-in problems the tiny model is warm-started on (and the demo trains and evaluates on): "sums" ("What is
+#: a+b?": short sequences) or "all" (also differences and one-line word problems).
 PROBLEM_SETS = {
     "sums": re.compile(r"What is \d+\+\d+\?"),
     "all": re.compile(r".*", re.DOTALL),
@@ -287,13 +283,9 @@ def _equation(problem: str, answer: str) -> str | None:
     if m:
         return f"{m.group(1)}{m.group(2)}{m.group(3)}"
     nums = _INT_RE.findall(problem)
-    try:
-        target = int(answer)
-    except ValueError:
+    if len(nums) != 2 or not re.fullmatch(r"-?\d+", answer):
         return None
-    if len(nums) != 2:
-        return None
-    a, b = int(nums[0]), int(nums[1])
+    a, b, target = int(nums[0]), int(nums[1]), int(answer)
     for op, value in (("+", a + b), ("-", a - b), ("*", a * b)):
         if value == target:
             return f"{a}{op}{b}"
@@ -303,12 +295,10 @@ def _equation(problem: str, answer: str) -> str | None:
 def arithmetic_sft_examples(rows: Iterable[dict], style: str = "equation") -> list[tuple[str, str]]:
     """Turn ``{"problem": "What is 23+41?", "answer": "64"}`` rows into (user message, completion) pairs.
 
-    The user message is `format_user_message(problem)`. With ``style="equation"`` (default) the completion writes
-    the equation first, ``"23+41=64. \\boxed{64}"`` (15 tokens + eos for two-digit numbers); for other problems
-    (e.g. "Ann has 49 cards and gives away 27. ...") the equation is the first of a+b, a-b, a*b over the
-    problem's two integers that equals the answer (``"49-27=22. \\boxed{22}"``), and just ``"\\boxed{22}"`` when
-    none does. ``style="boxed"`` always gives only ``"\\boxed{64}"`` (docs/entropy_results.md: it learns far more
-    slowly).
+    The user message is `format_user_message(problem)`. ``style="equation"`` (default): the equation, then the box,
+    ``"23+41=64. \\boxed{64}"``; for a word problem the equation is the first of a+b, a-b, a*b over its two integers
+    that equals the answer, and just the box when none does. ``style="boxed"``: only ``"\\boxed{64}"`` (it learns far
+    more slowly: docs/entropy_results.md).
     """
     if style not in ("equation", "boxed"):
         raise ValueError(f"unknown style {style!r}")
@@ -324,17 +314,9 @@ def arithmetic_sft_examples(rows: Iterable[dict], style: str = "equation") -> li
 
 
 def _as_pair(example: Any) -> tuple[Any, str]:
-    if isinstance(example, (tuple, list)) and len(example) == 2:
-        return example[0], example[1]
-    if isinstance(example, dict):
-        if "prompt" in example and "completion" in example:
-            return example["prompt"], example["completion"]
-        if "problem" in example and "answer" in example:
-            return arithmetic_sft_examples([example])[0]
-    raise ValueError(
-        "examples must be (user_text, completion_text) pairs or dicts with 'prompt'/'completion' "
-        f"(or 'problem'/'answer'); got {example!r}"
-    )
+    if not (isinstance(example, (tuple, list)) and len(example) == 2):
+        raise ValueError(f"examples are (user message, completion) pairs (arithmetic_sft_examples); got {example!r}")
+    return example[0], example[1]
 
 
 def _encode_example(tokenizer, prompt: Any, completion: Any) -> tuple[list[int], list[int]]:
@@ -344,7 +326,7 @@ def _encode_example(tokenizer, prompt: Any, completion: Any) -> tuple[list[int],
     return prompt_token_ids(tokenizer, messages), completion_ids + [tokenizer.eos_token_id]
 
 
-def sft_dataset(tokenizer, examples: Sequence[tuple[str, str]] | Sequence[dict]):
+def sft_dataset(tokenizer, examples: Sequence[tuple[str, str]]):
     """`examples` as the tokenized prompt-completion data set TRL's `SFTTrainer` takes (``input_ids``,
     ``completion_mask``): the prompt exactly as TRL's GRPOTrainer builds it at RL time, then completion + eos."""
     from datasets import Dataset
@@ -363,7 +345,7 @@ def sft_dataset(tokenizer, examples: Sequence[tuple[str, str]] | Sequence[dict])
 def sft_warmstart(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerFast,
-    examples: Sequence[tuple[str, str]] | Sequence[dict],
+    examples: Sequence[tuple[str, str]],
     steps: int = 800,
     batch_size: int = 64,
     lr: float = 3e-3,
@@ -379,11 +361,9 @@ def sft_warmstart(
     GRPOTrainer formats it at RL time (`sft_dataset`), so that RL starts from the same format.
 
     AdamW (betas 0.9 / 0.98), linear warm-up then cosine decay to 10% of `lr` (transformers' ``cosine_with_min_lr``),
-    `batch_size` examples per step in shuffled epochs. `num_threads` sets torch's intra-op threads for the call
-    (restored afterwards); None leaves them alone. Deterministic for a given `seed`.
-
-    Returns ``{"initial_loss" (first step), "final_loss" (mean of the last tenth of the steps), "seconds", "steps",
-    "examples"}``.
+    `batch_size` examples per step in shuffled epochs; `num_threads`: torch's intra-op threads for the call (None:
+    unchanged). Deterministic for a given `seed`. Returns ``{"initial_loss" (first step), "final_loss" (the last
+    logged, a mean over the last tenth of the steps), "seconds", "steps", "examples"}``.
     """
     from trl import SFTConfig, SFTTrainer
 

@@ -239,14 +239,16 @@ def test_sft_warmstart_lowers_loss_and_prompt_loss_is_ignored(tokenizer):
     assert prompt_nll > completion_nll + 1.0
 
 
-def test_sft_deterministic_from_pairs_and_dicts(tokenizer):
+def test_sft_is_deterministic_and_takes_pairs(tokenizer):
     rows = make_arithmetic_rows(8, seed=5)
-    dict_examples = [{"prompt": p, "completion": c} for p, c in arithmetic_sft_examples(rows)]
+    examples = arithmetic_sft_examples(rows)
     kw = dict(steps=3, batch_size=4, progress=False, num_threads=1)
     m1, m2 = build_tiny_model(tokenizer, seed=0), build_tiny_model(tokenizer, seed=0)
-    s1 = sft_warmstart(m1, tokenizer, dict_examples, **kw)
-    s2 = sft_warmstart(m2, tokenizer, rows, **kw)  # problem/answer dicts -> the same examples
+    s1 = sft_warmstart(m1, tokenizer, examples, **kw)
+    s2 = sft_warmstart(m2, tokenizer, [list(pair) for pair in examples], **kw)  # lists as pairs: the same run
     assert s1["steps"] == 3 and s1["examples"] == 8
     assert s1["final_loss"] == s2["final_loss"]
+    with pytest.raises(ValueError, match="pairs"):
+        sft_warmstart(m1, tokenizer, rows, **kw)  # rows are not examples
     sd1, sd2 = m1.state_dict(), m2.state_dict()
     assert all(torch.equal(sd1[k], sd2[k]) for k in sd1)
