@@ -274,13 +274,37 @@ def paper_standins(tmp_path_factory) -> Path:
     return build_hub_standins(tmp_path_factory.mktemp("hub-cache"), sets)
 
 
+PAPER_K = [32, 32, 32, 4, 32]  # the paper's samples per problem, in PAPER_SETS' order
+
+
+@pytest.mark.slow
+def test_the_paper_preset_as_the_docs_run_it(tiny_checkpoint, paper_standins, tmp_path):
+    """docs/evaluation.md's `--preset paper` command without vLLM, on the tiny model and offline stand-ins of the five
+    Hub sets (same ids, splits and columns). Swapped: the tiny model for the 1.5B one and `--max-new-tokens 4` for
+    32768 (size only). The five sets with the paper's k each, the authors' protocol and raw-problem prompt, the
+    paper's sampling, and a report that says so."""
+    (argv,) = [c for c in doc_commands("--preset paper") if "--backend" not in c]
+    argv = [argv[0], str(tiny_checkpoint), *argv[2:], "--max-new-tokens", "4", "--save-completions"]
+    output = argv[argv.index("--output") + 1]
+    proc = run(argv, tmp_path, HF_DATASETS_CACHE=str(paper_standins))
+    report = json.loads((tmp_path / output).read_text())
+    assert report["protocol"] == "authors" and report["settings"]["instruction"] == ""
+    assert report["sampling"] == {"temperature": 0.6, "top_p": 0.95, "top_k": 0, "max_new_tokens": 4, "k": 4,
+                                  "seed": 0, "backend": "hf"}  # fmt: skip
+    assert list(report["datasets"]) == [f"{repo_id}:{split}" for repo_id, (split, _) in PAPER_SETS.items()]
+    for (name, metrics), k in zip(report["datasets"].items(), PAPER_K):
+        assert (metrics["k"], metrics["num_problems"], sum(metrics["status_counts"].values())) == (k, 5, 5 * k), name
+        assert f"avg@{k}" in metrics and metrics["problems"][1]["problem"] == "What is 1+1?"  # the raw problem
+        assert f"{name}: avg@{k} = " in proc.stdout
+
+
 @pytest.mark.slow
 def test_the_paper_benchmarks_command_wiring_only_with_stand_ins(walk, paper_standins, tmp_path):
-    """docs/evaluation.md's five-benchmark commands (full model and LoRA adapter) on the tiny runs. Checks the wiring
-    only, not vLLM: one engine for the five sets with the docs' engine flags, one generate call per set with the
-    paper's sampling, the LoRA adapter merged first, every set on its own split."""
+    """docs/evaluation.md's `--preset paper` commands with vLLM (full model and LoRA adapter) on the tiny runs. Checks
+    the wiring only, not vLLM: one engine for the five sets with the docs' engine flags, one generate call per set
+    with the paper's sampling and its k per set, the LoRA adapter merged first, every set on its own split."""
     cwd, _ = walk
-    commands = doc_commands("HuggingFaceH4/aime_2024:train")
+    commands = [c for c in doc_commands("--preset paper") if "--backend" in c]
     assert len(commands) == 2
     models = {
         "outputs/DeepSeek-R1-Distill-Qwen-1.5B-CEGPPO-LoRA": cwd / "outputs" / "tiny-cegppo-lora",
@@ -304,9 +328,9 @@ def test_the_paper_benchmarks_command_wiring_only_with_stand_ins(walk, paper_sta
             assert "adapter_config.json" not in engine["files"] and not Path(engine["kwargs"]["model"]).exists()
         else:
             assert engine["kwargs"]["model"] == argv[1]
-        for event in events[1:]:
+        for event, k in zip(events[1:], PAPER_K):
             assert event["params"] == {
-                "n": 32,
+                "n": k,
                 "temperature": 0.6,
                 "top_p": 0.95,
                 "top_k": 0,
@@ -316,10 +340,10 @@ def test_the_paper_benchmarks_command_wiring_only_with_stand_ins(walk, paper_sta
             assert len(event["prompts"]) == 5
         report = json.loads((tmp_path / flag["--output"]).read_text())
         assert list(report["datasets"]) == [f"{repo_id}:{split}" for repo_id, (split, _) in PAPER_SETS.items()]
-        for name, metrics in report["datasets"].items():
+        for (name, metrics), k in zip(report["datasets"].items(), PAPER_K):
             assert metrics["split"] == name.split(":")[1] and metrics["num_problems"] == 5
-            assert metrics["avg@32"] == pytest.approx(1 / 5), name  # "What is 1+1?" is the one answered right
-        assert proc.stdout.count(": avg@32 = 20.0%") == 5
+            assert metrics[f"avg@{k}"] == pytest.approx(1 / 5), name  # "What is 1+1?" is the one answered right
+        assert proc.stdout.count(": avg@32 = 20.0%") == 4 and proc.stdout.count(": avg@4 = 20.0%") == 1
 
     # A set on the wrong split fails before the model loads, with the splits it has.
     argv = ["cegppo-eval", str(models[commands[0][1]]), "--backend", "vllm", "--datasets", "math-ai/aime25:test", "HuggingFaceH4/aime_2024"]  # fmt: skip
@@ -334,14 +358,13 @@ def test_checkpoints_get_the_prompt_and_sampling_too(tiny_checkpoint, tmp_path):
     from transformers import TrainerControl, TrainerState
 
     from cegppo_trl.evaluation import load_eval_settings
-    from cegppo_trl.scripts.train import make_parser
-    from cegppo_trl.training_run import SavePromptAndSamplingCallback
+    from cegppo_trl.scripts.train import make_parser, prompt_and_sampling_callback
 
     script_args, training_args, _ = make_parser().parse_args_and_config(
         args=["--config", str(ROOT / "recipes" / "tiny" / "cegppo" / "config_cpu.yaml"), "--output_dir", str(tmp_path)]
     )
     shutil.copytree(tiny_checkpoint, tmp_path / "checkpoint-2")
-    SavePromptAndSamplingCallback(script_args).on_save(training_args, TrainerState(global_step=2), TrainerControl())
+    prompt_and_sampling_callback(script_args).on_save(training_args, TrainerState(global_step=2), TrainerControl())
     assert load_eval_settings(tmp_path / "checkpoint-2") == {
         "instruction": RECIPE["instruction"], "system_prompt": "", "temperature": 1.0, "top_p": 1.0, "top_k": 0,
         "max_new_tokens": RECIPE["max_completion_length"],
