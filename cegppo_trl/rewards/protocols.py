@@ -88,8 +88,8 @@ def authors(completion: str, gold: str) -> str:
     whole completion, think block included, with ``parsing_timeout=5``. Fewer than 2 parse results (nothing
     extracted, or a parse that raised or timed out): ``no_answer``. The fallback string ``parsed[1]`` equal to the
     gold: ``correct`` (their fast path). Otherwise ``verify(parse("\\boxed{" + gold + "}"), parsed,
-    timeout_seconds=5)``: ``correct`` or ``wrong``; a gold that does not parse is ``bad_gold`` (the authors score it
-    ``-1``; here it is counted apart). An empty completion is ``no_answer``.
+    timeout_seconds=5)``: ``correct`` or ``wrong``; a miss against a gold math-verify cannot parse is ``bad_gold``
+    (the authors score it ``-1``; here it is counted apart). An empty completion is ``no_answer``.
     """
     if not completion or not completion.strip():
         return NO_ANSWER
@@ -106,12 +106,19 @@ def authors(completion: str, gold: str) -> str:
         gold_parsed = mv.parse("\\boxed{" + gold + "}", parsing_timeout=AUTHORS_TIMEOUT_S)
     except Exception:  # noqa: BLE001 - the authors skip a gold whose parse raises
         return BAD_GOLD
-    if not gold_parsed:
-        return BAD_GOLD
     try:
-        return CORRECT if mv.verify(gold_parsed, parsed, timeout_seconds=AUTHORS_TIMEOUT_S) else WRONG
+        verdict = bool(gold_parsed) and mv.verify(gold_parsed, parsed, timeout_seconds=AUTHORS_TIMEOUT_S)
     except Exception:  # noqa: BLE001 - the authors' `except Exception: continue` -> incorrect
-        return WRONG
+        verdict = False
+    return _verdict(verdict, gold_parsed)
+
+
+def _verdict(verdict: bool, gold_parsed: list) -> str:
+    """``correct`` / ``wrong``, or ``bad_gold`` for a miss against a gold math-verify only matched as a string (a
+    parsed gold is ``[expression, string]``; the string alone means its LaTeX/expression parse failed)."""
+    if verdict:
+        return CORRECT
+    return BAD_GOLD if len(gold_parsed) < 2 else WRONG
 
 
 def remove_reasoning_tags(text: str, start_tag: str = "<think>", end_tag: str = "</think>") -> str:
@@ -157,8 +164,8 @@ def lighteval_avg(completion: str, gold: str) -> str:
     think block is NOT removed: the whole completion is graded. The completion and the gold are extracted with
     ``[ExprExtractionConfig(), LatexExtractionConfig()]``, ``fallback_mode="first_match"``,
     ``extraction_mode="any_match"``, timeout 5 s, and compared with precision 6. The gold is read as lighteval's AIME
-    tasks pass it (the bare answer); a gold that extracts nothing is compared as its own string, as lighteval does,
-    and is ``bad_gold`` unless that string matches. Nothing extracted from the completion: ``no_answer``. Computed
+    tasks pass it (the bare answer); a gold that extracts nothing is compared as its own string, as lighteval does;
+    a miss against a gold that does not parse is ``bad_gold``. Nothing extracted from the completion: ``no_answer``. Computed
     with math-verify, not lighteval's own copy of the extraction code (which pins latex2sympy2_extended 1.0.6); the
     anchors count where the two differ.
     """
@@ -181,9 +188,7 @@ def lighteval_avg(completion: str, gold: str) -> str:
         return NO_ANSWER
     gold_parsed = extract(gold)
     verdict = mv.verify(gold_parsed or [gold], predicted, float_rounding=6, timeout_seconds=LIGHTEVAL_TIMEOUT_S)
-    if not gold_parsed and not verdict:
-        return BAD_GOLD
-    return CORRECT if verdict else WRONG
+    return _verdict(verdict, gold_parsed)
 
 
 def boxed(completion: Any, gold: Any) -> str:
@@ -282,16 +287,16 @@ def grade_with_protocol(
     protocols' ``answer`` is None. Completions may be strings or message lists (their last assistant message).
     """
     from .grading import default_num_workers, pool_for
-    from .reward import GradeResult, _check_batch, _check_grading_settings, grade_completions
+    from .reward import GradeResult, check_batch, check_grading_settings, grade_completions
 
     spec = resolve_protocol(protocol)
     timeout_s = spec.timeout_s if timeout_s is None else timeout_s
     if spec.name == "boxed":
         return grade_completions(completions, golds, timeout_s=timeout_s, num_workers=num_workers)
-    _check_batch(completions, golds, "completions", "golds")
+    check_batch(completions, golds, "completions", "golds")
     if len(completions) != len(golds):
         raise ValueError(f"got {len(completions)} completions but {len(golds)} gold answers; pass one per completion.")
-    _check_grading_settings(timeout_s, num_workers)
+    check_grading_settings(timeout_s, num_workers)
     statuses: list[str | None] = []
     tasks: list[tuple[str, str, str]] = []
     task_rows: dict[tuple[str, str, str], list[int]] = {}

@@ -60,7 +60,7 @@ class GradeResult(NamedTuple):
     seconds: float
 
 
-def _check_batch(completions: Any, solutions: Any, completions_arg: str, solutions_arg: str) -> None:
+def check_batch(completions: Any, solutions: Any, completions_arg: str, solutions_arg: str) -> None:
     """Raise TypeError naming the argument unless both are sequences (lists) of items, one per completion: a string
     would be read one character per completion and silently mis-grade, None would fail deep inside."""
     kinds = ((completions, completions_arg, "completions (strings or message lists)"),
@@ -79,7 +79,7 @@ def _check_batch(completions: Any, solutions: Any, completions_arg: str, solutio
             )
 
 
-def _check_grading_settings(timeout_s: Any, num_workers: Any) -> None:
+def check_grading_settings(timeout_s: Any, num_workers: Any) -> None:
     """Raise ``ValueError`` unless ``timeout_s`` is a positive finite number and ``num_workers`` None or >= 1."""
     if not (isinstance(timeout_s, (int, float)) and timeout_s > 0 and math.isfinite(timeout_s)):
         raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}.")
@@ -100,13 +100,13 @@ def grade_completions(
     of a worker on one completion. ``num_workers`` defaults to the CPUs of this process divided by the number of
     local ranks (``LOCAL_WORLD_SIZE``), at most 8.
     """
-    _check_batch(completions, solutions, "completions", "solutions")
+    check_batch(completions, solutions, "completions", "solutions")
     if len(completions) != len(solutions):
         raise ValueError(
             f"got {len(completions)} completions but {len(solutions)} solutions; pass one gold answer per "
             "completion (TRL repeats the dataset's `solution` column for every generation)."
         )
-    _check_grading_settings(timeout_s, num_workers)
+    check_grading_settings(timeout_s, num_workers)
     pool = pool_for(default_num_workers() if num_workers is None else num_workers)
     start = time.perf_counter()
     batch = _GradingBatch(pool.memory)
@@ -245,7 +245,11 @@ class _MathReward:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         num_workers: int | None = None,
         name: str = "math_reward",
+        protocol: str = "boxed",
     ) -> None:
+        from .protocols import resolve_protocol
+
+        self.protocol = resolve_protocol(protocol).name  # ValueError naming the protocols
         values = {"correct": correct, "wrong": wrong}
         if unparseable is not None:
             values["unparseable"] = unparseable
@@ -257,7 +261,7 @@ class _MathReward:
                 f"correct={correct} must be the highest reward, above wrong={wrong} and unparseable={unparseable}; "
                 "otherwise the policy is pushed away from right answers."
             )
-        _check_grading_settings(timeout_s, num_workers)
+        check_grading_settings(timeout_s, num_workers)
         if not isinstance(name, str) or not name:
             raise ValueError(f"name must be a non-empty string (TRL logs rewards/<name>/mean), got {name!r}.")
         self.correct = float(correct)
@@ -268,9 +272,10 @@ class _MathReward:
         self.__name__ = name  # TRL names the metrics after it
 
     def __repr__(self) -> str:
+        protocol = "" if self.protocol == "boxed" else f", protocol={self.protocol!r}"
         return (
             f"make_math_reward(correct={self.correct}, wrong={self.wrong}, unparseable={self.unparseable}, "
-            f"timeout_s={self.timeout_s}, num_workers={self.num_workers}, name={self.__name__!r})"
+            f"timeout_s={self.timeout_s}, num_workers={self.num_workers}, name={self.__name__!r}{protocol})"
         )
 
     def __call__(
@@ -286,8 +291,15 @@ class _MathReward:
                 f"{self.__name__} needs the gold answers in a `solution` dataset column (TRL passes dataset columns "
                 "as keyword arguments); load the data with cegppo_trl.load_math_dataset, which creates it."
             )
-        _check_batch(completions, solution, "completions", "solution")
-        graded = grade_completions(completions, solution, timeout_s=self.timeout_s, num_workers=self.num_workers)
+        check_batch(completions, solution, "completions", "solution")
+        if self.protocol == "boxed":
+            graded = grade_completions(completions, solution, timeout_s=self.timeout_s, num_workers=self.num_workers)
+        else:
+            from .protocols import grade_with_protocol
+
+            graded = grade_with_protocol(
+                completions, solution, self.protocol, timeout_s=self.timeout_s, num_workers=self.num_workers
+            )
         value = {CORRECT: self.correct, WRONG: self.wrong}
         skipped = (BAD_GOLD, GOLD_TIMEOUT)  # no usable gold on this call: no score at all
         rewards = [None if g.status in skipped else value.get(g.status, self.unparseable) for g in graded]
@@ -319,6 +331,7 @@ def make_math_reward(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     num_workers: int | None = None,
     name: str = "math_reward",
+    protocol: str = "boxed",
 ) -> Callable[..., list[float | None]]:
     """Build a math-verify reward function for ``GRPOTrainer(reward_funcs=[...])``, with other values than
     :func:`math_reward`'s +1 / -1, another timeout or worker count; the result is picklable.
@@ -335,13 +348,24 @@ def make_math_reward(
         name: the function's ``__name__``; TRL logs ``rewards/<name>/mean`` and this reward logs ``<name>/...``
             metrics (``accuracy``, ``no_answer_frac``, ``unparseable_frac``, ``timeouts``, ``unparseable_gold``,
             ``gold_timeouts``).
+        protocol: how a completion is graded (:data:`cegppo_trl.rewards.protocols.PROTOCOLS`): ``"boxed"`` (default:
+            the last ``\\boxed{}`` after ``</think>``, with fallbacks) or ``"authors"`` (the CE-GPPO authors' own
+            training reward: math-verify on the whole completion; see docs/rewards_and_data.md, *Grading
+            protocols*). The authors' math-verify timeouts are 5 s each: with the default ``timeout_s`` a slow
+            completion is cut at 3 s (status ``timeout``, scored ``unparseable``) where theirs would run on.
 
     Completions whose gold answer cannot be parsed get ``None`` (TRL ignores them) and are counted in
     ``<name>/unparseable_gold``. Completions whose gold's parse hit the timeout also get ``None`` on that call and
     are counted in ``<name>/gold_timeouts``; the gold is retried on later calls (see :data:`MAX_GOLD_TIMEOUTS`).
     """
     return _MathReward(
-        correct=correct, wrong=wrong, unparseable=unparseable, timeout_s=timeout_s, num_workers=num_workers, name=name
+        correct=correct,
+        wrong=wrong,
+        unparseable=unparseable,
+        timeout_s=timeout_s,
+        num_workers=num_workers,
+        name=name,
+        protocol=protocol,
     )
 
 
