@@ -106,13 +106,17 @@ def resolve_instruction(value: str | None) -> str | None:
         return None
     if word == "default":
         return DEFAULT_INSTRUCTION
-    unknown = sorted({name for name in _PLACEHOLDER_RE.findall(value) if name != "problem"})
+    return _check_placeholders(value)
+
+
+def _check_placeholders(instruction: str) -> str:
+    unknown = sorted({name for name in _PLACEHOLDER_RE.findall(instruction) if name != "problem"})
     if unknown:
         raise ValueError(
             f"--instruction has the placeholder {{{unknown[0]}}}, but the only placeholder is {{problem}} (the "
             f"problem text): write {{problem}} where the problem goes, or leave out the braces to append plain text."
         )
-    return value
+    return instruction
 
 
 def build_prompt(
@@ -400,9 +404,12 @@ def load_math_dataset(
         DatasetFormatError: missing columns (the message lists the columns found and the argument to pass), or
             unusable rows (empty or missing problem or answer, wrong types), listed by 0-based row index, unless
             ``drop_invalid=True``.
+        ValueError: `instruction` has a placeholder other than ``{problem}``.
     """
     import datasets
 
+    if instruction:
+        _check_placeholders(instruction)  # before the data loads
     columns, source = _load_columns(path_or_id, split, name)
     if not columns:
         raise DatasetFormatError(f"{source} has no rows.")

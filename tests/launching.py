@@ -1,8 +1,17 @@
-"""What the tests that start processes share: a free local port, the environment of a test subprocess, and the
-metrics every training step of a launched run must log."""
+"""What the tests that start processes share: a free local port, the environment of a test subprocess, the metrics
+every training step of a launched run must log, and the checks of a finished run of the tiny recipe (its logs, its
+saved model)."""
 
+import json
 import os
 import socket
+from pathlib import Path
+
+import pytest
+import torch
+
+
+MAX_STEPS = 4  # the tiny recipe's
 
 
 def free_port() -> int:
@@ -39,3 +48,41 @@ STEP_METRICS = (
     "clip_ratio/region_mean",
     "entropy",
 )
+
+
+def check_logs(output_dir: Path, world_size: int) -> list[dict]:
+    state = json.loads((output_dir / "trainer_state.json").read_text())
+    assert state["global_step"] == MAX_STEPS
+    steps = [e for e in state["log_history"] if "loss" in e]
+    assert [e["step"] for e in steps] == list(range(1, MAX_STEPS + 1))
+    for entry in steps:
+        missing = [m for m in STEP_METRICS if m not in entry]
+        assert not missing, f"step {entry['step']} lacks {missing}"
+        assert 0.0 <= entry["cegppo/beta1_token_frac"] <= 1.0 and 0.0 <= entry["cegppo/beta2_token_frac"] <= 1.0
+        assert (entry["cegppo/beta1"], entry["cegppo/beta2"]) == (0.5, 1.0)
+    # The first optimizer step of a generation batch is on-policy: nothing is clipped there.
+    assert steps[0]["cegppo/beta1_token_frac"] == 0.0 == steps[0]["cegppo/beta2_token_frac"]
+    assert "reward" in steps[0] and "rewards/math_reward/mean" in steps[0] and "rewards/format_reward/mean" in steps[0]
+    # Each of the `world_size` processes consumed its own share of the data: 8 completions = 2 prompts per step each.
+    rows = 256  # max_train_samples
+    assert steps[-1]["epoch"] == pytest.approx(MAX_STEPS * 2 * world_size / rows)
+    # The completions were scored differently (format reward), so the policy gradient was not zero.
+    assert any(e["grad_norm"] > 0 for e in steps)
+    card = (output_dir / "README.md").read_text()
+    assert "CE-GPPO" in card and "2509.20712" in card
+    return steps
+
+
+def assert_trained_full_model(output_dir: Path, init_dir: Path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model, info = AutoModelForCausalLM.from_pretrained(output_dir, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    init = AutoModelForCausalLM.from_pretrained(init_dir)
+    trained, start = model.state_dict(), init.state_dict()
+    assert trained.keys() == start.keys()
+    assert all(trained[k].shape == start[k].shape for k in trained)
+    assert any(not torch.equal(trained[k], start[k]) for k in trained), "the saved weights are the initial ones"
+    tokenizer = AutoTokenizer.from_pretrained(output_dir)
+    ids = tokenizer("What is 2+3?", return_tensors="pt").input_ids
+    assert torch.isfinite(model(ids).logits).all()

@@ -21,62 +21,22 @@ import re
 import shlex
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from conftest import DEMO_OUTPUT, HUB_MODELS, TINY_RECIPE
+from doc_blocks import FAST_CONFIG, code_blocks, readme_test_lines, swap_ids
 from launching import subprocess_env
 
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BIN = Path(sys.executable).parent
-SKIP_RE = re.compile(r"<!--\s*doc-test:\s*skip\s*\((?P<reason>[^)]+)\)\s*-->")
-FENCE_RE = re.compile(r"^```(?P<lang>[\w-]*)\n(?P<body>.*?)^```", re.S | re.M)
 
 # Placeholders the docs use in commands.
 PLACEHOLDER_RUNS = ("RUN_DIR",)
 
-FAST_CONFIG = dict(
-    use_cpu=True,
-    bf16=False,
-    max_steps=2,
-    per_device_train_batch_size=4,
-    num_generations=4,
-    gradient_accumulation_steps=1,
-    steps_per_generation=2,
-    max_completion_length=8,
-    logging_steps=1,
-    save_strategy="no",
-    report_to="none",
-    seed=0,
-)
 TIMEOUT_S = 900
-
-
-@dataclass
-class Block:
-    doc: Path
-    lang: str
-    body: str
-    line: int
-    skip_reason: str | None
-
-    @property
-    def where(self) -> str:
-        return f"{self.doc.relative_to(ROOT)}:{self.line}"
-
-
-def code_blocks(doc: Path) -> list[Block]:
-    text = doc.read_text()
-    blocks = []
-    for match in FENCE_RE.finditer(text):
-        line = text.count("\n", 0, match.start()) + 1
-        previous = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
-        skip = SKIP_RE.search(previous)
-        blocks.append(Block(doc, match["lang"], match["body"], line, skip["reason"].strip() if skip else None))
-    return blocks
 
 
 ALL_BLOCKS = [b for doc in DOCS for b in code_blocks(doc)]
@@ -162,12 +122,6 @@ def test_no_machine_specific_paths():
             assert not pattern.search(line), f"{doc.relative_to(ROOT)}:{number} names a machine path: {line.strip()}"
 
 
-def _swap_ids(source: str, stand_ins: dict[str, str]) -> str:
-    for name, value in stand_ins.items():
-        source = source.replace(f'"{name}"', repr(value)).replace(f"'{name}'", repr(value))
-    return source
-
-
 @pytest.mark.parametrize("doc", PYTHON_DOCS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_python_blocks_run(doc, stand_ins, tmp_path, monkeypatch):
     import cegppo_trl
@@ -186,7 +140,7 @@ def test_python_blocks_run(doc, stand_ins, tmp_path, monkeypatch):
     for block in code_blocks(doc):
         if block.lang != "python" or block.skip_reason is not None:
             continue
-        source = _swap_ids(block.body, stand_ins)
+        source = swap_ids(block.body, stand_ins)
         ast.parse(source)  # a syntax error is reported against the block, not the harness
         exec(compile(source, block.where, "exec"), namespace)
     # The CE-GPPO fields a block set reach the trainer unchanged (the harness only shrinks sizes).
@@ -229,16 +183,6 @@ def _pyproject_extras() -> set[str]:
     return set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
 
 
-def _readme_test_lines() -> tuple[str, str]:
-    """(the README's test command, its slow-tier command): the lines of a README shell block that run pytest."""
-    lines = [line.strip() for b in code_blocks(ROOT / "README.md") if b.lang == "bash" for line in b.body.splitlines()]
-    tests = [line for line in lines if "-m pytest" in line and not line.startswith("#")]
-    fast = [line for line in tests if "ruff check" in line]
-    slow = [line for line in tests if shlex.split(line)[-2:] == ["-m", "slow"]]
-    assert len(fast) == 1 and len(slow) == 1, f"expected one test command and one slow-tier command, got {tests}"
-    return fast[0], slow[0]
-
-
 def _ci_steps() -> list[str]:
     return [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.strip()]
 
@@ -248,7 +192,7 @@ def test_readme_first_screen_has_the_commands_then_the_quick_start():
     and the slow-tier command beside it, then the Python quick start."""
     readme = (ROOT / "README.md").read_text()
     first_screen = readme[: readme.index("\n## ")]
-    fast, slow = _readme_test_lines()
+    fast, slow = readme_test_lines()
     for text in ("cegppo-demo", fast, slow, "from cegppo_trl import", "trainer.train()"):
         assert text in first_screen, f"the README's first screen lacks {text!r}"
     intro = first_screen[first_screen.index("\n") : first_screen.index("```")]  # between the title and the commands
@@ -260,7 +204,7 @@ def test_readme_first_screen_has_the_commands_then_the_quick_start():
 def test_readme_test_command_is_ci():
     """`.ci/run` runs the README's test command (lint, then the fast tier) verbatim, then the slow tier as the README
     names it: together, every test."""
-    fast, slow = _readme_test_lines()
+    fast, slow = readme_test_lines()
     words = shlex.split(fast)
     assert words[words.index("pytest") + 1 :] == ["tests", "-q", "-m", "not slow and not real_model and not vllm"], (
         fast
@@ -279,7 +223,7 @@ def test_ci_accepts_a_tier_that_selects_no_test():
     """pytest exits 5 when a marker selects no test; `.ci/run` passes over that and fails on any other status."""
     steps = _ci_steps()
     handler = next(line for line in steps if line.startswith("no_test_is_ok()"))
-    fast, slow = _readme_test_lines()
+    fast, slow = readme_test_lines()
     for command in (fast, slow):
         assert next(line for line in steps if line.split(" || ")[0] == command) == f"{command} || no_test_is_ok"
     for status, expected in ((0, 0), (5, 0), (1, 1), (2, 2)):
@@ -398,12 +342,12 @@ def _parse_training_args(train_args: list[str]):
     """Parse a GPU training command through the script's own parser (+ `--use_cpu true`: no GPU here)."""
     import warnings
 
-    from cegppo_trl.scripts.train import _with_shipped_config, make_parser
+    from cegppo_trl.scripts.train import make_parser
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         script_args, training_args, model_args = make_parser().parse_args_and_config(
-            args=_with_shipped_config([*train_args, "--use_cpu", "true"])
+            args=[*train_args, "--use_cpu", "true"]
         )
     assert model_args.model_name_or_path and script_args.dataset_name
     return script_args, training_args, model_args
@@ -424,11 +368,9 @@ def test_accelerate_launches(item):
     assert config.distributed_type is not None
     _parse_training_args(argv[script_at + 1 :])
     if _is_cpu_recipe(argv):
-        import test_launch
-
         assert launch_args.mixed_precision == "no", "CPU launches need --mixed_precision no"
-        covered = {"multi_gpu.yaml", "zero2.yaml", "zero3.yaml", "fsdp2.yaml"}
-        assert Path(launch_args.config_file).name in covered and test_launch.RECIPE.name in argv[-1]
+        covered = {"multi_gpu.yaml", "zero2.yaml", "zero3.yaml", "fsdp2.yaml"}  # what tests/test_launch.py runs
+        assert Path(launch_args.config_file).name in covered and Path(TINY_RECIPE).name in argv[-1]
 
 
 @pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "vllm-serve"], ids=lambda c: _id(c))

@@ -19,12 +19,11 @@ from pathlib import Path
 
 import pytest
 from conftest import TINY_RECIPE
-from launching import subprocess_env
+from doc_blocks import code_blocks, readme_test_lines
+from launching import MAX_STEPS, assert_trained_full_model, check_logs, subprocess_env
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
-from test_docs import _readme_test_lines, code_blocks
-from test_launch import MAX_STEPS, _assert_trained_full_model, _check_logs
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,7 +127,7 @@ def test_ci_runs_the_readme_floor_tier_with_the_readme_fast_tier():
     first_block = next(b for b in code_blocks(ROOT / "README.md") if b.lang == "bash")
     assert README_FLOOR_COMMAND in first_block.body.splitlines()
     steps = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
-    fast, slow = _readme_test_lines()
+    fast, slow = readme_test_lines()
     fast_at = next(i for i, line in enumerate(steps) if line.startswith(fast))
     assert steps.index(README_FLOOR_COMMAND) > fast_at
     floor_tier = _floor_tier_module()
@@ -146,6 +145,6 @@ def test_cegppo_train_trains_the_tiny_recipe(tmp_path):
     argv = [cegppo_train, "--config", TINY_RECIPE, "--output_dir", str(tmp_path / "run")]
     proc = subprocess.run(argv, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"{shlex.join(argv)} failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
-    steps = _check_logs(tmp_path / "run", world_size=1)
+    steps = check_logs(tmp_path / "run", world_size=1)
     assert len(steps) == MAX_STEPS
-    _assert_trained_full_model(tmp_path / "run", tmp_path / "run" / "tiny-init")
+    assert_trained_full_model(tmp_path / "run", tmp_path / "run" / "tiny-init")

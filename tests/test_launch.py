@@ -7,14 +7,12 @@ Runs are 4 optimizer steps of 8 completions per process; nothing is downloaded (
 DeepSpeed run compiles a small communication op with g++/ninja (about 25 s, cached afterwards).
 """
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import torch
-from launching import STEP_METRICS, free_port, subprocess_env
+from launching import assert_trained_full_model, check_logs, free_port, subprocess_env
 
 
 pytestmark = pytest.mark.slow  # trains, on one and on two processes
@@ -22,7 +20,6 @@ pytestmark = pytest.mark.slow  # trains, on one and on two processes
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "train_cegppo.py"
 RECIPE = ROOT / "recipes" / "tiny" / "cegppo" / "config_cpu.yaml"
-MAX_STEPS = 4
 TIMEOUT_S = 900  # generous: the machine is shared; a normal run takes well under a minute
 
 
@@ -48,49 +45,11 @@ def _launch(output_dir: Path, accelerate_config: str, *extra: str, processes: in
     return _run([*launcher, *train_args])
 
 
-def _check_logs(output_dir: Path, world_size: int) -> list[dict]:
-    state = json.loads((output_dir / "trainer_state.json").read_text())
-    assert state["global_step"] == MAX_STEPS
-    steps = [e for e in state["log_history"] if "loss" in e]
-    assert [e["step"] for e in steps] == list(range(1, MAX_STEPS + 1))
-    for entry in steps:
-        missing = [m for m in STEP_METRICS if m not in entry]
-        assert not missing, f"step {entry['step']} lacks {missing}"
-        assert 0.0 <= entry["cegppo/beta1_token_frac"] <= 1.0 and 0.0 <= entry["cegppo/beta2_token_frac"] <= 1.0
-        assert (entry["cegppo/beta1"], entry["cegppo/beta2"]) == (0.5, 1.0)
-    # The first optimizer step of a generation batch is on-policy: nothing is clipped there.
-    assert steps[0]["cegppo/beta1_token_frac"] == 0.0 == steps[0]["cegppo/beta2_token_frac"]
-    assert "reward" in steps[0] and "rewards/math_reward/mean" in steps[0] and "rewards/format_reward/mean" in steps[0]
-    # Each of the `world_size` processes consumed its own share of the data: 8 completions = 2 prompts per step each.
-    rows = 256  # max_train_samples
-    assert steps[-1]["epoch"] == pytest.approx(MAX_STEPS * 2 * world_size / rows)
-    # The completions were scored differently (format reward), so the policy gradient was not zero.
-    assert any(e["grad_norm"] > 0 for e in steps)
-    card = (output_dir / "README.md").read_text()
-    assert "CE-GPPO" in card and "2509.20712" in card
-    return steps
-
-
-def _assert_trained_full_model(output_dir: Path, init_dir: Path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model, info = AutoModelForCausalLM.from_pretrained(output_dir, output_loading_info=True)
-    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
-    init = AutoModelForCausalLM.from_pretrained(init_dir)
-    trained, start = model.state_dict(), init.state_dict()
-    assert trained.keys() == start.keys()
-    assert all(trained[k].shape == start[k].shape for k in trained)
-    assert any(not torch.equal(trained[k], start[k]) for k in trained), "the saved weights are the initial ones"
-    tokenizer = AutoTokenizer.from_pretrained(output_dir)
-    ids = tokenizer("What is 2+3?", return_tensors="pt").input_ids
-    assert torch.isfinite(model(ids).logits).all()
-
-
 def test_single_process_builtin_tiny(tiny_recipe_run):
     out = tiny_recipe_run.out
-    _check_logs(out, world_size=1)
+    check_logs(out, world_size=1)
     # builtin:tiny was built in <output_dir>/tiny-init and trained from there.
-    _assert_trained_full_model(out, out / "tiny-init")
+    assert_trained_full_model(out, out / "tiny-init")
 
 
 def test_two_processes_ddp_lora(tmp_path, tiny_recipe_model_dir):
@@ -103,7 +62,7 @@ def test_two_processes_ddp_lora(tmp_path, tiny_recipe_model_dir):
         "--model_name_or_path", str(tiny_recipe_model_dir),
         "--use_peft", "true", "--lora_r", "8", "--lora_alpha", "16", "--lora_target_modules", "all-linear",
     )  # fmt: skip
-    _check_logs(out, world_size=2)
+    check_logs(out, world_size=2)
     assert (out / "adapter_config.json").is_file() and not (out / "model.safetensors").exists()
     base = AutoModelForCausalLM.from_pretrained(tiny_recipe_model_dir)
     model = PeftModel.from_pretrained(base, out)
@@ -122,7 +81,7 @@ def test_two_processes_sharded(tmp_path, tiny_recipe_model_dir, sharding):
     out = tmp_path / sharding
     model = [] if sharding == "zero3" else ["--model_name_or_path", str(tiny_recipe_model_dir)]
     _launch(out, f"{sharding}.yaml", *model, "--cegppo_exclude_zero_advantage_groups", "true")
-    steps = _check_logs(out, world_size=2)
+    steps = check_logs(out, world_size=2)
     kept = [e["cegppo/informative_group_frac"] for e in steps if "cegppo/informative_group_frac" in e]
     assert kept and min(kept) < 1.0, f"no group was dropped, so dynamic sampling was not exercised: {kept}"
-    _assert_trained_full_model(out, out / "tiny-init" if sharding == "zero3" else tiny_recipe_model_dir)
+    assert_trained_full_model(out, out / "tiny-init" if sharding == "zero3" else tiny_recipe_model_dir)

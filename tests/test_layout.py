@@ -1,6 +1,7 @@
 """The layout: nothing outside the demo package (`cegppo_trl.demo`: demo, toy, plots) imports it, the command-line
-scripts included; the tiny model that `builtin:tiny` builds is a library module (`cegppo_trl.tiny_model`). Every import
-is read with `ast`, also those inside functions."""
+scripts included; the tiny model that `builtin:tiny` builds is a library module (`cegppo_trl.tiny_model`); no import
+cycle in the package; no library module imports a command-line one (`cegppo_trl.scripts.*`). Every import is read
+with `ast`, also those inside functions."""
 
 import ast
 from pathlib import Path
@@ -93,11 +94,63 @@ def test_library_does_not_import_the_demo(path):
 
 
 def test_builtin_tiny_comes_from_the_library():
-    """`builtin:tiny` is built by the library's tiny-model module, through the run pieces the launch script imports
-    (`cegppo_trl.training_run`)."""
-    assert "cegppo_trl.training_run" in imports_of(LAUNCH_SCRIPT)
-    assert "cegppo_trl.tiny_model.materialize_tiny" in imports_of(PACKAGE / "training_run.py")
+    """`builtin:tiny` is built by the library's tiny-model module, which the launch script imports."""
+    assert "cegppo_trl.tiny_model.materialize_tiny" in imports_of(LAUNCH_SCRIPT)
     assert not (PACKAGE / "demo" / "tiny.py").exists(), "the tiny model lives in cegppo_trl/tiny_model.py"
+
+
+MODULES = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _imported_package_modules(name: str) -> set[str]:
+    """The package's modules that module `name` imports (an imported attribute counts as its module); a package
+    importing its own parent is left out: Python imports the parents of a module first anyway."""
+    found = set()
+    for imported in imports_of(MODULES[name]):
+        while imported and imported not in MODULES:
+            imported = imported.rpartition(".")[0]
+        if imported and not (name + ".").startswith(imported + "."):
+            found.add(imported)
+    return found
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each cycle of `graph` once, as the path that closes it (depth-first search)."""
+    cycles, state = [], {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                cycles.append(path[path.index(nxt) :] + [nxt])
+            elif nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    return cycles
+
+
+def test_the_cycle_walk_can_fail():
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    assert import_cycles({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
+
+
+def test_no_import_cycle_in_the_package():
+    """Every import counts, also those inside functions (the old cycle training_run -> tiny_model -> evaluation ->
+    evaluation.generation -> training_run was one function's)."""
+    graph = {name: _imported_package_modules(name) for name in MODULES}
+    assert graph["cegppo_trl.scripts.train"] >= {"cegppo_trl.scripts.stopping", "cegppo_trl.data"}
+    assert not import_cycles(graph), import_cycles(graph)
+
+
+def test_nothing_below_the_scripts_imports_a_script():
+    """The command-line modules (`cegppo_trl.scripts.*`) sit on top: no library module imports one."""
+    below = [name for name in MODULES if not name.startswith("cegppo_trl.scripts")]
+    upward = {n: sorted(m for m in _imported_package_modules(n) if m.startswith("cegppo_trl.scripts")) for n in below}
+    assert not {n: m for n, m in upward.items() if m}, upward
 
 
 def test_lazy_public_names_are_library_names():

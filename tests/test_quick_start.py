@@ -90,14 +90,14 @@ def test_quick_start_config_is_the_paper_recipe(recipe):
 
 def test_quick_start_data_model_and_reward_are_the_recipes(recipe, tmp_path):
     from cegppo_trl import math_reward
-    from cegppo_trl.scripts.train import _instruction, build_reward_funcs
+    from cegppo_trl.scripts.train import build_reward_funcs
 
     script_args, _, model_args = recipe
     calls = quick_start_calls()
     data_call = calls["load_math_dataset"]
     assert ast.literal_eval(data_call.args[0]) == script_args.dataset_name
     data_kwargs = keywords(data_call)
-    assert data_kwargs == {"instruction": None} and _instruction(script_args.instruction) is None
+    assert data_kwargs == {"instruction": None} and script_args.instruction is None
 
     # On a local file in the data set's own layout (verl), the quick start's call (columns found automatically) and
     # the recipe's explicit columns give the same rows.
@@ -113,7 +113,7 @@ def test_quick_start_data_model_and_reward_are_the_recipes(recipe, tmp_path):
         str(stand_in),
         problem_column=script_args.problem_column,
         answer_column=script_args.answer_column,
-        instruction=_instruction(script_args.instruction),
+        instruction=script_args.instruction,
     )
     assert ours.to_list() == theirs.to_list() and ours[0]["prompt"][0]["content"] == "Compute 0 * 3."
 

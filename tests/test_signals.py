@@ -28,7 +28,7 @@ from signal_runs import (
     stop_run,
 )
 
-from cegppo_trl.stopping import REPEAT_S, StopRequest
+from cegppo_trl.scripts.stopping import REPEAT_S, StopRequest
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,7 @@ def test_sigint_during_the_imports_prints_the_ctrl_c_message(tmp_path):
         [CEGPPO_TRAIN, "--config", str(TINY_RECIPE), "--output_dir", str(tmp_path / "run")], cwd=tmp_path,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=_sigint_default,
     )  # fmt: skip
-    time.sleep(1.0)  # the handlers are in place after ~0.1 s; torch, transformers and TRL take seconds to import
+    time.sleep(3.0)  # the handlers are in place after ~0.7 s (TrlParser's module); torch and TRL take ~10 s to import
     os.killpg(proc.pid, signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr

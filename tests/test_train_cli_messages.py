@@ -1,30 +1,21 @@
-"""`cegppo-train`'s messages name the fault and the fix: a wrong value or an unknown key in a YAML recipe, an unknown
-flag, a `reward_funcs` entry that does not import, Ctrl-C (the last checkpoint and the resume flag), and `--help`
-(a description, `--config`, a short list with `--help-all` for all). Each runs the command as a user would: the
-console script in a subprocess, or `main([...])`."""
+"""`cegppo-train` on bad input: one line naming the fault and the fix, exit status 2, nothing trained or saved; each
+fault also raised where a Python user of the library meets it (`CEGPPOConfig`, `load_math_dataset`,
+`CEGPPOTrainer`). TrlParser's own errors answer an unknown key, an unknown flag and a wrong type. Also: the recipe
+spellings, the prompt words, rewards from the current directory, `--help`, and the message of a stopped run."""
 
-import dataclasses
+import json
 import os
-import re
-import shlex
-import signal
 import subprocess
 import sys
-import time
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import yaml
 
-from cegppo_trl.scripts.train import (
-    TrainArgumentError,
-    build_reward_funcs,
-    interrupted_message,
-    last_checkpoint,
-    main,
-    make_parser,
-)
+from cegppo_trl.scripts.stopping import interrupted_message, last_complete_checkpoint
+from cegppo_trl.scripts.train import build_reward_funcs, main, make_parser
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,334 +23,212 @@ TINY_RECIPE = ROOT / "recipes" / "tiny" / "cegppo" / "config_cpu.yaml"
 CEGPPO_TRAIN = str(Path(sys.executable).parent / "cegppo-train")
 
 
-def _sigint_default() -> None:
-    """In the child: SIGINT at its default, even when the suite runs as a background job (which ignores SIGINT)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+def _jsonl(path: Path, rows: list[dict]) -> str:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
 
 
-def _env() -> dict:
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+def _error_line(err: str) -> str:
+    """The one line `cegppo-train` printed: the last one, the only one of ours, no traceback."""
+    ours = [line for line in err.strip().splitlines() if line.startswith("cegppo-train: ")]
+    assert len(ours) == 1 and err.strip().splitlines()[-1] == ours[0] and "Traceback" not in err, err[-3000:]
+    return ours[0]
 
 
-def _recipe(tmp_path: Path, name: str = "recipe.yaml", **changes) -> Path:
-    """The tiny recipe with `changes` (a key set to None is removed), written to `tmp_path / name`."""
-    config = yaml.safe_load(TINY_RECIPE.read_text())
-    for key, value in changes.items():
-        config.pop(key) if value is None else config.__setitem__(key, value)
-    path = tmp_path / name
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
+# (flags, words of the one line); parsed before anything is built.
+PARSE_FAULTS = {
+    "max_train_samples": (["--max_train_samples", "0"], "--max_train_samples 0: it keeps the first N training rows"),
+    "placeholder": (["--instruction", "{question} Think."], "the only placeholder is {problem}"),
+    "completion_length": (["--max_completion_length", "0"], "the longest completion, in tokens, must be at least 1"),
+    "batch_size": (["--per_device_train_batch_size", "0"], "micro-batch must be at least 1"),
+    "temperature": (["--temperature", "0"], "the sampling temperature must be > 0"),
+    "save_steps_0": (["--save_strategy", "steps", "--save_steps", "0"], "--save_steps 0 with --save_strategy steps"),
+    "output_dir_file": (["--output_dir", str(TINY_RECIPE)], f"--output_dir {TINY_RECIPE} is a file"),
+    "output_dir_under_file": (["--output_dir", f"{TINY_RECIPE}/run"], f"is under the file {TINY_RECIPE}"),
+    "jit_checkpoint": (["--enable_jit_checkpoint", "true"], "transformers' SIGTERM handler would replace"),
+    "unknown_flag": (["--learnin_rate", "0.1"], "not used by the HfArgumentParser: ['--learnin_rate', '0.1']"),
+    "reward_module": (["--reward_funcs", "no_such_module_xyz.f"], "No module named 'no_such_module_xyz'"),
+    "reward_word": (["--reward_funcs", "math,format"], "separate several with spaces"),
+}
 
 
-def _line_of(path: Path, key: str) -> int:
-    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if line.startswith(f"{key}:"))
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# A wrong value in a recipe: one short message naming the file, the key, the value and the expected type
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def test_wrong_type_in_recipe_is_a_short_message_naming_file_key_value_and_type(tmp_path):
-    recipe = _recipe(tmp_path, learning_rate="abc", max_steps="ten")
-    proc = subprocess.run(
-        [CEGPPO_TRAIN, "--config", str(recipe)], capture_output=True, text=True, env=_env(), timeout=300
-    )
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 2, output
-    lines = output.strip().splitlines()
-    assert len(lines) <= 4, output  # was a 228-line usage dump, then the first error only
-    assert "usage:" not in output and "--bnb_4bit_quant_storage" not in output and "Traceback" not in output
-    assert f"{recipe}:{_line_of(recipe, 'learning_rate')}: `learning_rate: 'abc'`" in output
-    assert "learning_rate takes a number (float" in output
-    assert f"{recipe}:{_line_of(recipe, 'max_steps')}: `max_steps: 'ten'`" in output
-    assert "max_steps takes an integer" in output
-    assert f"Fix the recipe {recipe}" in output
-
-
-def test_wrong_choice_list_item_and_bool_in_recipe(tmp_path, capsys):
-    recipe = _recipe(tmp_path, lr_scheduler_type="cosin", reward_weights=[1.0, "high"], bf16="maybe")
-    assert main(["--config", str(recipe)]) == 2
-    err = capsys.readouterr().err
-    assert "`lr_scheduler_type: 'cosin'` is not valid: lr_scheduler_type takes one of linear, cosine," in err
-    assert "Did you mean cosine?" in err
-    assert "`reward_weights` item 'high' is not valid: reward_weights takes a list" in err
-    assert "`bf16: 'maybe'` is not valid: bf16 takes true or false" in err
-
-
-def test_a_wrong_recipe_value_overridden_on_the_command_line_still_parses(tmp_path):
-    """The check follows argparse: a recipe value that the command line replaces is never converted (CLI wins)."""
-    recipe = _recipe(tmp_path, learning_rate="abc")
-    _, config, _ = make_parser().parse_args_and_config(args=["--config", str(recipe), "--learning_rate", "0.25"])
-    assert config.learning_rate == 0.25
-    _, config, _ = make_parser().parse_args_and_config(args=[f"--config={TINY_RECIPE}", "--max_steps", "3"])
-    assert config.max_steps == 3 and config.learning_rate == 1.0e-3  # `--config=PATH` reads the recipe too
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# An unknown key in a recipe, an unknown flag: "did you mean"
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def test_unknown_recipe_key_names_file_and_suggests_the_field(tmp_path, capsys):
-    recipe = _recipe(tmp_path, learning_rate=None, learnin_rate=1e-3, cegppo_beta_1=0.5, zzz_qqq=1)
-    assert main(["--config", str(recipe)]) == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err and "fail_with_unknown_args" not in err  # TRL's advice for developers
-    line = _line_of(recipe, "learnin_rate")
-    assert f"{recipe}:{line}: unknown key `learnin_rate`: did you mean `learning_rate` (CEGPPOConfig)?" in err
-    assert "unknown key `cegppo_beta_1`: did you mean `cegppo_beta1` (CEGPPOConfig)" in err
-    assert "unknown key `zzz_qqq`: it is no field of CEGPPOScriptArguments, CEGPPOConfig" in err
-    # A library caller still gets a ValueError (TrlParser's contract), now naming the fix.
-    with pytest.raises(ValueError, match="did you mean `learning_rate`"):
-        make_parser().parse_args_and_config(args=["--config", str(recipe)])
-
-
-def test_unknown_flag_suggests_the_option(capsys):
-    assert main(["--config", str(TINY_RECIPE), "--learnin_rate", "0.1"]) == 2
-    err = capsys.readouterr().err
-    assert "unknown argument(s) on the command line: --learnin_rate 0.1" in err
-    assert "--learnin_rate: did you mean --learning_rate?" in err
-
-
-def test_missing_recipe_names_the_path(capsys):
-    assert main(["--config", "recipes/tiny/cegppo/config_cpu.yml"]) == 2
-    err = capsys.readouterr().err
-    assert "'recipes/tiny/cegppo/config_cpu.yml' is neither a file nor a shipped recipe" in err
-    assert "recipes/tiny/cegppo/config_cpu.yaml" in err  # the shipped recipes are listed
-    assert "Traceback" not in err
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# reward_funcs: say where the name came from, what was not found and what is accepted
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def test_reward_funcs_module_not_found_names_field_module_and_what_is_accepted(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("fault", PARSE_FAULTS)
+def test_a_bad_argument_is_one_line_and_exit_2_before_anything_is_built(fault, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    out = tmp_path / "out"
-    code = main(["--config", str(TINY_RECIPE), "--reward_funcs", "mymod.f", "--output_dir", str(out)])
+    flags, words = PARSE_FAULTS[fault]
+    assert main(["--config", str(TINY_RECIPE), "--output_dir", str(tmp_path / "out"), *flags]) == 2
     err = capsys.readouterr().err
-    assert code == 2, err
-    assert "Traceback" not in err and "ModuleNotFoundError" not in err
-    assert "reward_funcs: 'mymod.f': no module named 'mymod'" in err
-    assert f"in the current directory ({tmp_path})" in err and "PYTHONPATH" in err
-    assert "built-in rewards math, format or `module.function`" in err
-    assert not (out / "tiny-init").exists()  # reported before the model is built
+    assert words in _error_line(err) and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "out").exists()
 
 
-def test_reward_funcs_from_the_current_directory_and_its_errors(tmp_path, monkeypatch):
+def test_trlparser_answers_an_unknown_recipe_key_and_a_wrong_type_and_a_missing_recipe(tmp_path, capsys):
+    recipe = yaml.safe_load(TINY_RECIPE.read_text())
+    (tmp_path / "key.yaml").write_text(yaml.safe_dump({**recipe, "learnin_rate": 0.1}))
+    assert main(["--config", str(tmp_path / "key.yaml")]) == 2
+    assert "Unknown arguments from config file: ['--learnin_rate', '0.1']" in _error_line(capsys.readouterr().err)
+    assert main(["--config", "recipes/tiny/cegppo/config_cpu.yml"]) == 2  # the shipped recipes listed after it
+    assert "'recipes/tiny/cegppo/config_cpu.yml' is neither a file nor a shipped recipe" in capsys.readouterr().err
+    (tmp_path / "type.yaml").write_text(yaml.safe_dump({**recipe, "learning_rate": "abc"}))
+    with pytest.raises(SystemExit) as exit_info:  # argparse: its usage line (short) and the error, status 2
+        main(["--config", str(tmp_path / "type.yaml")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "argument --learning_rate/--learning-rate: invalid float value: 'abc'" in err
+    assert len(err.strip().splitlines()) == 2, err
+
+
+DATA_FAULTS = {
+    "missing_column": ([{"question_text": "1+1?", "answer": "2"}] * 40, "no problem column found"),
+    "empty_answer": ([{"problem": "1+1?", "answer": ""}] * 40, "answer is empty in rows [0, 1, 2,"),
+    "no_rows": ([], "has no rows"),
+}
+
+
+@pytest.mark.parametrize("fault", DATA_FAULTS)
+def test_a_bad_data_set_is_one_line_and_exit_2(fault, tmp_path, capsys):
+    from cegppo_trl.data import DatasetFormatError, load_math_dataset
+
+    rows, words = DATA_FAULTS[fault]
+    data = _jsonl(tmp_path / "data.jsonl", rows)
+    assert main(["--config", str(TINY_RECIPE), "--dataset_name", data, "--output_dir", str(tmp_path / "o")]) == 2
+    assert words in _error_line(capsys.readouterr().err)
+    with pytest.raises(DatasetFormatError, match=words.replace("[", r"\[")):  # the Python user's error
+        load_math_dataset(data)
+
+
+def test_the_console_command_answers_a_bad_data_set_in_one_line(tmp_path):
+    """As a user meets it: the console script, status 2, one line on stderr (was a traceback and status 1)."""
+    data = _jsonl(tmp_path / "data.jsonl", [{"question_text": "1+1?", "answer": "2"}])
+    argv = [CEGPPO_TRAIN, "--config", str(TINY_RECIPE), "--dataset_name", data, "--output_dir", str(tmp_path / "o")]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines() == [_error_line(proc.stderr)] and "no problem column found" in proc.stderr
+
+
+def test_a_data_set_smaller_than_a_generation_batch_is_refused(tmp_path, tiny_checkpoint, capsys, tiny_model):
+    """It trained 0 steps, exited 0 and saved the untrained model. The tiny recipe's generation batch: 8 prompts."""
+    from cegppo_trl import CEGPPOConfig, CEGPPOTrainer, load_math_dataset
+
+    argv = ["--config", str(TINY_RECIPE), "--model_name_or_path", str(tiny_checkpoint), "--max_train_samples", "7"]
+    assert main([*argv, "--output_dir", str(tmp_path / "o")]) == 2
+    assert "has 7 prompts, fewer than the 8 of one generation batch" in _error_line(capsys.readouterr().err)
+    assert not (tmp_path / "o" / "model.safetensors").exists()
+    args = CEGPPOConfig(str(tmp_path / "p"), per_device_train_batch_size=8, num_generations=4, use_cpu=True)
+    data = load_math_dataset("builtin:arithmetic").select(range(1))
+    with pytest.raises(ValueError, match="has 1 prompts, fewer than the 2 of one generation batch"):
+        CEGPPOTrainer(model=tiny_model, reward_funcs=lambda completions, **kw: [0.0] * len(completions), args=args,
+                      train_dataset=data)  # fmt: skip
+
+
+def test_a_reward_that_returns_none_for_every_completion_stops_the_run(tmp_path, tiny_checkpoint, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    (tmp_path / "none_reward.py").write_text(
+        "def nothing(completions, **kwargs):\n    return [None] * len(completions)\n"
+    )
+    out = tmp_path / "out"
+    argv = ["--config", str(TINY_RECIPE), "--model_name_or_path", str(tiny_checkpoint), "--output_dir", str(out)]
+    assert main([*argv, "--reward_funcs", "none_reward.nothing"]) == 2
+    line = _error_line(capsys.readouterr().err)
+    assert "every reward function (nothing) returned None for all 32 completions of a batch" in line
+    assert not (out / "model.safetensors").exists()  # not saved as a success
+
+
+def test_a_truncated_weights_file_is_named(tmp_path, tiny_checkpoint, capsys):
+    import shutil
+
+    from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
+    from cegppo_trl.model_source import UnreadableWeightsError
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_checkpoint, model_dir)
+    weights = model_dir / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    argv = ["--config", str(TINY_RECIPE), "--model_name_or_path", str(model_dir), "--output_dir", str(tmp_path / "o")]
+    assert main(argv) == 2
+    assert f"cannot read the weights in {weights}" in _error_line(capsys.readouterr().err)
+    with pytest.raises(UnreadableWeightsError, match="truncated or damaged"):  # the Python user's error
+        CEGPPOTrainer(model=str(model_dir), reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+                      args=CEGPPOConfig(str(tmp_path / "p"), use_cpu=True))  # fmt: skip
+
+
+def test_config_refuses_what_would_save_nothing_and_warns_about_checkpoints_inside_a_generation_batch(tmp_path):
+    from cegppo_trl import CEGPPOConfig
+
+    with pytest.raises(ValueError, match="would save no checkpoint"):
+        CEGPPOConfig(str(tmp_path), save_strategy="steps", save_steps=0, use_cpu=True)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="is under the file"):
+        CEGPPOConfig(str(tmp_path / "file" / "run"), use_cpu=True)
+    spg = dict(per_device_train_batch_size=4, num_generations=4, steps_per_generation=4, use_cpu=True)
+    with pytest.warns(UserWarning, match="save_steps 3 is not a multiple of the 4 optimizer steps per generation"):
+        CEGPPOConfig(str(tmp_path / "a"), save_strategy="steps", save_steps=3, **spg)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="save_steps")
+        CEGPPOConfig(str(tmp_path / "b"), save_strategy="steps", save_steps=8, **spg)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# What parses: both spellings of --config, a shipped recipe, the prompt words, rewards from the current directory
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_config_spellings_and_the_prompt_words(tmp_path, monkeypatch):
+    from cegppo_trl.data import DEFAULT_INSTRUCTION
+
+    def parsed(*flags):
+        return make_parser().parse_args_and_config(args=list(flags))
+
+    for spelling in (["--config", str(TINY_RECIPE)], [f"--config={TINY_RECIPE}"]):
+        _, config, _ = parsed(*spelling, "--max_steps", "3")
+        assert config.max_steps == 3 and config.learning_rate == 1.0e-3  # the recipe read, the flag wins
+    monkeypatch.chdir(tmp_path)  # no recipes/ here: the copy shipped with the package
+    script_args, _, _ = parsed("--config", "recipes/tiny/cegppo/config_cpu.yaml", "--system_prompt", "none")
+    assert script_args.system_prompt is None and script_args.dataset_name == "builtin:arithmetic"
+    words = {"none": None, "default": DEFAULT_INSTRUCTION, "Q: {problem}": "Q: {problem}"}
+    for word, meaning in words.items():  # as cegppo-eval reads them
+        assert parsed("--config", str(TINY_RECIPE), "--instruction", word)[0].instruction == meaning
+
+
+def test_rewards_from_the_current_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))
     (tmp_path / "cli_msg_rewards.py").write_text("def short(completions, **kwargs):\n    return [0.0]\n")
-    (tmp_path / "cli_msg_broken.py").write_text("import cli_msg_missing_dependency_xyz\n")
-    args = make_parser().parse_args_and_config(args=["--config", str(TINY_RECIPE)])[0]
-
-    args.reward_funcs = ["math", "cli_msg_rewards.short"]
-    funcs = build_reward_funcs(args)
+    script_args = make_parser().parse_args_and_config(args=["--config", str(TINY_RECIPE)])[0]
+    script_args.reward_funcs = ["math", "cli_msg_rewards.short"]
+    funcs = build_reward_funcs(script_args)
     assert funcs[1].__name__ == "short" and funcs[1](["x"]) == [0.0]
-    args.reward_funcs = ["cli_msg_rewards.long"]
-    with pytest.raises(TrainArgumentError, match=r"module 'cli_msg_rewards' \(.*cli_msg_rewards.py\) has no function"):
-        build_reward_funcs(args)
-    args.reward_funcs = ["cli_msg_broken.f"]
-    with pytest.raises(
-        TrainArgumentError, match="it imports 'cli_msg_missing_dependency_xyz', which is not installed"
-    ):
-        build_reward_funcs(args)
-    args.reward_funcs = ["math,format"]
-    with pytest.raises(TrainArgumentError, match="Separate several rewards with spaces: --reward_funcs math format"):
-        build_reward_funcs(args)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# --help: what the command does, --config, a short list; --help-all: everything
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def _help(capsys, flag: str) -> str:
+def test_help_describes_the_command(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        main([flag])
+        main(["--help"])
     assert exit_info.value.code == 0
-    return capsys.readouterr().out
-
-
-def test_help_describes_the_command_lists_config_and_is_short(capsys):
-    text = _help(capsys, "--help")
-    lines = text.splitlines()
-    assert len(lines) < 300, len(lines)  # was 1,397 lines
-    assert lines[0] == "usage: cegppo-train [--config RECIPE.yaml] [--option VALUE ...]"
-    head = "\n".join(lines[:40])
-    assert "Train a causal language model with CE-GPPO" in head
-    assert "cegppo-train --config recipes/tiny/cegppo/config_cpu.yaml" in head  # an example with a recipe
-    assert "cegppo-recipes --list" in head and "recipes/<model>/<method>/config_*.yaml" in head
-    assert re.search(r"^  --config RECIPE\.yaml +a YAML recipe", text, re.M)
-    assert re.search(r"^  --help-all +show all \d+ options", text, re.M)
-    # CE-GPPO's and the script's own options, and the most-used TRL ones
-    parser = make_parser()
-    for name in [*parser.cegppo_fields, "reward_funcs", "dataset_name", "tiny_sft_steps", "learning_rate", "use_peft"]:
-        assert re.search(rf"^  --{name}\b", text, re.M), name
-    assert "--bnb_4bit_quant_storage" not in text  # a rarely used one: only in --help-all
-    assert "--help-all` lists them all" in " ".join(text.split())
-
-
-def test_help_all_lists_every_option_and_config(capsys):
-    text = _help(capsys, "--help-all")
-    assert "Train a causal language model with CE-GPPO" in text
-    assert re.search(r"^  --config RECIPE\.yaml", text, re.M)
-    parser = make_parser()
-    missing = [name for name in parser.field_owner if not re.search(rf"^  --{name}\b", text, re.M)]
-    assert not missing, missing
-    assert len(parser.field_owner) > 200
-    for title in ("data and reward (CEGPPOScriptArguments)", "CE-GPPO (CEGPPOConfig)", "(trl.ModelConfig)"):
-        assert title in text
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Train a causal language model with CE-GPPO" in text and "--cegppo_beta1" in text
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Ctrl-C: the last checkpoint and the flag that resumes from it
+# A stopped run names its last complete checkpoint and the command that resumes from it
 # ----------------------------------------------------------------------------------------------------------------
-
-
-def _checkpoint(path: Path, complete: bool = True) -> Path:
-    path.mkdir(parents=True)
-    if complete:
-        (path / "trainer_state.json").write_text("{}")
-    return path
 
 
 def test_interrupted_message_names_the_last_complete_checkpoint(tmp_path):
     out = tmp_path / "out"
     args = SimpleNamespace(output_dir=str(out), save_strategy="steps")
     argv = ["--config", "r.yaml", "--resume_from_checkpoint", "old/checkpoint-1", "--max_steps", "9"]
-
-    message = interrupted_message(argv, args)
+    message = interrupted_message(argv, args, "cegppo-train", "Ctrl-C")
     assert f"No checkpoint was saved in {out} yet; run the same command to start over." in message
-    _checkpoint(out / "checkpoint-2")
-    _checkpoint(out / "checkpoint-10")
-    _checkpoint(out / "checkpoint-12", complete=False)  # interrupted while saving
-    assert last_checkpoint(str(out)) == (str(out / "checkpoint-10"), str(out / "checkpoint-12"))
-    message = interrupted_message(argv, args)
-    assert f"Last checkpoint saved: {out / 'checkpoint-10'}" in message
+    for step, complete in ((2, True), (10, True), (12, False)):  # 12: interrupted while saving
+        (out / f"checkpoint-{step}").mkdir(parents=True)
+        if complete:
+            (out / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+    assert last_complete_checkpoint(str(out)) == str(out / "checkpoint-10")
+    message = interrupted_message(argv, args, "cegppo-train", "SIGTERM")
+    assert message.startswith("cegppo-train: interrupted (SIGTERM).")
     assert f"{out / 'checkpoint-12'} was being written when the run stopped and is incomplete" in message
     flag = f"--resume_from_checkpoint {out / 'checkpoint-10'}"
-    assert f"run the same command with {flag} added" in message
-    assert f"cegppo-train --config r.yaml --max_steps 9 {flag}" in message  # the old flag replaced
-    no_save = interrupted_message([], SimpleNamespace(output_dir=str(tmp_path / "none"), save_strategy="no"))
-    assert "saves no checkpoints (save_strategy: no)" in no_save and "--save_strategy steps --save_steps" in no_save
-
-
-def test_ctrl_c_exits_130_naming_the_last_checkpoint_and_the_resume_flag(tmp_path):
-    """Ctrl-C in a terminal: SIGINT to the whole process group (the grading workers too) once a checkpoint exists."""
-    out = tmp_path / "run"
-    argv = [
-        "--config", str(TINY_RECIPE), "--output_dir", str(out), "--tiny_sft_steps", "0", "--max_steps", "100000",
-        "--save_strategy", "steps", "--save_steps", "1", "--logging_steps", "1000",
-    ]  # fmt: skip
-    proc = subprocess.Popen(
-        [CEGPPO_TRAIN, *argv], cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True, preexec_fn=_sigint_default,  # a background job's ignored SIGINT would never arrive
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 300
-        while not (out / "checkpoint-1" / "trainer_state.json").is_file():
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "no checkpoint after 300 s"
-            time.sleep(0.2)
-        os.killpg(proc.pid, signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 130, stderr[-3000:]
-    assert "Traceback" not in stderr, stderr[-3000:]
-    match = re.search(r"Last checkpoint saved: (\S+)", stderr)
-    assert match, stderr[-3000:]
-    last = Path(match[1])
-    assert (last / "trainer_state.json").is_file() and last.parent == out
-    numbers = [int(p.name.split("-")[1]) for p in out.glob("checkpoint-*") if (p / "trainer_state.json").is_file()]
-    assert last.name == f"checkpoint-{max(numbers)}"
-    flag = f"--resume_from_checkpoint {last}"
-    assert f"run the same command with {flag} added" in stderr
-    command = next(line.strip() for line in stderr.splitlines() if line.strip().startswith("cegppo-train "))
-    assert shlex.split(command) == ["cegppo-train", *argv, "--resume_from_checkpoint", str(last)]
-    _, config, _ = make_parser().parse_args_and_config(args=shlex.split(command)[1:])  # the printed command parses
-    assert config.resume_from_checkpoint == str(last) and config.output_dir == str(out)
-    assert stderr.strip().splitlines()[-1].strip() == command  # the message closes the output
-
-
-def test_parser_field_tables_cover_the_three_dataclasses():
-    """The names the messages suggest and the help lists are every init field of the three dataclasses."""
-    from trl import ModelConfig
-
-    from cegppo_trl import CEGPPOConfig
-    from cegppo_trl.scripts.train import CEGPPOScriptArguments
-
-    parser = make_parser()
-    expected = {f.name for cls in (CEGPPOScriptArguments, CEGPPOConfig, ModelConfig) for f in dataclasses.fields(cls)}
-    expected -= {f.name for cls in (CEGPPOConfig,) for f in dataclasses.fields(cls) if not f.init}
-    assert set(parser.field_owner) == expected
-    assert parser.field_owner["cegppo_beta1"] == "CEGPPOConfig" and parser.field_owner["lora_r"] == "trl.ModelConfig"
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Bad values, refused where the arguments are parsed: one line naming the flag and the fix, exit 2, no model built
-# ----------------------------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("flag", "value", "words"),
-    [
-        ("--max_train_samples", "0", "it keeps the first N training rows and must be at least 1"),
-        ("--instruction", "{question} Please reason step by step.", "only placeholder is {problem}"),
-        ("--max_completion_length", "0", "the longest completion, in tokens, must be at least 1"),
-        ("--per_device_train_batch_size", "0", "completions per process and micro-batch must be at least 1"),
-        ("--temperature", "0", "the sampling temperature must be > 0"),
-    ],
-)
-def test_a_bad_value_is_one_line_naming_the_flag_before_the_model_builds(flag, value, words, tmp_path, capsys):
-    out = tmp_path / "out"
-    assert main(["--config", str(TINY_RECIPE), flag, value, "--output_dir", str(out)]) == 2
-    err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"cegppo-train: error: {flag} "), err
-    assert words in err and "Traceback" not in err
-    assert not out.exists()  # nothing built
-
-
-def test_instruction_words_mean_what_they_mean_in_cegppo_eval():
-    from cegppo_trl.data import DEFAULT_INSTRUCTION
-
-    def parsed(word):
-        return make_parser().parse_args_and_config(args=["--config", str(TINY_RECIPE), "--instruction", word])[0]
-
-    assert parsed("default").instruction == DEFAULT_INSTRUCTION
-    assert parsed("none").instruction is None
-    assert parsed("Q: {problem}").instruction == "Q: {problem}"
-
-
-def test_a_reward_that_returns_none_for_every_row_fails_instead_of_training_on_nothing(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    (tmp_path / "cli_msg_none_reward.py").write_text(
-        "def nothing(completions, **kwargs):\n    return [None] * len(completions)\n"
-    )
-    out = tmp_path / "out"
-    argv = ["--config", str(TINY_RECIPE), "--tiny_sft_steps", "0", "--output_dir", str(out)]
-    assert main([*argv, "--reward_funcs", "cli_msg_none_reward.nothing"]) == 2
-    err = capsys.readouterr().err
-    assert "reward_funcs: every reward function (nothing) returned None for all 32 completions of a batch" in err
-    assert "Traceback" not in err and not (out / "model.safetensors").exists()  # not saved as a success
-
-
-def test_a_truncated_weights_file_is_named(tmp_path, tiny_model, tiny_tokenizer, capsys):
-    model_dir = tmp_path / "model"
-    tiny_model.save_pretrained(model_dir)
-    tiny_tokenizer.save_pretrained(model_dir)
-    weights = model_dir / "model.safetensors"
-    weights.write_bytes(weights.read_bytes()[:100])
-    capsys.readouterr()  # the save's own progress bar
-    argv = ["--config", str(TINY_RECIPE), "--model_name_or_path", str(model_dir), "--output_dir", str(tmp_path / "o")]
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
-    assert f"cannot read the weights in {weights}" in err and "truncated or damaged" in err
+    assert message.endswith(f"  cegppo-train --config r.yaml --max_steps 9 {flag}")  # the old flag replaced
+    no_save = interrupted_message([], SimpleNamespace(output_dir=str(tmp_path / "x"), save_strategy="no"), "p", "s")
+    assert "saves no checkpoints (save_strategy: no)" in no_save

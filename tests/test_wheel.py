@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_checked, wheel_env
-from test_docs import FAST_CONFIG, _swap_ids, code_blocks
+from doc_blocks import FAST_CONFIG, code_blocks, swap_ids
 
 
 pytestmark = pytest.mark.slow  # builds and installs the wheel
@@ -76,7 +76,7 @@ def test_quick_start_from_the_wheel(wheel_venv, stand_ins, tmp_path):
         "import cegppo_trl\n"
         "_config = cegppo_trl.CEGPPOConfig\n"
         f"cegppo_trl.CEGPPOConfig = lambda *a, **k: _config(*a, **{{**k, **{FAST_CONFIG!r}}})\n"
-        + _swap_ids(block.body, stand_ins)
+        + swap_ids(block.body, stand_ins)
         + "\nimport json; print(json.dumps({'steps': trainer.state.global_step, 'file': cegppo_trl.__file__}))\n"
     )
     out = run_checked(["python", script], tmp_path, wheel_env(wheel_venv)).stdout.strip().splitlines()[-1]

@@ -1,35 +1,18 @@
-"""`cegppo-train`: train a causal LM with CE-GPPO on a math data set (TRL script conventions).
+"""`cegppo-train`: train a causal LM with CE-GPPO on a math data set, in the shape of TRL's `trl/scripts/grpo.py`.
 
-One script for every scale: the tiny CPU model, DeepSeek-R1-Distill-Qwen-1.5B/7B on GPUs, LoRA, DeepSpeed ZeRO-2/3,
-several nodes, and vLLM generation (colocated or `trl vllm-serve`). Arguments come from three dataclasses, on the
-command line or in a YAML recipe passed with ``--config`` (command-line values override the recipe):
+A `TrlParser` over `CEGPPOScriptArguments` (data and reward), `cegppo_trl.CEGPPOConfig` (TRL's `GRPOConfig` + the
+CE-GPPO fields) and `trl.ModelConfig`, given as flags or in a YAML recipe (``--config PATH`` or ``--config=PATH``; a
+path under ``recipes/`` that does not exist here is read from the copy shipped in the package). TrlParser reports an
+unknown key, an unknown flag or a value of the wrong type. ``model_name_or_path: builtin:tiny`` builds the ~1M-parameter
+model of `cegppo_trl.tiny_model` in ``<output_dir>/tiny-init``. As in open-r1, a run resumes from the last complete
+checkpoint in ``output_dir`` unless ``--resume_from_checkpoint`` names one. The model (or LoRA adapter),
+``trainer_state.json``, a model card and the prompt format and sampling it was trained with (``cegppo_prompt.json``,
+``generation_config.json``; also in every ``checkpoint-N``, for ``cegppo-eval``) are written to ``output_dir``.
 
-* `CEGPPOScriptArguments` -- the data set (a Hub id, a local .jsonl/.json/.parquet/.csv file, or
-  ``builtin:arithmetic``; read by `cegppo_trl.load_math_dataset`) and the reward;
-* `cegppo_trl.CEGPPOConfig` -- TRL's `GRPOConfig` (batching, optimiser, vLLM, logging, saving) + the CE-GPPO fields;
-* `trl.ModelConfig` -- the model (a Hub id, a local directory, or ``builtin:tiny``) and the LoRA / quantization options.
-
-Examples::
-
-    cegppo-train --config recipes/tiny/cegppo/config_cpu.yaml          # CPU, nothing downloaded
-    accelerate launch --config_file accelerate_configs/zero2.yaml \\
-        examples/train_cegppo.py --config recipes/DeepSeek-R1-Distill-Qwen-1.5B/cegppo/config_paper.yaml
-
-``model_name_or_path: builtin:tiny`` builds the ~1M-parameter Qwen2-style model of `cegppo_trl.tiny_model` locally, in
-``<output_dir>/tiny-init`` (with ``tiny_sft_steps > 0`` it is first warm-started on ``builtin:arithmetic``), and then
-trains it like any local checkpoint. At the end the model (or LoRA adapter), ``trainer_state.json`` and a model card
-(``README.md``) are written to ``output_dir``, with the prompt format and sampling the model was trained with
-(``cegppo_prompt.json``, ``generation_config.json``; also in every ``checkpoint-N``), which ``cegppo-eval`` uses.
-
-As in open-r1, a run resumes from the last checkpoint in ``output_dir`` (transformers' `get_last_checkpoint`) unless
-``--resume_from_checkpoint`` names one. The library pieces live in `cegppo_trl.script_args` (the arguments, the reward
-functions), `cegppo_trl.train_parser` (messages and help), `cegppo_trl.training_run` (model, data, resume, callbacks)
-and `cegppo_trl.stopping` (signals).
-
-Exit statuses: 0 done; 2 a wrong argument, recipe key or value, reward, model file or an uncached Hub kernel offline
-(one line naming it and the fix, before the model loads where it can be checked); 130 after Ctrl-C (SIGINT) and 143
-after SIGTERM: the run stops at the end of the current step, every process at the same step, and prints the last
-complete checkpoint and the ``--resume_from_checkpoint`` command.
+Exit statuses: 0 done; 2 a wrong argument, recipe, data set, reward, model file or an uncached Hub kernel offline (one
+line, raised where a Python user of the library gets it too); 130 after Ctrl-C (SIGINT), 143 after SIGTERM: every
+process stops at the same step end and the last complete checkpoint and the resume command are printed
+(`cegppo_trl.scripts.stopping`).
 """
 
 from __future__ import annotations
@@ -38,175 +21,305 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
-from ..stopping import StopRequest, interrupted_message, last_checkpoint  # light: installed before torch is imported
+from trl import ScriptArguments, TrlParser
 
-
-__all__ = ["DESCRIPTION", "interrupted_message", "last_checkpoint", "main", "make_parser", "train"]
-
-DESCRIPTION = """\
-Train a causal language model with CE-GPPO (TRL's GRPOTrainer with gradient-preserving clipping) on a math data
-set with a verifiable reward. The model (or LoRA adapter), its checkpoints, trainer_state.json and a model card are
-written to --output_dir; `cegppo-eval OUTPUT_DIR --datasets ...` evaluates it.
-
-Every option is a field of CEGPPOScriptArguments (data, reward), CEGPPOConfig (TRL's GRPOConfig + the CE-GPPO
-fields) or trl.ModelConfig (model, LoRA). Set them in a YAML recipe passed with --config (one `option: value` per
-line), or as --option VALUE flags; a flag overrides the recipe.
-
-examples:
-  cegppo-train --config recipes/tiny/cegppo/config_cpu.yaml    # the tiny model on a CPU, nothing downloaded
-  cegppo-train --config recipes/tiny/cegppo/config_cpu.yaml --max_steps 8 --output_dir outputs/tiny-8
-  accelerate launch --config_file accelerate_configs/zero2.yaml --num_processes 8 \\
-      examples/train_cegppo.py --config recipes/DeepSeek-R1-Distill-Qwen-1.5B/cegppo/config_paper.yaml
-
-recipes: recipes/<model>/<method>/config_*.yaml in a clone of the repository (the paper's CE-GPPO, GRPO and DAPO
-runs of DeepSeek-R1-Distill-Qwen-1.5B and -7B, LoRA, the tiny CPU recipe). `cegppo-recipes --list` lists the copies
-shipped with the package, `cegppo-recipes DIR` copies them into DIR, and `--config recipes/...` reads the shipped
-copy when the path does not exist here."""
-
-KERNELS_FIX = "`model_init_kwargs: {use_kernels: false}` in the recipe"
-# Names that moved into the library, still importable from here (loaded on first use: this module stays light).
-_MOVED = {
-    "CEGPPOScriptArguments": ("script_args", "CEGPPOScriptArguments"),
-    "TrainArgumentError": ("script_args", "TrainArgumentError"),
-    "build_reward_funcs": ("script_args", "build_reward_funcs"),
-    "SavePromptAndSamplingCallback": ("training_run", "SavePromptAndSamplingCallback"),
-    "save_prompt_and_sampling": ("training_run", "save_prompt_and_sampling"),
-    "CEGPPOTrainParser": ("train_parser", "CEGPPOTrainParser"),
-    "_with_shipped_config": ("train_parser", "with_shipped_config"),
-    "_instruction": ("data", "resolve_instruction"),
-}
+from ..data import DEFAULT_INSTRUCTION, resolve_instruction
+from ..prompt_settings import resolve_system_prompt
+from .stopping import StopRequest, interrupted_message, last_complete_checkpoint, stop_on_signal_callback
 
 
-def __getattr__(name: str):
-    if name not in _MOVED:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module, attribute = _MOVED[name]
-    return getattr(importlib.import_module(f"cegppo_trl.{module}"), attribute)
+PROG = "cegppo-train"
+TINY_MODEL = "builtin:tiny"
+DESCRIPTION = (
+    "Train a causal language model with CE-GPPO (TRL's GRPOTrainer with gradient-preserving clipping) on a math data "
+    "set with a verifiable reward. Options: flags, or a YAML recipe with --config (flags override it), e.g. "
+    "`cegppo-train --config recipes/tiny/cegppo/config_cpu.yaml` (the tiny model on a CPU); `cegppo-recipes --list` "
+    "lists the recipes shipped with the package. Ctrl-C or SIGTERM stops at the end of a step and prints the command "
+    "that resumes from the last checkpoint."
+)
 
 
-def make_parser(prog: str | None = "cegppo-train"):
-    """The parser of `cegppo-train`: a `TrlParser` over `CEGPPOScriptArguments`, `CEGPPOConfig` and `ModelConfig`."""
-    from ..train_parser import CEGPPOTrainParser
+@dataclass
+class CEGPPOScriptArguments(ScriptArguments):
+    """Script arguments of `cegppo-train`: TRL's `ScriptArguments` plus the data-set columns (read by
+    `cegppo_trl.load_math_dataset`), the prompt (`instruction` and `system_prompt` take the words of `cegppo-eval`:
+    `none`, `default`, a `{problem}` template) and the reward functions (`math`: the paper's +1 / -1 by math-verify)."""
 
-    return CEGPPOTrainParser(prog=prog, description=DESCRIPTION)
+    dataset_name: str | None = field(
+        default=None,
+        metadata={"help": "Hub data set id, local .jsonl/.json/.parquet/.csv file, or builtin:arithmetic."},
+    )
+    eval_dataset_name: str | None = field(
+        default=None, metadata={"help": "Evaluation data set (default: dataset_name, split dataset_test_split)."}
+    )
+    problem_column: str | None = field(default=None, metadata={"help": "Column holding the problem."})
+    answer_column: str | None = field(
+        default=None, metadata={"help": "Column holding the gold answer ('a.b' = key b of dict column a)."}
+    )
+    system_prompt: str | None = field(default=None, metadata={"help": "System message ('none': no system message)."})
+    instruction: str | None = field(
+        default=DEFAULT_INSTRUCTION,
+        metadata={"help": "'default', 'none', a template with {problem}, or text appended to each problem."},
+    )
+    max_train_samples: int | None = field(default=None, metadata={"help": "Keep only the first N training rows."})
+    reward_funcs: list[str] = field(
+        default_factory=lambda: ["math"],
+        metadata={"help": "Rewards: 'math' (+1/-1, math-verify), 'format', or dotted import paths."},
+    )
+    correct_reward: float = field(default=1.0, metadata={"help": "math reward of a verified answer (paper: +1)."})
+    wrong_reward: float = field(default=-1.0, metadata={"help": "math reward of a wrong answer (paper: -1)."})
+    unparseable_reward: float | None = field(
+        default=None, metadata={"help": "math reward when no answer parses (default: wrong_reward)."}
+    )
+    reward_timeout_s: float = field(default=3.0, metadata={"help": "Grading time limit per completion (s)."})
+    tiny_sft_steps: int = field(
+        default=0, metadata={"help": "builtin:tiny only: SFT warm-start steps on builtin:arithmetic (0: none)."}
+    )
+
+    def __post_init__(self):
+        self.instruction = resolve_instruction(self.instruction)  # ValueError names an unknown {placeholder}
+        self.system_prompt = resolve_system_prompt(self.system_prompt)
+        if self.max_train_samples is not None and self.max_train_samples < 1:
+            raise ValueError(
+                f"--max_train_samples {self.max_train_samples}: it keeps the first N training rows and must be at "
+                "least 1; leave it out to train on the whole data set."
+            )
+        if self.reward_timeout_s <= 0:
+            raise ValueError(f"--reward_timeout_s {self.reward_timeout_s}: the grading time limit must be > 0 s.")
+        if self.tiny_sft_steps < 0:
+            raise ValueError(f"--tiny_sft_steps {self.tiny_sft_steps}: SFT steps must be 0 (none) or more.")
 
 
-def train(script_args, training_args, model_args, stop: StopRequest | None = None) -> bool:
-    """Train with `CEGPPOTrainer`, then save the model (or adapter), `trainer_state.json` and a model card.
+class CEGPPOTrainParser(TrlParser):
+    """TrlParser, also reading ``--config=PATH`` and the shipped copy of a ``recipes/...`` path missing here."""
 
-    Returns True when a signal stopped training early (`stop`); then nothing is saved beyond the checkpoints."""
+    def parse_args_and_config(self, args=None, *rest, **kwargs):
+        from ..resources import resolve_shipped_path
+
+        args = list(sys.argv[1:] if args is None else args)
+        for i, arg in enumerate(args):
+            if arg.startswith("--config="):
+                args[i : i + 1] = ["--config", arg.removeprefix("--config=")]
+        if "--config" in args[:-1]:
+            at = args.index("--config") + 1
+            args[at] = resolve_shipped_path(args[at])
+        return super().parse_args_and_config(args, *rest, **kwargs)
+
+
+def make_parser(prog: str | None = PROG) -> CEGPPOTrainParser:
+    from trl import ModelConfig
+
+    from ..config import CEGPPOConfig
+
+    usage = "%(prog)s [--config RECIPE.yaml] [--option VALUE ...]"  # argparse's errors print it: all 230 are too many
+    return CEGPPOTrainParser((CEGPPOScriptArguments, CEGPPOConfig, ModelConfig), prog=prog, usage=usage,
+                             description=DESCRIPTION)  # fmt: skip
+
+
+def build_reward_funcs(script_args: CEGPPOScriptArguments) -> list:
+    """The reward functions `script_args.reward_funcs` names, in order (TRL's registry plus a dotted import path)."""
+    from ..rewards import format_reward, make_math_reward
+
+    funcs = []
+    for name in script_args.reward_funcs:
+        if name == "math":
+            kwargs = dict(correct=script_args.correct_reward, wrong=script_args.wrong_reward)
+            kwargs.update(unparseable=script_args.unparseable_reward, timeout_s=script_args.reward_timeout_s)
+            funcs.append(make_math_reward(**kwargs))
+        elif name == "format":
+            funcs.append(format_reward)
+        elif "." in name and "," not in name:  # TRL's `module.function`, imported from the current directory too
+            module, _, function = name.rpartition(".")
+            sys.path.insert(0, os.getcwd()) if os.getcwd() not in sys.path else None
+            try:
+                funcs.append(getattr(importlib.import_module(module), function))
+            except (ImportError, AttributeError) as error:
+                raise ValueError(f"reward_funcs: cannot import {name!r} from the current directory or PYTHONPATH: {error}.") from None  # fmt: skip
+        else:
+            raise ValueError(
+                f"reward_funcs: unknown reward {name!r}; use math, format or `module.function` (separate several "
+                "with spaces: --reward_funcs math format)."
+            )
+    return funcs
+
+
+def resolve_model(name: str | None, script_args: CEGPPOScriptArguments, training_args) -> str:
+    """`model_args.model_name_or_path` checked by `cegppo_trl.model_source`, a local one by its absolute path (a LoRA
+    adapter records it as its base); ``builtin:tiny`` built once per node in ``<output_dir>/tiny-init``."""
+    from ..model_source import resolve_model_source
+
+    if name != TINY_MODEL:
+        source = resolve_model_source(name or "")  # FileNotFoundError names a missing path
+        path = source.adapter or source.path
+        return os.path.abspath(path) if os.path.isdir(path) else path
+    from accelerate import PartialState
+
+    from ..tiny_model import materialize_tiny
+
+    path, seed, steps = os.path.abspath(os.path.join(training_args.output_dir, "tiny-init")), training_args.seed, script_args.tiny_sft_steps  # fmt: skip
+    state = PartialState()
+    with state.local_main_process_first():  # the first process of each node builds it, the others load it
+        if state.is_local_main_process and state.num_processes == 1:
+            materialize_tiny(path, seed=seed, sft_steps=steps)
+        elif state.is_local_main_process:  # in a fresh Python: the SFTTrainer warm start must not join this job
+            import subprocess
+
+            launch = {
+                "RANK",
+                "WORLD_SIZE",
+                "LOCAL_RANK",
+                "LOCAL_WORLD_SIZE",
+                "GROUP_RANK",
+                "MASTER_ADDR",
+                "MASTER_PORT",
+            }
+            env = {k: v for k, v in os.environ.items() if k not in launch and not k.startswith(("ACCELERATE_", "TORCHELASTIC_"))}  # fmt: skip
+            code = "import sys; from cegppo_trl.tiny_model import materialize_tiny as m; m(sys.argv[1], *map(int, sys.argv[2:]))"  # fmt: skip
+            subprocess.run([sys.executable, "-c", code, path, str(seed), str(steps)], env=env, check=True)
+    return path
+
+
+def load_datasets(script_args: CEGPPOScriptArguments, training_args):
+    """(train, eval or None): `load_math_dataset`'s conversational `prompt` and `solution` columns."""
+    from ..data import load_math_dataset
+
+    columns = dict(problem_column=script_args.problem_column, answer_column=script_args.answer_column,
+                   system_prompt=script_args.system_prompt, instruction=script_args.instruction)  # fmt: skip
+    name, config = script_args.dataset_name, script_args.dataset_config
+    if not name:
+        raise ValueError("--dataset_name is required: a Hub id, a local .jsonl/.json/.parquet/.csv file, or builtin:arithmetic.")  # fmt: skip
+    train = load_math_dataset(name, split=script_args.dataset_train_split, name=config, **columns)
+    if script_args.max_train_samples is not None:
+        train = train.select(range(min(script_args.max_train_samples, len(train))))
+    if training_args.eval_strategy == "no":
+        return train, None
+    if script_args.eval_dataset_name:
+        name, config = script_args.eval_dataset_name, None
+    return train, load_math_dataset(name, split=script_args.dataset_test_split, name=config, **columns)
+
+
+def save_prompt_and_sampling(path: str, script_args: CEGPPOScriptArguments, args) -> None:
+    """The prompt format and sampling of training, next to the model in `path`, for `cegppo-eval`."""
+    from ..prompt_settings import save_eval_settings
+
+    save_eval_settings(path, instruction=script_args.instruction, system_prompt=script_args.system_prompt,
+                       temperature=args.temperature, top_p=args.top_p, top_k=args.top_k or 0,
+                       max_new_tokens=args.max_completion_length)  # fmt: skip
+
+
+def prompt_and_sampling_callback(script_args: CEGPPOScriptArguments):
+    """A `TrainerCallback` that writes `save_prompt_and_sampling` into every ``checkpoint-N`` the trainer saves."""
+    from transformers import TrainerCallback
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+    class SavePromptAndSampling(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            path = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+            if args.should_save and os.path.isdir(path):
+                save_prompt_and_sampling(path, script_args, args)
+
+    return SavePromptAndSampling()
+
+
+def build_trainer(script_args: CEGPPOScriptArguments, training_args, model_args):
+    """TRL's `main` up to the trainer: rewards, model options, data, `CEGPPOTrainer`."""
+    if training_args.enable_jit_checkpoint:
+        raise ValueError(
+            "--enable_jit_checkpoint: transformers' SIGTERM handler would replace cegppo-train's, which stops every "
+            "process at the same step end and prints the resume command; leave it off and save with --save_steps N "
+            "(or use CEGPPOTrainer from Python with it)."
+        )
+    reward_funcs = build_reward_funcs(script_args)  # first: a wrong name fails before the model is built
+    model_init_kwargs = dict(revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code,
+                             attn_implementation=model_args.attn_implementation, dtype=model_args.dtype)  # fmt: skip
+    training_args.model_init_kwargs = {**model_init_kwargs, **(training_args.model_init_kwargs or {})}
+    train_dataset, eval_dataset = load_datasets(script_args, training_args)
+    model = resolve_model(model_args.model_name_or_path, script_args, training_args)
     from trl import get_peft_config, get_quantization_config
 
-    from ..hub_kernels import explain_uncached_hub_kernels
-    from ..script_args import build_reward_funcs
     from ..trainer import CEGPPOTrainer
-    from ..training_run import (
-        SavePromptAndSamplingCallback,
-        StopOnSignalCallback,
-        checkpoint_to_resume,
-        explain_unreadable_weights,
-        load_datasets,
-        resolve_model,
-    )
 
-    model_init_kwargs = dict(
-        revision=model_args.model_revision,
-        trust_remote_code=training_args.trust_remote_code,
-        attn_implementation=model_args.attn_implementation,
-        dtype=model_args.dtype,
-    )
-    training_args.model_init_kwargs = {**model_init_kwargs, **(training_args.model_init_kwargs or {})}
-    reward_funcs = build_reward_funcs(script_args)  # first: a wrong name fails before the model is built
+    return CEGPPOTrainer(model=model, reward_funcs=reward_funcs, args=training_args, train_dataset=train_dataset,
+                         eval_dataset=eval_dataset, quantization_config=get_quantization_config(model_args),
+                         peft_config=get_peft_config(model_args),
+                         callbacks=[prompt_and_sampling_callback(script_args)])  # fmt: skip
+
+
+def checkpoint_to_resume(training_args) -> str | None:
+    """open-r1's auto-resume: `--resume_from_checkpoint`, else the last complete checkpoint in `output_dir`."""
+    from transformers.trainer import TRAINER_STATE_NAME
+
+    given = training_args.resume_from_checkpoint
+    if given is not None and not os.path.isfile(os.path.join(given, TRAINER_STATE_NAME)):
+        last = last_complete_checkpoint(os.path.dirname(os.path.normpath(given)))
+        raise ValueError(
+            f"--resume_from_checkpoint {given}: not a complete checkpoint (no {TRAINER_STATE_NAME}: a save was "
+            f"interrupted, or the path is wrong); the last complete one in its folder is {last}."
+        )
+    return given or last_complete_checkpoint(training_args.output_dir)
+
+
+def train(script_args: CEGPPOScriptArguments, training_args, model_args, stop: StopRequest | None = None) -> bool:
+    """TRL's `main`: train, then save the model, its prompt settings, `trainer_state.json` and a model card.
+    Returns True when a signal stopped training early; then only the checkpoints are saved."""
+    from ..model_source import can_be_hub_id
+
     checkpoint = checkpoint_to_resume(training_args)
-    with explain_uncached_hub_kernels(KERNELS_FIX):
-        model = resolve_model(model_args.model_name_or_path, script_args, training_args)
-        train_dataset, eval_dataset = load_datasets(script_args, training_args)
-        with explain_unreadable_weights(model):
-            trainer = CEGPPOTrainer(
-                model=model,
-                reward_funcs=reward_funcs,
-                args=training_args,
-                train_dataset=train_dataset,
-                eval_dataset=eval_dataset,
-                quantization_config=get_quantization_config(model_args),
-                peft_config=get_peft_config(model_args),
-                callbacks=[SavePromptAndSamplingCallback(script_args)],
-            )
+    trainer = build_trainer(script_args, training_args, model_args)
     stop = stop or StopRequest(install=False)
-    trainer.add_callback(StopOnSignalCallback(stop, trainer.accelerator))
+    trainer.add_callback(stop_on_signal_callback(stop, trainer.accelerator))
     if checkpoint and training_args.resume_from_checkpoint is None:
         trainer.accelerator.print(f"Resuming from {checkpoint}, the last checkpoint in {training_args.output_dir}.")
     trainer.train(resume_from_checkpoint=checkpoint)
-    if stop.stopped_early and trainer.state.global_step < trainer.state.max_steps:
-        _end(trainer)
-        return True
-    trainer.accelerator.print("Training completed.")
-    _save(trainer, script_args, training_args)
-    _end(trainer)
-    return False
-
-
-def _save(trainer, script_args, training_args) -> None:
-    """The model (or adapter), its prompt format and sampling, trainer_state.json, the model card; push if asked."""
-    from ..training_run import hub_dataset_name, save_prompt_and_sampling
-
-    trainer.save_model(training_args.output_dir)
-    if trainer.args.should_save:
-        save_prompt_and_sampling(training_args.output_dir, script_args, trainer.args)
-    trainer.save_state()
-    dataset_name = hub_dataset_name(script_args.dataset_name)
-    model_name = training_args.hub_model_id or os.path.basename(os.path.normpath(training_args.output_dir))
-    trainer.create_model_card(model_name=model_name.split("/")[-1], dataset_name=dataset_name)
-    trainer.accelerator.print(f"Model saved to {training_args.output_dir}.")
-    if training_args.push_to_hub:
-        trainer.push_to_hub(dataset_name=dataset_name)
-        trainer.accelerator.print(f"Model pushed to the Hub in https://huggingface.co/{trainer.hub_model_id}.")
-
-
-def _end(trainer) -> None:
-    if hasattr(trainer, "end"):  # transformers >= 5.18
-        trainer.end()  # finish the trackers and destroy the process group
+    stopped = stop.stopped_early and trainer.state.global_step < trainer.state.max_steps
+    if not stopped:
+        trainer.accelerator.print("Training completed.")
+        trainer.save_model(training_args.output_dir)
+        if trainer.args.should_save:
+            save_prompt_and_sampling(training_args.output_dir, script_args, trainer.args)
+        trainer.save_state()
+        name = script_args.dataset_name
+        dataset = name if can_be_hub_id(name) and not os.path.exists(name) else None
+        model_name = training_args.hub_model_id or os.path.basename(os.path.normpath(training_args.output_dir))
+        trainer.create_model_card(model_name=model_name.split("/")[-1], dataset_name=dataset)
+        trainer.accelerator.print(f"Model saved to {training_args.output_dir}.")
+        if training_args.push_to_hub:
+            trainer.push_to_hub(dataset_name=dataset)
+            trainer.accelerator.print(f"Model pushed to the Hub in https://huggingface.co/{trainer.hub_model_id}.")
+    trainer.end()  # finish the trackers and destroy the process group (transformers >= 5.18)
+    return stopped
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Console entry point `cegppo-train` (also run by `examples/train_cegppo.py`); the exit statuses are in the
-    module's docstring. The signal handlers come first, so a Ctrl-C during the imports gets the message too."""
+    """Console entry point `cegppo-train` (and `examples/train_cegppo.py`). The signal handlers come first, so a
+    Ctrl-C during the imports gets the message too; a wrong input is one line and exit status 2."""
     stop = StopRequest()
-    user_argv = list(sys.argv[1:] if argv is None else argv)
-    training_args, prog = None, "cegppo-train"
+    argv = list(sys.argv[1:] if argv is None else argv)
+    training_args = None
     try:
         from ..hub_kernels import HubKernelUnavailableError
-        from ..training_run import UnreadableWeightsError
+        from ..model_source import UnreadableWeightsError
+        from ..run_checks import RewardCoverageError
 
-        parser = make_parser()
-        prog = parser.prog
         try:
-            script_args, training_args, model_args = parser.parse_args_and_config(args=user_argv)
-            stopped = train(script_args, training_args, model_args, stop)
+            script_args, training_args, model_args = make_parser().parse_args_and_config(argv)
+            stop.announce = training_args.process_index == 0
+            if not train(script_args, training_args, model_args, stop):
+                return 0
         except (ValueError, FileNotFoundError, HubKernelUnavailableError, UnreadableWeightsError) as error:
-            if training_args is None or _ours(error):  # parsing, or one of ours: one line
-                print(f"{prog}: error: {error}", file=sys.stderr)
-                return 2
-            raise
-        if not stopped:
-            return 0
+            if stop.started and not isinstance(error, RewardCoverageError):
+                raise  # raised while training: a fault, with its traceback
+            print(f"{PROG}: error: {error}", file=sys.stderr)
+            return 2
     except KeyboardInterrupt:
         pass
     finally:
         stop.restore()
-    if os.environ.get("RANK", "0") == "0":  # one message, not one per process
-        print("\n" + interrupted_message(user_argv, training_args, prog, stop.name), file=sys.stderr, flush=True)
+    if stop.announce:  # one message, not one per process
+        print("\n" + interrupted_message(argv, training_args, PROG, stop.name), file=sys.stderr, flush=True)
     return stop.exit_status
-
-
-def _ours(error: BaseException) -> bool:
-    """An error raised after parsing that `cegppo-train` words itself (others keep their traceback)."""
-    from ..hub_kernels import HubKernelUnavailableError
-    from ..script_args import TrainArgumentError
-    from ..training_run import UnreadableWeightsError
-
-    return isinstance(error, (TrainArgumentError, HubKernelUnavailableError, UnreadableWeightsError))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,140 @@
+"""Clean stops of `cegppo-train` on SIGINT (Ctrl-C) and SIGTERM (SLURM, Kubernetes, `timeout`).
+
+Before training a signal stops the run at once. During training the first signal only sets a flag: the callback of
+`stop_on_signal_callback` ends training at the next optimizer-step end or checkpoint save, every process at the same
+step (the flags are max-reduced there), so a checkpoint being written is finished. A second signal, `REPEAT_S` or more
+after the first, stops at once; an earlier one is the same request relayed by a launcher (torchrun forwards the signal
+that a terminal's Ctrl-C already sent each worker). Exit status 130 after SIGINT, 143 after SIGTERM. Only the
+standard library is imported at the top: `cegppo-train` installs the handlers before torch and TRL load.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+
+
+EXIT_STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143}
+REPEAT_S = 3.0
+_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
+
+
+class StopRequest:
+    """The signal handlers of a run: `signum` (None until a signal came); `deferred` while training runs (a first
+    signal then waits for the step end); `started` once training began; `announce` on the process that prints. A SIGINT ignored at start (a
+    background job of a non-interactive shell) stays ignored, as Python leaves it."""
+
+    def __init__(self, install: bool = True):
+        self.signum: int | None = None
+        self.received_at = 0.0
+        self.deferred = self.started = self.stopped_early = False
+        self.announce = True
+        self._previous: dict[int, object] = {}
+        if install and threading.current_thread() is threading.main_thread():  # signal.signal's own condition
+            for signum in EXIT_STATUS:
+                if signal.getsignal(signum) is not signal.SIG_IGN:
+                    self._previous[signum] = signal.signal(signum, self._handle)
+
+    def restore(self) -> None:
+        """Put back the handlers found at start (`main` called from Python, e.g. pytest)."""
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+
+    def _handle(self, signum, frame) -> None:
+        now = time.monotonic()
+        if self.signum is not None and now - self.received_at < REPEAT_S:
+            return  # the same request, relayed
+        first = self.signum is None
+        self.signum, self.received_at = signum, now
+        if not (first and self.deferred):
+            raise KeyboardInterrupt
+        if self.announce:
+            print(
+                f"\n{self.name}: stopping at the end of this training step (a checkpoint being written is finished "
+                f"first). Send it again, {REPEAT_S:.0f} s or more from now, to stop at once.",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    @property
+    def exit_status(self) -> int:
+        return EXIT_STATUS.get(self.signum, 130)
+
+    @property
+    def name(self) -> str:
+        return _NAMES.get(self.signum, "Ctrl-C")
+
+
+def stop_on_signal_callback(request: StopRequest, accelerator):
+    """A `TrainerCallback` that ends training at the first step end or checkpoint save after a signal, on every
+    process at once: the flags of all processes are max-reduced at each of these points, which every process reaches
+    in the same order."""
+    import torch
+    from transformers import TrainerCallback
+
+    class StopOnSignal(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            request.deferred = request.started = True
+            request.announce = state.is_world_process_zero
+
+        def on_train_end(self, args, state, control, **kwargs):
+            request.deferred = False  # the final save: a signal now stops at once, training is complete
+
+        def on_step_end(self, args, state, control, **kwargs):
+            asked = torch.tensor([request.signum or 0], device=accelerator.device)
+            signum = int(accelerator.reduce(asked, reduction="max").item())  # the same answer on every process
+            if signum:
+                request.signum, request.stopped_early = request.signum or signum, True
+                control.should_training_stop = True
+            return control
+
+        on_save = on_step_end
+
+    return StopOnSignal()
+
+
+def last_complete_checkpoint(output_dir: str) -> str | None:
+    """transformers' `get_last_checkpoint`, passing over checkpoints without ``trainer_state.json`` (the Trainer's last
+    file: one without it was being written when a run stopped)."""
+    from transformers.trainer import TRAINER_STATE_NAME
+    from transformers.trainer_utils import sort_checkpoints
+
+    found = sort_checkpoints(output_dir) if os.path.isdir(output_dir) else []
+    complete = [path for path in found if os.path.isfile(os.path.join(path, TRAINER_STATE_NAME))]
+    return complete[-1] if complete else None
+
+
+def interrupted_message(argv: Sequence[str], training_args, prog: str, signal_name: str) -> str:
+    """What a stopped run prints: the last complete checkpoint and the command that resumes from it."""
+    first = f"{prog}: interrupted ({signal_name})."
+    if training_args is None:
+        return first
+    from transformers.trainer_utils import get_last_checkpoint
+
+    output_dir = training_args.output_dir
+    last = last_complete_checkpoint(output_dir)
+    newest = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+    incomplete = [f"{newest} was being written when the run stopped and is incomplete."] if newest != last else []
+    if last is None:
+        if training_args.save_strategy == "no":
+            start_over = "This run saves no checkpoints (save_strategy: no), so it cannot be resumed; run the same "
+            start_over += "command to start over (with --save_strategy steps --save_steps N to resume next time)."
+        else:
+            start_over = f"No checkpoint was saved in {output_dir} yet; run the same command to start over."
+        return "\n".join([first, start_over, *incomplete])
+    flag = f"--resume_from_checkpoint {shlex.quote(last)}"
+    kept, skip = [], False
+    for arg in argv:  # the command as given, less an earlier --resume_from_checkpoint
+        resume = arg.replace("-", "_").startswith("__resume_from_checkpoint")
+        kept += [] if skip or resume else [arg]
+        skip = resume and "=" not in arg
+    return "\n".join(
+        [first, f"Last checkpoint saved: {last}", *incomplete]
+        + [f"To resume from it, run the same command with {flag} added, e.g.:", f"  {prog} {shlex.join(kept)} {flag}"]
+    )

@@ -1,0 +1,68 @@
+"""The code blocks of the docs, as the doc harness (tests/test_docs.py) and the wheel and floor tests read them: each
+fenced block with its language, line and `<!-- doc-test: skip (reason) -->` mark; the README's test commands; the
+stand-in swap and the small CPU settings the harness runs the Python blocks with."""
+
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+
+ROOT = Path(__file__).resolve().parents[1]
+SKIP_RE = re.compile(r"<!--\s*doc-test:\s*skip\s*\((?P<reason>[^)]+)\)\s*-->")
+FENCE_RE = re.compile(r"^```(?P<lang>[\w-]*)\n(?P<body>.*?)^```", re.S | re.M)
+
+FAST_CONFIG = dict(
+    use_cpu=True,
+    bf16=False,
+    max_steps=2,
+    per_device_train_batch_size=4,
+    num_generations=4,
+    gradient_accumulation_steps=1,
+    steps_per_generation=2,
+    max_completion_length=8,
+    logging_steps=1,
+    save_strategy="no",
+    report_to="none",
+    seed=0,
+)
+
+
+@dataclass
+class Block:
+    doc: Path
+    lang: str
+    body: str
+    line: int
+    skip_reason: str | None
+
+    @property
+    def where(self) -> str:
+        return f"{self.doc.relative_to(ROOT)}:{self.line}"
+
+
+def code_blocks(doc: Path) -> list[Block]:
+    text = doc.read_text()
+    blocks = []
+    for match in FENCE_RE.finditer(text):
+        line = text.count("\n", 0, match.start()) + 1
+        previous = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
+        skip = SKIP_RE.search(previous)
+        blocks.append(Block(doc, match["lang"], match["body"], line, skip["reason"].strip() if skip else None))
+    return blocks
+
+
+def swap_ids(source: str, stand_ins: dict[str, str]) -> str:
+    for name, value in stand_ins.items():
+        source = source.replace(f'"{name}"', repr(value)).replace(f"'{name}'", repr(value))
+    return source
+
+
+def readme_test_lines() -> tuple[str, str]:
+    """(the README's test command, its slow-tier command): the lines of a README shell block that run pytest."""
+    lines = [line.strip() for b in code_blocks(ROOT / "README.md") if b.lang == "bash" for line in b.body.splitlines()]
+    tests = [line for line in lines if "-m pytest" in line and not line.startswith("#")]
+    fast = [line for line in tests if "ruff check" in line]
+    slow = [line for line in tests if shlex.split(line)[-2:] == ["-m", "slow"]]
+    assert len(fast) == 1 and len(slow) == 1, f"expected one test command and one slow-tier command, got {tests}"
+    return fast[0], slow[0]
