@@ -33,7 +33,6 @@ from cegppo_trl.evaluation import (
     parse_dataset_spec,
     pass_at_k,
     prompt_token_ids,
-    resolve_eval_settings,
     save_eval_settings,
     summarize_counts,
 )
@@ -542,7 +541,8 @@ def test_eval_settings_travel_with_the_checkpoint(tiny_checkpoint, model_dir, tm
     assert load_eval_settings(tiny_checkpoint) is None
     paper = {"instruction": DEFAULT_INSTRUCTION, "system_prompt": "", "temperature": 0.6, "top_p": 0.95, "top_k": 0,
              "max_new_tokens": 32768}  # fmt: skip
-    assert resolve_eval_settings(tiny_checkpoint) == (paper, [])
+    resolved, used = EvalSettings().resolve(tiny_checkpoint)
+    assert ({name: getattr(resolved, name) for name in paper}, used) == (paper, [])
     save_eval_settings(model_dir, instruction=TINY_INSTRUCTION, temperature=1.0, top_p=1.0, max_new_tokens=6)
     assert (model_dir / PROMPT_FILE).is_file()
     saved = {"instruction": TINY_INSTRUCTION, "system_prompt": "", "temperature": 1.0, "top_p": 1.0, "top_k": 0}
@@ -552,8 +552,9 @@ def test_eval_settings_travel_with_the_checkpoint(tiny_checkpoint, model_dir, tm
     )  # the standard place: plain `generate` samples the same way
     assert model.generation_config.do_sample and model.generation_config.max_new_tokens == 6
     assert model.generation_config.temperature == 1.0 and model.generation_config.top_k == 0
-    settings, used = resolve_eval_settings(model_dir, temperature=0.0, instruction="default")
-    assert settings == {**saved, "instruction": DEFAULT_INSTRUCTION, "temperature": 0.0, "max_new_tokens": 6}
+    resolved, used = EvalSettings(temperature=0.0, instruction="default", k=1).resolve(model_dir)
+    expected = {**saved, "instruction": DEFAULT_INSTRUCTION, "temperature": 0.0, "max_new_tokens": 6}
+    assert {name: getattr(resolved, name) for name in expected} == expected
     assert used == ["system_prompt", "top_p", "top_k", "max_new_tokens"]
 
     data = write_problems(tmp_path / "probs.jsonl", [1, 2, 3])

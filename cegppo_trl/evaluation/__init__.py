@@ -38,7 +38,6 @@ _NAMES = {
     "PROMPT_FILE": "settings",
     "EvalArguments": "settings",
     "EvalSettings": "settings",
-    "resolve_eval_settings": "settings",
     "load_eval_settings": "settings",  # defined in cegppo_trl.prompt_settings
     "save_eval_settings": "settings",
     "parse_dataset_spec": "datasets",
@@ -79,6 +78,5 @@ if TYPE_CHECKING:  # static analysers and IDEs see the names eagerly
         EvalArguments,
         EvalSettings,
         load_eval_settings,
-        resolve_eval_settings,
         save_eval_settings,
     )

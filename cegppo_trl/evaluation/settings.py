@@ -47,7 +47,6 @@ __all__ = [
     "EvalArguments",
     "EvalSettings",
     "load_eval_settings",  # the settings saved with a model (cegppo_trl.prompt_settings), shown here too
-    "resolve_eval_settings",
     "save_eval_settings",
 ]
 
@@ -321,16 +320,3 @@ class EvalArguments:
             raise ValueError(f"--datasets needs one or more data set names, got {self.datasets!r}.")
         if not isinstance(self.output, str) or not self.output.strip():
             raise ValueError(f"--output needs the path of the JSON report, got {self.output!r}.")
-
-
-def resolve_eval_settings(
-    model_name_or_path: str | os.PathLike, settings: EvalSettings | None = None, **given: Any
-) -> tuple[dict[str, Any], list[str]]:
-    """The prompt and sampling `cegppo-eval` uses for a model: given values (not None) win, then those of
-    `settings`, then the model's (`load_eval_settings`), then the paper's. Returns ``({name: value} for
-    CHECKPOINT_SETTINGS, names taken from the model)``."""
-    settings = settings or EvalSettings()
-    EvalSettings(k=1, **given)  # checks the given values (k=1: greedy is a valid prompt and sampling here)
-    current = {name: getattr(settings, name) for name in CHECKPOINT_SETTINGS}
-    current.update({name: value for name, value in given.items() if value is not None})
-    return settings_for_model(current, [model_name_or_path])
