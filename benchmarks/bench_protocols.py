@@ -47,7 +47,9 @@ def main() -> None:
     rng = random.Random(0)
     cases = [completion(rng, args.chars, right=i % 2 == 0) for i in range(args.n)]
     texts, golds = [c[0] for c in cases], [c[1] for c in cases]
-    print(f"{args.n} completions of ~{args.chars} characters, timeout {args.timeout} s, workers {args.workers or 'auto'}")
+    print(
+        f"{args.n} completions of ~{args.chars} characters, timeout {args.timeout} s, workers {args.workers or 'auto'}"
+    )
     for name in PROTOCOLS:
         grade_with_protocol(["\\boxed{1}"], ["1"], name, timeout_s=args.timeout, num_workers=args.workers)  # warm
         start = time.perf_counter()
