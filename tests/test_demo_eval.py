@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from cegppo_trl import evaluation
-from cegppo_trl.demo import run as demo
+from cegppo_trl import prompt_settings
+from cegppo_trl.demo import lm as demo
 
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
@@ -40,12 +40,12 @@ def test_demo_saves_every_model_with_its_prompt_format(demo_run):
     out, summary = demo_run
     for path in (out / "warm_start", out / "runs" / "cegppo" / "final", out / "runs" / "grpo" / "final"):
         assert (path / "model.safetensors").is_file() and (path / "tokenizer.json").is_file(), path
-        prompt = json.loads((path / evaluation.PROMPT_FILE).read_text())
+        prompt = json.loads((path / prompt_settings.PROMPT_FILE).read_text())
         assert prompt["instruction"] == demo.DEMO_INSTRUCTION and prompt["system_prompt"] is None
         generation = json.loads((path / "generation_config.json").read_text())
         assert generation["do_sample"] is True and generation["temperature"] == 1.0 and generation["top_p"] == 1.0
         assert generation["top_k"] == 0 and generation["max_new_tokens"] == 20
-        assert evaluation.load_eval_settings(path) == {
+        assert prompt_settings.load_eval_settings(path) == {
             "instruction": demo.DEMO_INSTRUCTION,
             "system_prompt": "",
             "temperature": 1.0,
@@ -76,7 +76,7 @@ def test_cegppo_eval_reproduces_the_demo_figures(demo_run, tmp_path, capsys):
         words = shlex.split(command)
         assert words[0] == "cegppo-eval" and "--instruction" not in words and "--temperature" not in words
         # The printed paths are the saved models and the held-out file.
-        assert os.path.isfile(os.path.join(words[1], evaluation.PROMPT_FILE)), (name, words[1])
+        assert os.path.isfile(os.path.join(words[1], prompt_settings.PROMPT_FILE)), (name, words[1])
         assert os.path.samefile(words[3], out / demo.HELDOUT_FILE), (name, words[3])
         report_path = tmp_path / f"{name}.json"
         argv = [*words[1:], "--output", str(report_path), "--no-progress"]

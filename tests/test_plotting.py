@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from cegppo_trl.demo.plotting import DEFAULT_METRICS, _series, load_log_history, main, plot_log_histories
+from cegppo_trl.demo.toy import ToyConfig
 
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -151,9 +152,9 @@ def test_demo_toy_figure_draws_every_setting(tmp_path):
     from matplotlib.colors import to_rgb
 
     from cegppo_trl.demo.plotting import SETTING_COLORS, plot_toy_grid
-    from cegppo_trl.demo.run import run_toy_part
+    from cegppo_trl.demo.toy import run_toy_grid
 
-    toy = run_toy_part(seeds=[0], steps=5)
+    toy = {"runs": run_toy_grid(seeds=[0], config=ToyConfig(steps=5))}
     path = plot_toy_grid(toy["runs"], tmp_path / "toy.png", title="toy")
     height, width = png_shape(path)[:2]
     assert width > 2 * height  # three panels side by side
@@ -167,26 +168,19 @@ def test_demo_lm_figure_shows_both_runs_and_the_differences(tmp_path):
     from matplotlib.colors import to_rgb
 
     from cegppo_trl.demo.plotting import RUN_COLORS, plot_paired_runs
-    from cegppo_trl.demo.report import lm_differences
 
-    def run(label, accuracy, entropy, scale):
-        return {
-            "label": label,
-            "log_history": fake_history(8, scale),
-            "end_accuracy": accuracy,
-            "end_entropy": entropy,
-        }
+    def run(label, accuracy, scale):
+        return {"label": label, "log_history": fake_history(8, scale), "end_accuracy": accuracy, "end_entropy": 0.1}
 
     pairs = [
-        {"seed": s, "cegppo": run("CE-GPPO", 0.5 + s / 10, 0.1, 1.0), "grpo": run("GRPO", 0.55, 0.09, 0.5)}
-        for s in range(3)
+        {"seed": s, "cegppo": run("CE-GPPO", 0.5 + s / 10, 1.0), "grpo": run("GRPO", 0.55, 0.5)} for s in range(3)
     ]
-    path = plot_paired_runs(pairs, lm_differences(pairs), tmp_path / "lm.png", "lm")
+    differences = {
+        "accuracy": {"values": [-0.05, 0.05, 0.15], "mean": 0.05, "std": 0.1},
+        "entropy": {"values": [0.0] * 3, "mean": 0.0, "std": 0.0},
+    }
+    path = plot_paired_runs(pairs, differences, tmp_path / "lm.png", "lm")
     height, width = png_shape(path)[:2]
     assert height > 400 and width > 400
     for name, colour in RUN_COLORS.items():
         assert colour_pixels(path, [255 * c for c in to_rgb(colour)]) > 20, name
-    interval_red = [255 * c for c in to_rgb("tab:red")]
-    assert colour_pixels(path, interval_red) > 20  # the 95% interval, drawn for 3 seeds
-    single = plot_paired_runs(pairs[:1], lm_differences(pairs[:1]), tmp_path / "one.png")
-    assert colour_pixels(single, interval_red) == 0  # no interval from one seed

@@ -1,3 +1,2 @@
-"""The offline demo (`cegppo-demo`) and what it is built from besides the library's tiny model
-(`cegppo_trl.tiny_model`): the exact entropy toy (`.toy`) and run plots (`.plotting`, `cegppo-plot`). It uses the
-library; nothing in the library imports it."""
+"""The offline demo (`cegppo-demo`: `.run`, the exact entropy toy `.toy`, the tiny-LM runs `.lm`) and run plots
+(`.plotting`, `cegppo-plot`). It uses the library; nothing in the library imports it."""
