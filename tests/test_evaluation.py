@@ -461,14 +461,6 @@ def test_compare_warns_where_two_reports_are_not_comparable():
     assert any("A authors, B not recorded" in line for line in compare_reports(a, b))
 
 
-def test_cegppo_eval_rejects_bad_arguments(tmp_path):
-    with pytest.raises(SystemExit):
-        main(["some-model", "--datasets", "builtin:arithmetic_eval", "--k", "2", "--pass-k", "3"])
-    with pytest.raises(SystemExit) as error:  # unknown local model directory: a clean error, no traceback
-        main([str(tmp_path / "missing"), "--datasets", "builtin:arithmetic_eval", "--output", str(tmp_path / "x")])
-    assert error.value.code == 2
-
-
 def test_every_set_is_checked_before_the_model_loads(model_dir, tmp_path, monkeypatch, capsys):
     """A missing later set, a split on a file and an unknown built-in set are all reported at once, before any
     model code runs, and nothing is evaluated."""

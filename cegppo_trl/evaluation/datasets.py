@@ -31,7 +31,8 @@ class DatasetSpec:
 _OWN_K_RE = re.compile(r"@(\d+)$")
 
 
-def _is_local(name: str) -> bool:
+def is_local(name: str) -> bool:
+    """A built-in set or an existing local file (not a Hub id)."""
     from ..data import BUILTIN_DATASETS
 
     return name in BUILTIN_DATASETS or os.path.exists(os.path.expanduser(name))
@@ -43,20 +44,20 @@ def parse_dataset_spec(text: str, default_split: str = "test") -> DatasetSpec:
     ``@4``). A split applies to Hub sets only: a file is one split."""
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"{text!r} is not a data set name.")
-    own_k = None if _is_local(text) else _OWN_K_RE.search(text)
+    own_k = None if is_local(text) else _OWN_K_RE.search(text)
     k = None
     if own_k:
         text, k = text[: own_k.start()], int(own_k[1])
         if k < 1:
             raise ValueError(f"{text}@{k}: the samples per problem after '@' must be >= 1.")
-    if _is_local(text):
+    if is_local(text):
         return DatasetSpec(text, text, default_split, k=k)
     prefix = "builtin:" if text.startswith("builtin:") else ""
     source, colon, split = text[len(prefix) :].partition(":")
     source = prefix + source
     if colon and not split:
         raise ValueError("empty split after ':'; write ID:SPLIT, e.g. math-ai/aime25:test.")
-    if _is_local(source):
+    if is_local(source):
         if colon:
             raise ValueError(
                 f"a split applies to Hub data sets; {source} is a local file (one split). "

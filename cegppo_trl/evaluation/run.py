@@ -25,7 +25,7 @@ from typing import Any
 
 from ..model_source import ModelSource, resolve_model_source
 from .compare import grading_and_sampling
-from .datasets import DatasetSpec, load_eval_datasets, set_settings
+from .datasets import DatasetSpec, is_local, load_eval_datasets, set_settings
 from .metrics import evaluate_completions
 from .settings import EvalSettings
 
@@ -94,7 +94,7 @@ def _set_metrics(spec: DatasetSpec, rows, completions, settings: EvalSettings, s
             entry["statuses"] = result["statuses"][i]
         problems.append(entry)
     metrics = {key: value for key, value in result.items() if key not in ("num_correct", "statuses")}
-    metrics.update(source=spec.source, split=spec.split if not _is_local(spec) else None)
+    metrics.update(source=spec.source, split=None if is_local(spec.source) else spec.split)
     return metrics, problems
 
 
@@ -127,8 +127,9 @@ def evaluate_model(
 
     `settings` (an `EvalSettings`) and `overrides` (its field names, e.g. ``k=32, temperature=0.6``) say how; the
     prompt and sampling fields left at None come from the model (``cegppo_prompt.json``) or the paper
-    (``report["settings"]["from_checkpoint"]`` lists those taken from the model). `datasets` are
-    ``--datasets`` entries: local files, ``builtin:...`` sets, Hub ids, ``ID:SPLIT``.
+    (``report["settings"]["from_checkpoint"]`` lists those taken from the model); ``protocol`` names the grading.
+    `datasets` are ``--datasets`` entries: local files, ``builtin:...`` sets, Hub ids, ``ID:SPLIT``, each optionally
+    ``@K`` (its own samples per problem).
 
     Returns the report ``{"model", "source", "protocol", "math_verify", "sampling", "settings", "datasets": {name:
     metrics}, "pending", "seconds"}`` (`grading_and_sampling`: what makes two reports comparable); with
@@ -171,7 +172,3 @@ def evaluate_model(
     finally:
         generate.close()
     return report
-
-
-def _is_local(spec: DatasetSpec) -> bool:
-    return spec.source.startswith("builtin:") or os.path.exists(os.path.expanduser(spec.source))
