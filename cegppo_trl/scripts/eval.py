@@ -125,8 +125,8 @@ def _unknown_flags(words: Sequence[str]) -> str:
     from ..data import did_you_mean
 
     known = [*_field_of_alias(), "config", "preset", "compare"]
-    hints = [did_you_mean(word[2:], known, cutoff=0.75, show=lambda name: f"--{name}") for word in words]
-    return " ".join(words) + "." + "".join(hint for word, hint in zip(words, hints) if word.startswith("--"))
+    flags = [word[2:] for word in words if word.startswith("--")]
+    return " ".join(words) + "." + "".join(did_you_mean(f, known, cutoff=0.75, show="--{}".format) for f in flags)
 
 
 def _apply_preset(parser, argv: Sequence[str]) -> None:
@@ -164,10 +164,8 @@ def parse_arguments(argv: Sequence[str] | None = None):
         _fail(f"--config: unknown keys {keys}; `cegppo-eval --help` lists the options.")
     if unknown:
         _fail(f"unknown arguments {_unknown_flags(unknown)} `cegppo-eval --help` lists the options.")
-    arguments, settings, *extra = parsed  # extra: argparse's namespace of MODEL / --preset / --compare, if given
+    arguments, settings, *extra = parsed  # extra: argparse's namespace of MODEL and --preset, if given
     model = getattr(extra[0], "model", None) if extra else None
-    if extra and hasattr(extra[0], "compare"):
-        _fail("--compare takes two reports and nothing else: cegppo-eval --compare A.json B.json.")
     if model is not None and arguments.model_name_or_path not in (None, model):
         _fail(f"two models: MODEL {model!r} and --model_name_or_path {arguments.model_name_or_path!r}; give one.")
     if model is None and arguments.model_name_or_path is None:
@@ -191,7 +189,9 @@ def compare(paths: Sequence[str]) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point `cegppo-eval`."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["--compare"] and len(argv) == 3:
+    if "--compare" in argv:
+        if argv[:1] != ["--compare"] or len(argv) != 3:
+            _fail("--compare takes two reports and nothing else: cegppo-eval --compare A.json B.json.")
         return compare(argv[1:])
     arguments, settings = parse_arguments(argv)
 
