@@ -1,16 +1,8 @@
-"""Math datasets in TRL's conversational prompt format, with a ``solution`` column for :func:`cegppo_trl.math_reward`.
-
-Public API
-----------
-- :func:`load_math_dataset` -- a local file (jsonl / json / parquet / csv), a Hub id, or ``"builtin:arithmetic"``
-  / ``"builtin:arithmetic_eval"`` -> ``datasets.Dataset`` with columns ``prompt`` and ``solution``.
-- :func:`build_prompt` -- the prompt convention used for every row.
-- :func:`resolve_instruction` -- the instruction words both commands accept (``none``, ``default``, a template).
-- :func:`make_arithmetic_rows` -- the deterministic generator of the built-in arithmetic data set.
-- :func:`load_builtin_rows` -- the raw ``{"problem", "answer"}`` rows of a built-in data set.
-- :data:`DEFAULT_INSTRUCTION`, :data:`BUILTIN_DATASETS`.
-
-Regenerate the shipped files with ``python -m cegppo_trl.data``.
+"""Math datasets in TRL's conversational prompt format, with a ``solution`` column for :func:`cegppo_trl.math_reward`:
+:func:`load_math_dataset` (a local jsonl / json / parquet / csv file, a Hub id, or ``builtin:arithmetic`` /
+``builtin:arithmetic_eval``), the prompt convention (:func:`build_prompt`, :func:`resolve_instruction`: the words both
+commands accept), and the generator of the built-in arithmetic set (:func:`make_arithmetic_rows`; regenerate the
+shipped files with ``python -m cegppo_trl.data``).
 """
 
 from __future__ import annotations
@@ -33,16 +25,9 @@ from .rewards.extract import normalize_gold
 
 
 __all__ = [
-    "BUILTIN_DATASETS",
-    "DEFAULT_INSTRUCTION",
-    "DatasetFormatError",
-    "build_prompt",
-    "load_builtin_rows",
-    "load_math_dataset",
-    "resolve_instruction",
-    "write_jsonl",
-    "make_arithmetic_rows",
-]
+    "BUILTIN_DATASETS", "DEFAULT_INSTRUCTION", "DatasetFormatError", "build_prompt", "load_builtin_rows",
+    "load_math_dataset", "make_arithmetic_rows", "resolve_instruction", "write_jsonl",
+]  # fmt: skip
 
 DEFAULT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 """Appended to every problem (the DeepSeek-R1 / CE-GPPO convention: final answer in ``\\boxed{}``)."""
@@ -51,15 +36,8 @@ PROBLEM_COLUMNS = ("problem", "question", "prompt", "query", "input")
 """Problem columns tried in this order when ``problem_column`` is not given."""
 
 ANSWER_COLUMNS = (
-    "answer",
-    "final_answer",
-    "ground_truth",
-    "reference",
-    "gold",
-    "target",
-    "reward_model.ground_truth",
-    "solution",
-)
+    "answer", "final_answer", "ground_truth", "reference", "gold", "target", "reward_model.ground_truth", "solution",
+)  # fmt: skip
 """Answer columns tried in this order when ``answer_column`` is not given. ``solution`` comes last because in MATH
 style data sets it holds the worked solution while ``answer`` holds the final answer; ``reward_model.ground_truth``
 is the nested verl layout of KlearReasoner-MathSub-30K."""
@@ -77,11 +55,6 @@ _MAX_LISTED_INDICES = 20
 
 class DatasetFormatError(ValueError):
     """The data cannot be turned into ``prompt`` / ``solution`` rows; the message says what and how to fix it."""
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Prompt convention
-# ----------------------------------------------------------------------------------------------------------------
 
 
 # A format-style placeholder: `{name}` not right after a letter, so LaTeX such as `\\boxed{answer}` is not one.
@@ -138,11 +111,6 @@ def build_prompt(
     return messages
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Reading raw rows
-# ----------------------------------------------------------------------------------------------------------------
-
-
 def _read_text(path: Path) -> str:
     """The file as UTF-8 text; a byte that is not UTF-8 is reported with its line and the fix."""
     data = path.read_bytes()
@@ -171,9 +139,8 @@ def _read_jsonl(path: Path) -> list[Any]:
 
 
 def _read_json(path: Path) -> list[Any]:
-    text = _read_text(path)
     try:
-        data = json.loads(text)
+        data = json.loads(_read_text(path))
     except json.JSONDecodeError as e:
         if e.msg == "Extra data":  # several JSON documents: JSON lines with a .json name (as in verl data sets)
             return _read_jsonl(path)
@@ -184,8 +151,7 @@ def _read_json(path: Path) -> list[Any]:
                 return data[key]
         lengths = {len(v) for v in data.values() if isinstance(v, list)}
         if data and len(lengths) == 1 and all(isinstance(v, list) for v in data.values()):
-            keys = list(data)
-            return [dict(zip(keys, values, strict=True)) for values in zip(*data.values(), strict=True)]  # columns
+            return [dict(zip(data, values, strict=True)) for values in zip(*data.values(), strict=True)]  # columns
         raise DatasetFormatError(
             f"{path} holds a JSON object with keys {sorted(data)[:10]}; expected a list of row objects, "
             "an object of equal-length column lists, or JSON lines."
@@ -287,11 +253,6 @@ def _load_columns(path_or_id: str, split: str | None, name: str | None) -> tuple
     if not isinstance(loaded, datasets.Dataset):
         raise ValueError(f"{path_or_id!r} gave {type(loaded).__name__}; pass a single split, e.g. split='train'.")
     return {column: loaded[column] for column in loaded.column_names}, f"{path_or_id} (split {split!r})"
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Column mapping and row validation
-# ----------------------------------------------------------------------------------------------------------------
 
 
 def _index_list(indices: Sequence[int]) -> str:
@@ -418,18 +379,13 @@ def load_math_dataset(
     a_col = _pick_column(columns, answer_column, a_candidates, "answer", "answer_column")
     if a_col == p_col:
         raise DatasetFormatError(f"problem_column and answer_column are both {p_col!r}; they must differ.")
-    raw_problems = _column_values(columns, p_col)
-    raw_answers = _column_values(columns, a_col)
+    raw_problems, raw_answers = _column_values(columns, p_col), _column_values(columns, a_col)
 
-    problems: list[str | None] = []
-    answers: list[str | None] = []
-    errors: dict[str, list[int]] = {}
+    problems, answers, errors = [], [], {}
     for i, (raw_problem, raw_answer) in enumerate(zip(raw_problems, raw_answers, strict=True)):  # type: ignore
-        problem, problem_error = problem_text(raw_problem)
-        answer, answer_error = _answer_text(raw_answer)
-        for reason in (problem_error, answer_error):
-            if reason:
-                errors.setdefault(reason, []).append(i)
+        (problem, problem_error), (answer, answer_error) = problem_text(raw_problem), _answer_text(raw_answer)
+        for reason in filter(None, (problem_error, answer_error)):
+            errors.setdefault(reason, []).append(i)
         problems.append(problem)
         answers.append(answer)
 
@@ -469,10 +425,6 @@ def load_math_dataset(
             f"{source}: the extra columns kept by keep_columns=True have mixed types ({e}); pass keep_columns=False."
         ) from e
 
-
-# ----------------------------------------------------------------------------------------------------------------
-# Built-in arithmetic data set
-# ----------------------------------------------------------------------------------------------------------------
 
 _NAMES = ("Ann", "Ben", "Sam", "Mia", "Tom", "Zoe")
 _ITEMS = ("apples", "pens", "cards", "coins", "books", "eggs")
@@ -522,10 +474,9 @@ def make_arithmetic_rows(n: int, seed: int = 0, exclude: Iterable[str] = ()) -> 
 
 def _builtin_arithmetic() -> dict[str, list[dict[str, str]]]:
     """The exact contents of the shipped files."""
-    train_n, train_seed = ARITHMETIC_SIZES["builtin:arithmetic"]
-    eval_n, eval_seed = ARITHMETIC_SIZES["builtin:arithmetic_eval"]
-    train = make_arithmetic_rows(train_n, train_seed)
-    held_out = make_arithmetic_rows(eval_n, eval_seed, exclude={row["problem"] for row in train})
+    train = make_arithmetic_rows(*ARITHMETIC_SIZES["builtin:arithmetic"])
+    seen = {row["problem"] for row in train}
+    held_out = make_arithmetic_rows(*ARITHMETIC_SIZES["builtin:arithmetic_eval"], exclude=seen)
     return {"builtin:arithmetic": train, "builtin:arithmetic_eval": held_out}
 
 

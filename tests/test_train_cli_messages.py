@@ -106,19 +106,21 @@ def test_the_console_command_answers_a_bad_data_set_in_one_line(tmp_path):
     assert proc.stderr.strip().splitlines() == [_error_line(proc.stderr)] and "no problem column found" in proc.stderr
 
 
-def test_a_data_set_smaller_than_a_generation_batch_is_refused(tmp_path, tiny_checkpoint, capsys, tiny_model):
+def test_a_data_set_smaller_than_a_generation_batch_is_refused(
+    tmp_path, tiny_checkpoint, capsys, tiny_model, tiny_tokenizer
+):
     """It trained 0 steps, exited 0 and saved the untrained model. The tiny recipe's generation batch: 8 prompts."""
-    from cegppo_trl import CEGPPOConfig, CEGPPOTrainer, load_math_dataset
+    from trl_batches import build
+
+    from cegppo_trl import load_math_dataset
 
     argv = ["--config", str(TINY_RECIPE), "--model_name_or_path", str(tiny_checkpoint), "--max_train_samples", "7"]
     assert main([*argv, "--output_dir", str(tmp_path / "o")]) == 2
     assert "has 7 prompts, fewer than the 8 of one generation batch" in _error_line(capsys.readouterr().err)
     assert not (tmp_path / "o" / "model.safetensors").exists()
-    args = CEGPPOConfig(str(tmp_path / "p"), per_device_train_batch_size=8, num_generations=4, use_cpu=True)
     data = load_math_dataset("builtin:arithmetic").select(range(1))
-    with pytest.raises(ValueError, match="has 1 prompts, fewer than the 2 of one generation batch"):
-        CEGPPOTrainer(model=tiny_model, reward_funcs=lambda completions, **kw: [0.0] * len(completions), args=args,
-                      train_dataset=data)  # fmt: skip
+    with pytest.raises(ValueError, match="has 1 prompts, fewer than the 8 of one generation batch"):
+        build(tiny_model, tiny_tokenizer, data, tmp_path / "p")  # conftest's cpu_config: 8 prompts a generation batch
 
 
 def test_a_reward_that_returns_none_for_every_completion_stops_the_run(tmp_path, tiny_checkpoint, capsys, monkeypatch):
@@ -138,7 +140,9 @@ def test_a_reward_that_returns_none_for_every_completion_stops_the_run(tmp_path,
 def test_a_truncated_weights_file_is_named(tmp_path, tiny_checkpoint, capsys):
     import shutil
 
-    from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
+    from trl_batches import build
+
+    from cegppo_trl import load_math_dataset
     from cegppo_trl.model_source import UnreadableWeightsError
 
     model_dir = tmp_path / "model"
@@ -149,8 +153,7 @@ def test_a_truncated_weights_file_is_named(tmp_path, tiny_checkpoint, capsys):
     assert main(argv) == 2
     assert f"cannot read the weights in {weights}" in _error_line(capsys.readouterr().err)
     with pytest.raises(UnreadableWeightsError, match="truncated or damaged"):  # the Python user's error
-        CEGPPOTrainer(model=str(model_dir), reward_funcs=lambda completions, **kw: [0.0] * len(completions),
-                      args=CEGPPOConfig(str(tmp_path / "p"), use_cpu=True))  # fmt: skip
+        build(str(model_dir), None, load_math_dataset("builtin:arithmetic"), tmp_path / "p")
 
 
 def test_config_refuses_what_would_save_nothing_and_warns_about_checkpoints_inside_a_generation_batch(tmp_path):

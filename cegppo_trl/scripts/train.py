@@ -1,22 +1,15 @@
-"""`cegppo-train`: train a causal LM with CE-GPPO on a math data set, in the shape of TRL's `trl/scripts/grpo.py`.
-
-A `TrlParser` over `CEGPPOScriptArguments` (data and reward), `cegppo_trl.CEGPPOConfig` (TRL's `GRPOConfig` + the
-CE-GPPO fields) and `trl.ModelConfig`, given as flags or in a YAML recipe (``--config PATH`` or ``--config=PATH``; a
-path under ``recipes/`` that does not exist here is read from the copy shipped in the package). TrlParser reports an
-unknown key, an unknown flag or a value of the wrong type. ``model_name_or_path: builtin:tiny`` builds the ~1M-parameter
-model of `cegppo_trl.tiny_model` in ``<output_dir>/tiny-init``. As in open-r1, a run resumes from the last complete
-checkpoint in ``output_dir`` unless ``--resume_from_checkpoint`` names one. The model (or LoRA adapter),
-``trainer_state.json``, a model card and the prompt format and sampling it was trained with (``cegppo_prompt.json``,
-``generation_config.json``; also in every ``checkpoint-N``, for ``cegppo-eval``) are written to ``output_dir``.
-
-Exit statuses: 0 done; 2 a wrong argument, recipe, data set, reward, model file or an uncached Hub kernel offline (one
-line, raised where a Python user of the library gets it too); 130 after Ctrl-C (SIGINT), 143 after SIGTERM: every
-process stops at the same step end and the last complete checkpoint and the resume command are printed
-(`cegppo_trl.scripts.stopping`).
+"""`cegppo-train`: CE-GPPO on a math data set, in the shape of TRL's `trl/scripts/grpo.py`: a `TrlParser` over
+`CEGPPOScriptArguments`, `CEGPPOConfig` and `trl.ModelConfig` (flags, or a YAML recipe with ``--config PATH`` or
+``--config=PATH``; a ``recipes/...`` path missing here is read from the package's copy), TRL's `main` and open-r1's
+auto-resume. ``builtin:tiny`` builds the model of `cegppo_trl.tiny_model` in ``<output_dir>/tiny-init``. The model (or
+adapter), ``trainer_state.json``, a model card and the prompt and sampling it was trained with (also in every
+``checkpoint-N``, for ``cegppo-eval``) go to ``output_dir``. Exit status 2: a bad input, in one line (raised where a
+Python user of the library meets it too); 130 / 143: stopped by SIGINT / SIGTERM (`cegppo_trl.scripts.stopping`).
 """
 
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 import sys
@@ -66,7 +59,9 @@ class CEGPPOScriptArguments(ScriptArguments):
     max_train_samples: int | None = field(default=None, metadata={"help": "Keep only the first N training rows."})
     reward_funcs: list[str] = field(
         default_factory=lambda: ["math"],
-        metadata={"help": "Rewards: 'math' (+1/-1, math-verify), 'format', or dotted import paths."},
+        metadata={
+            "help": "Rewards: 'math' (+1/-1, math-verify), 'math_authors' (the authors' grader), 'format', a.b.f."
+        },
     )
     correct_reward: float = field(default=1.0, metadata={"help": "math reward of a verified answer (paper: +1)."})
     wrong_reward: float = field(default=-1.0, metadata={"help": "math reward of a wrong answer (paper: -1)."})
@@ -124,9 +119,10 @@ def build_reward_funcs(script_args: CEGPPOScriptArguments) -> list:
 
     funcs = []
     for name in script_args.reward_funcs:
-        if name == "math":
+        if name in ("math", "math_authors"):  # math_authors: the CE-GPPO authors' grading (docs/rewards_and_data.md)
             kwargs = dict(correct=script_args.correct_reward, wrong=script_args.wrong_reward)
             kwargs.update(unparseable=script_args.unparseable_reward, timeout_s=script_args.reward_timeout_s)
+            kwargs.update({"protocol": "authors", "name": name} if name == "math_authors" else {})
             funcs.append(make_math_reward(**kwargs))
         elif name == "format":
             funcs.append(format_reward)
@@ -253,11 +249,7 @@ def checkpoint_to_resume(training_args) -> str | None:
 
     given = training_args.resume_from_checkpoint
     if given is not None and not os.path.isfile(os.path.join(given, TRAINER_STATE_NAME)):
-        last = last_complete_checkpoint(os.path.dirname(os.path.normpath(given)))
-        raise ValueError(
-            f"--resume_from_checkpoint {given}: not a complete checkpoint (no {TRAINER_STATE_NAME}: a save was "
-            f"interrupted, or the path is wrong); the last complete one in its folder is {last}."
-        )
+        raise ValueError(f"--resume_from_checkpoint {given}: no {TRAINER_STATE_NAME} there, so not a complete checkpoint.")  # fmt: skip
     return given or last_complete_checkpoint(training_args.output_dir)
 
 
@@ -303,16 +295,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ..model_source import UnreadableWeightsError
         from ..run_checks import RewardCoverageError
 
+        failure = None
         try:
             script_args, training_args, model_args = make_parser().parse_args_and_config(argv)
             stop.announce = training_args.process_index == 0
-            if not train(script_args, training_args, model_args, stop):
-                return 0
+            stopped = train(script_args, training_args, model_args, stop)
         except (ValueError, FileNotFoundError, HubKernelUnavailableError, UnreadableWeightsError) as error:
             if stop.started and not isinstance(error, RewardCoverageError):
                 raise  # raised while training: a fault, with its traceback
-            print(f"{PROG}: error: {error}", file=sys.stderr)
+            failure = f"{PROG}: error: {error}"
+        if failure is not None:
+            gc.collect()  # the trainer the traceback held: its progress bar closes before the message, not after
+            print(failure, file=sys.stderr)
             return 2
+        if not stopped:
+            return 0
     except KeyboardInterrupt:
         pass
     finally:
