@@ -147,7 +147,7 @@ def test_every_sample_gets_a_counted_status(protocol):
     gold `bad_gold` (its problem left out and counted in `num_skipped`), under every protocol: counted in the report
     and in the printed line, never a crash or a silent 0."""
     completions = [
-        ["<think>so 12?</think> The answer is \\boxed{12}.", "", "<think>Let me think about this problem carefully and", " "],
+        ["<think>so 12?</think> The answer is \\boxed{12}.", "", "<think>Let me think about this problem and", " "],
         ["\\boxed{3}"] * 4,
     ]  # fmt: skip
     report = evaluate_completions(completions, ["12", ""], protocol=protocol)

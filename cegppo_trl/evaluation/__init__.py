@@ -1,5 +1,6 @@
-"""Evaluation: avg@k and pass@k of a model on math data sets, graded with the paper's math-verify reward, from the
-command line (`cegppo-eval`, `cegppo_trl/scripts/eval.py`) or during training (`AvgAtKCallback`).
+"""Evaluation: avg@k and pass@k of a model on math data sets, graded by a named protocol
+(`cegppo_trl.rewards.protocols`: the training reward's, the paper authors', lighteval's), from the command line
+(`cegppo-eval`, `cegppo_trl/scripts/eval.py`) or during training (`AvgAtKCallback`).
 
 The modules, in reading order (each can be read on its own):
 
@@ -8,9 +9,11 @@ The modules, in reading order (each can be read on its own):
   `EvalArguments` (the command's model, data sets and report), parsed by TRL's `TrlParser` like cegppo-train's
   dataclasses; no torch. The prompt and sampling that travel with a saved model: `cegppo_trl.prompt_settings`;
   where the model comes from (full model, LoRA adapter, Hub id): `cegppo_trl.model_source`;
-- :mod:`.datasets` -- the ``--datasets`` entries (``ID:SPLIT``, files, built-in sets), loaded and checked first;
+- :mod:`.datasets` -- the ``--datasets`` entries (``ID:SPLIT``, files, built-in sets, ``@K``), loaded and checked
+  first; the presets (``--preset paper``);
 - :mod:`.generation` -- seeded batched `generate`, the model loader and adapter merge, one vLLM engine per run;
 - :mod:`.run` -- `evaluate_model`: check everything, load once, write each set's result as soon as it is done;
+- :mod:`.compare` -- what makes two reports comparable (protocol, math-verify version, sampling), and `--compare`;
 - :mod:`.callback` -- `AvgAtKCallback`, split across processes and logged through the trainer.
 
 Names load on first use (PEP 562): `from cegppo_trl.evaluation import pass_at_k` does not import torch. How to

@@ -73,9 +73,9 @@ def set_settings(spec: DatasetSpec, settings: EvalSettings) -> EvalSettings:
 
 
 def load_eval_datasets(names: Sequence[str], settings: EvalSettings) -> tuple[list[DatasetSpec], dict[str, Any]]:
-    """The specs of the ``--datasets`` entries and ``{spec.name: datasets.Dataset}``, each loaded with `load_math_dataset`
-    (its own split) and cut to `max_problems`. Raises one ValueError that lists every entry that fails, with its
-    reason, so that one run of the command shows every mistake."""
+    """The specs of the ``--datasets`` entries and ``{spec.name: datasets.Dataset}``, each loaded with
+    `load_math_dataset` (its own split) and cut to `max_problems`. Raises one ValueError that lists every entry that
+    fails, with its reason, so that one run of the command shows every mistake."""
     from ..data import load_math_dataset
 
     specs, loaded, failures = [], {}, []
