@@ -19,6 +19,7 @@ in the fast tier without any of the side venvs. Needs the package registry (pip)
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -128,6 +129,8 @@ def minor(version: str) -> str:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.parse_args()  # no options: --help says what it does before it builds anything
     cases = [json.loads(line) for line in CASES.read_text().splitlines() if line.strip()]
     inputs = [{"completion": c["completion"], "gold": c["gold"]} for c in cases]
     authors = {
