@@ -141,11 +141,11 @@ def test_summarize_counts_leaves_out_unparseable_golds():
         summarize_counts([5], 4)
 
 
-@pytest.mark.parametrize("protocol", ["boxed", "authors", "lighteval"])
+@pytest.mark.parametrize("protocol", ["boxed", "authors", "lighteval", "lighteval_avg"])
 def test_every_sample_gets_a_counted_status(protocol):
     """An empty completion, a whitespace one and one that is all think block with no answer are `no_answer`, an empty
-    gold `bad_gold` (its problem left out and counted in `num_skipped`), under every protocol: counted in the report
-    and in the printed line, never a crash or a silent 0."""
+    gold and one math-verify cannot parse `bad_gold` (the problem left out and counted in `num_skipped`), under every
+    protocol: counted in the report and in the printed line, never a crash or a silent 0."""
     completions = [
         ["<think>so 12?</think> The answer is \\boxed{12}.", "", "<think>Let me think about this problem and", " "],
         ["\\boxed{3}"] * 4,
@@ -155,18 +155,22 @@ def test_every_sample_gets_a_counted_status(protocol):
     assert report["status_counts"] == {"correct": 1, "no_answer": 3, "bad_gold": 4}
     assert (report["num_skipped"], report["avg@4"]) == (1, 0.25)
     assert "1 skipped (unparseable gold); samples: 3 no_answer" in format_summary("set", report)
-    if protocol != "authors":  # the authors' procedure compares an unparseable gold as a string: wrong, not bad_gold
-        assert evaluate_completions([["\\boxed{3}"]], ["\\frac{"], protocol=protocol)["num_skipped"] == 1
+    assert evaluate_completions([["\\boxed{3}"]], ["\\frac{"], protocol=protocol)["num_skipped"] == 1
 
 
 def test_the_protocol_reaches_the_grader():
-    """An answer only inside the think block: the authors parse the whole completion (correct), lighteval removes the
-    think block and boxed reads after </think> (no answer)."""
+    """An answer only inside the think block: the authors and lighteval's avg@n parse the whole completion (correct),
+    lighteval's pass@k removes the think block and boxed reads after </think> (no answer)."""
     statuses = {
         protocol: evaluate_completions([["<think>\\boxed{8}</think>"]], ["8"], protocol=protocol)["statuses"][0][0]
-        for protocol in ("boxed", "authors", "lighteval")
+        for protocol in ("boxed", "authors", "lighteval", "lighteval_avg")
     }
-    assert statuses == {"boxed": "no_answer", "authors": "correct", "lighteval": "no_answer"}
+    assert statuses == {
+        "boxed": "no_answer",
+        "authors": "correct",
+        "lighteval": "no_answer",
+        "lighteval_avg": "correct",
+    }
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -97,9 +97,9 @@ class EvalSettings:
         protocol (`str`, *optional*, defaults to `"boxed"`):
             How completions are graded and prompted (`cegppo_trl.rewards.protocols`): `boxed` (the last `\\boxed{}`
             after `</think>`, the model's own or the DeepSeek-R1 instruction: `math_reward`'s grading), `authors` (the
-            CE-GPPO authors' grader and raw-problem prompt: comparable with the paper's table) or `lighteval`
-            (lighteval 0.13's math metric and template). `authors` and `lighteval` bring their own prompt in place of
-            the model's (`--instruction` / `--system-prompt` still win).
+            CE-GPPO authors' grader and raw-problem prompt: comparable with the paper's table), `lighteval`
+            (lighteval 0.13's pass@k math metric and template) or `lighteval_avg` (its avg@n metric). All but `boxed`
+            bring their own prompt in place of the model's (`--instruction` / `--system-prompt` still win).
         timeout_s (`float`, *optional*):
             Hard grading time limit per completion (default: the protocol's, 3 s for `boxed`, 40 s for the others;
             `cegppo-train`'s `reward_timeout_s`).
@@ -163,7 +163,8 @@ class EvalSettings:
         DEFAULT_PROTOCOL,
         "grading protocol and its prompt: 'boxed' (default: the last \\boxed{} after </think>; the model's own "
         "instruction, else the DeepSeek-R1 one), 'authors' (the CE-GPPO authors' grader and their raw-problem prompt: "
-        "comparable with the paper's table) or 'lighteval' (lighteval 0.13's math metric and template)",
+        "comparable with the paper's table), 'lighteval' (lighteval 0.13's pass@k math metric, think block removed, "
+        "and its template) or 'lighteval_avg' (its avg@n metric of aime24_avg/aime25_avg, on the whole completion)",
         choices=tuple(PROTOCOLS),
     )
     timeout_s: float | None = _option(

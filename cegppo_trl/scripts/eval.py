@@ -32,7 +32,7 @@ DESCRIPTION = """\
 avg@k and pass@k of a model, LoRA adapter or checkpoint on math data sets. --protocol says how a completion is graded
 and prompted: boxed (the default: the last \\boxed{} after </think>, graded by math-verify as the training reward
 does; the model's own instruction, else the DeepSeek-R1 one), authors (the CE-GPPO authors' grader and raw-problem
-prompt: the one to compare with the paper's table) or lighteval (lighteval 0.13's math metric and template). The
+prompt: the one to compare with the paper's table), lighteval or lighteval_avg (lighteval 0.13's math metrics). The
 paper reports avg@32 (MATH500: avg@4) at temperature 0.6, top_p 0.95 and up to 32768 new tokens; --preset paper runs
 exactly that on its five Hub sets. A model saved by cegppo-train or cegppo-demo declares the instruction, system
 prompt and sampling it was trained with (cegppo_prompt.json, generation_config.json); they are the defaults of the
