@@ -122,6 +122,22 @@ def test_protocols_run_from_a_thread_because_the_workers_hold_math_verify_timeou
     assert [g.status for g in out] == ["correct"]
 
 
+@pytest.mark.parametrize("grade", [authors, lighteval, lighteval_avg])
+def test_in_process_grading_from_a_thread_is_refused_not_a_silent_wrong(grade):
+    errors = []
+
+    def call():
+        try:
+            grade("so \\boxed{4}", "4")
+        except RuntimeError as error:
+            errors.append(str(error))
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    thread.join(60)
+    assert len(errors) == 1 and "grade_with_protocol" in errors[0]
+
+
 def test_the_pool_hard_timeout_bounds_a_protocol():
     slow = "The answer is $\\boxed{9^{9^{9^{9^{9}}}}}$, i.e. $9^{9^{9^{9^{9}}}}+1-1$"
     (result,) = grade_with_protocol([slow], ["1"], "authors", timeout_s=1.0, num_workers=1)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -76,6 +77,17 @@ def _math_verify() -> Any:
     return math_verify
 
 
+def _require_main_thread(protocol: str) -> None:
+    """math-verify's timeouts (``signal.alarm``) raise outside the main thread, and the authors' ``except Exception``
+    would turn that into a silent -1: refuse instead, naming the call that works from any thread."""
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError(
+            f"protocols.{protocol}() runs math-verify with its signal-based timeouts, which work only in the main "
+            f"thread; from other threads use grade_with_protocol(completions, golds, {protocol!r}), which grades in "
+            "the grading worker processes."
+        )
+
+
 def _gold_string(gold: Any) -> str | None:
     """A gold as the protocols read it: a string as given (the authors compare the raw string), else normalised."""
     return gold if isinstance(gold, str) else normalize_gold(gold)
@@ -91,6 +103,7 @@ def authors(completion: str, gold: str) -> str:
     timeout_seconds=5)``: ``correct`` or ``wrong``; a miss against a gold math-verify cannot parse is ``bad_gold``
     (the authors score it ``-1``; here it is counted apart). An empty completion is ``no_answer``.
     """
+    _require_main_thread("authors")
     if not completion or not completion.strip():
         return NO_ANSWER
     mv = _math_verify()
@@ -169,6 +182,7 @@ def lighteval_avg(completion: str, gold: str) -> str:
     with math-verify, not lighteval's own copy of the extraction code (which pins latex2sympy2_extended 1.0.6); the
     anchors count where the two differ.
     """
+    _require_main_thread("lighteval")
     if not completion or not completion.strip():
         return NO_ANSWER
     mv = _math_verify()
