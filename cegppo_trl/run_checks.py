@@ -47,14 +47,15 @@ def check_training_args(args) -> None:
         )
     if args.save_strategy == "steps" and args.save_steps <= 0:
         raise ValueError(
-            f"--save_steps {args.save_steps:g} with --save_strategy steps would save no checkpoint: set save_steps to a "
-            "number of optimizer steps (a multiple of the steps per generation batch), or --save_strategy no."
+            f"--save_steps {args.save_steps:g} with --save_strategy steps would save no checkpoint: set save_steps to "
+            "a number of optimizer steps (a multiple of the steps per generation batch), or --save_strategy no."
         )
     per_generation = args.steps_per_generation * args.num_iterations  # micro-batches fed by one generation batch
     if args.save_strategy == "steps" and args.save_steps >= 1:
         if (args.save_steps * args.gradient_accumulation_steps) % per_generation:
+            steps = per_generation / args.gradient_accumulation_steps
             warnings.warn(
-                f"save_steps {args.save_steps:g} is not a multiple of the {per_generation / args.gradient_accumulation_steps:g} "
+                f"save_steps {args.save_steps:g} is not a multiple of the {steps:g} "
                 "optimizer steps per generation batch (steps_per_generation x num_iterations / "
                 "gradient_accumulation_steps): a run resumed from a checkpoint inside a generation batch generates "
                 "fresh completions there, so it is not the uninterrupted run.",

@@ -1,11 +1,10 @@
-"""Clean stops of `cegppo-train` on SIGINT (Ctrl-C) and SIGTERM (SLURM, Kubernetes, `timeout`).
+"""Clean stops of `cegppo-train` on SIGINT (Ctrl-C) and SIGTERM (SLURM, Kubernetes, `timeout`): exit status 130 / 143.
 
-Before training a signal stops the run at once. During training the first signal only sets a flag: the callback of
-`stop_on_signal_callback` ends training at the next optimizer-step end or checkpoint save, every process at the same
-step (the flags are max-reduced there), so a checkpoint being written is finished. A second signal, `REPEAT_S` or more
-after the first, stops at once; an earlier one is the same request relayed by a launcher (torchrun forwards the signal
-that a terminal's Ctrl-C already sent each worker). Exit status 130 after SIGINT, 143 after SIGTERM. Only the
-standard library is imported at the top: `cegppo-train` installs the handlers before torch and TRL load.
+Before training a signal stops the run at once. During training the first one only sets a flag, and the callback of
+`stop_on_signal_callback` ends training at the next step end or checkpoint save, on every process at the same step; a
+checkpoint being written is finished. A second signal, `REPEAT_S` or more after the first, stops at once; an earlier
+one is the same request relayed by a launcher (torchrun forwards what a terminal's Ctrl-C already sent each worker).
+Only the standard library is imported at the top: the handlers are installed before torch and TRL load.
 """
 
 from __future__ import annotations
@@ -26,8 +25,8 @@ _NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
 
 class StopRequest:
     """The signal handlers of a run: `signum` (None until a signal came); `deferred` while training runs (a first
-    signal then waits for the step end); `started` once training began; `announce` on the process that prints. A SIGINT ignored at start (a
-    background job of a non-interactive shell) stays ignored, as Python leaves it."""
+    signal then waits for the step end); `started` once training began; `announce` on the process that prints. A
+    SIGINT ignored at start (a background job of a non-interactive shell) stays ignored, as Python leaves it."""
 
     def __init__(self, install: bool = True):
         self.signum: int | None = None
@@ -81,7 +80,6 @@ def stop_on_signal_callback(request: StopRequest, accelerator):
     class StopOnSignal(TrainerCallback):
         def on_train_begin(self, args, state, control, **kwargs):
             request.deferred = request.started = True
-            request.announce = state.is_world_process_zero
 
         def on_train_end(self, args, state, control, **kwargs):
             request.deferred = False  # the final save: a signal now stops at once, training is complete
