@@ -169,7 +169,6 @@ def _one_line_error(capsys, *words: str) -> str:
     [
         (["--temperature", "0"], ["--temperature (temperature) 0 is greedy", "pass --k 1 or a temperature > 0"]),
         (["--max_completion_length", "0"], ["--max-new-tokens (max_new_tokens) must be an integer >= 1"]),
-        (["--batch_size", "0"], ["--batch-size (batch_size) must be an integer >= 1"]),
         (["--k", "abc"], ["argument --k", "invalid int value: 'abc'", "cegppo-eval --help"]),
         (["--instruction", "{question} Think."], ["--instruction", "{question}", "{problem}"]),
         (["--tempreature", "0.6"], ["unknown arguments --tempreature 0.6. Did you mean --temperature?", "--help"]),
