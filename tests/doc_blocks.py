@@ -7,25 +7,17 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from conftest import cpu_config
+
 
 ROOT = Path(__file__).resolve().parents[1]
 SKIP_RE = re.compile(r"<!--\s*doc-test:\s*skip\s*\((?P<reason>[^)]+)\)\s*-->")
 FENCE_RE = re.compile(r"^```(?P<lang>[\w-]*)\n(?P<body>.*?)^```", re.S | re.M)
 
-FAST_CONFIG = dict(
-    use_cpu=True,
-    bf16=False,
-    max_steps=2,
-    per_device_train_batch_size=4,
-    num_generations=4,
-    gradient_accumulation_steps=1,
-    steps_per_generation=2,
-    max_completion_length=8,
-    logging_steps=1,
-    save_strategy="no",
-    report_to="none",
-    seed=0,
-)
+# What the harness sets on every `CEGPPOConfig` a block builds: conftest's small CPU config (the one builder of the
+# tests), 2 steps of 8 completions.
+FAST_CONFIG = cpu_config(dict, None, max_steps=2, per_device_train_batch_size=4, steps_per_generation=2)
+del FAST_CONFIG["output_dir"]
 
 
 @dataclass
