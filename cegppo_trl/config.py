@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+from .run_checks import check_training_args
+from .vllm_support import warn_if_config_uses_untested_vllm
+
 
 # Loss types whose per-token term in TRL 1.16's `GRPOTrainer._compute_loss` is PPO-clip `-min(r A, clip(r) A)` (TRL's
 # branch `loss_type in ["grpo", "bnpo", "dr_grpo", "dapo", "luspo"]`): CE-GPPO replaces exactly that term, so it composes
@@ -205,6 +208,7 @@ class CEGPPOConfig(GRPOConfig):
     def __post_init__(self):
         super().__post_init__()
         validate_cegppo_config(self)
+        check_training_args(self)  # TRL's fields that TRL leaves unchecked (cegppo_trl.run_checks)
 
 
 def _require(condition: bool, message: str) -> None:
@@ -272,27 +276,33 @@ def validate_cegppo_config(args) -> None:
         f"`cegppo_low_prob_threshold` must be in (0, 1), got {args.cegppo_low_prob_threshold!r}.",
     )
     if args.cegppo_entropy_target is not None:
-        _require(
-            math.isfinite(args.cegppo_entropy_target) and args.cegppo_entropy_target > 0,
-            f"`cegppo_entropy_target` must be a positive number of nats, got {args.cegppo_entropy_target!r}; "
-            "set None to disable the controller.",
-        )
-        for name in ("cegppo_entropy_kp", "cegppo_entropy_ki", "cegppo_beta1_min", "cegppo_beta2_min"):
-            _finite_non_negative(args, name)
-        for low, high, start in (
-            ("cegppo_beta1_min", "cegppo_beta1_max", "cegppo_beta1"),
-            ("cegppo_beta2_min", "cegppo_beta2_max", "cegppo_beta2"),
-        ):
-            lo, hi, b0 = getattr(args, low), getattr(args, high), getattr(args, start)
-            _require(
-                math.isfinite(hi) and lo <= b0 <= hi,
-                f"The entropy controller needs `{low}` <= `{start}` <= `{high}`, got {lo} <= {b0} <= {hi}. "
-                f"Widen the bounds or move `{start}` inside them.",
-            )
+        _validate_entropy_controller(args)
     _validate_entropy_ratio_clip(args.cegppo_entropy_ratio_clip)
     _validate_oversampling(args)
     if args.cegppo_exclude_zero_advantage_groups:
         _validate_dynamic_sampling(args)
+    warn_if_config_uses_untested_vllm(args)  # one line if use_vllm and vLLM is not the tested one
+
+
+def _validate_entropy_controller(args) -> None:
+    """The entropy controller's target, gains and bounds (checked only when `cegppo_entropy_target` is set)."""
+    _require(
+        math.isfinite(args.cegppo_entropy_target) and args.cegppo_entropy_target > 0,
+        f"`cegppo_entropy_target` must be a positive number of nats, got {args.cegppo_entropy_target!r}; "
+        "set None to disable the controller.",
+    )
+    for name in ("cegppo_entropy_kp", "cegppo_entropy_ki", "cegppo_beta1_min", "cegppo_beta2_min"):
+        _finite_non_negative(args, name)
+    for low, high, start in (
+        ("cegppo_beta1_min", "cegppo_beta1_max", "cegppo_beta1"),
+        ("cegppo_beta2_min", "cegppo_beta2_max", "cegppo_beta2"),
+    ):
+        lo, hi, b0 = getattr(args, low), getattr(args, high), getattr(args, start)
+        _require(
+            math.isfinite(hi) and lo <= b0 <= hi,
+            f"The entropy controller needs `{low}` <= `{start}` <= `{high}`, got {lo} <= {b0} <= {hi}. "
+            f"Widen the bounds or move `{start}` inside them.",
+        )
 
 
 def _validate_entropy_ratio_clip(band) -> None:
@@ -326,8 +336,9 @@ def _validate_oversampling(args) -> None:
         "every group is trained on, so the extra groups would be generated for nothing. Set "
         "cegppo_exclude_zero_advantage_groups=True, or cegppo_oversampling=1.0.",
     )
-    prompts = args.generation_batch_size * value / args.num_generations
-    rows = args.per_device_train_batch_size * args.steps_per_generation * value
+    from .dynamic_sampling import over_generation  # the one place the over-generation sizes are computed
+
+    prompts, rows = over_generation(args)
     _require(
         prompts == int(prompts) and rows == int(rows),
         f"`cegppo_oversampling={value}` gives {prompts:g} prompts per generation batch and {rows:g} rows per "

@@ -26,6 +26,8 @@ Metrics added under `cegppo/`:
   generated groups that are informative); per optimizer step `batch_fill` (the step's kept rows / the rows it
   holds, 1.0 = as full as the paper's), and, of the generation batch it came from, `informative_groups` (informative
   groups generated) and `groups_trained` (groups in the training batch: at most the training batch's prompts).
+* With `cegppo_entropy_ratio_clip`: `erc_low_frac`, `erc_high_frac`, the fraction of loss tokens whose entropy ratio
+  `rho` is `<= low` / `>= high` (entropy-ratio clipping takes their policy gradient away).
 * `sft_nll` (token-mean NLL of the SFT completions), `sft_token_frac` when `cegppo_sft_coef > 0`;
   `entropy_error`, `entropy_integral` under the entropy controller.
 """
@@ -152,6 +154,17 @@ class Ratios:
 
 TOKEN_RATIOS = Ratios.of_token_sets()
 SFT_RATIOS = Ratios.of_pairs(("cegppo/sft_nll", "cegppo/sft_token_frac"))
+ERC_RATIOS = Ratios.of_pairs(("cegppo/erc_low_frac", "cegppo/erc_high_frac"))
+
+
+def erc_sums(below: torch.Tensor, above: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The sums `ERC_RATIOS` takes its ratios of: (loss tokens below the band, loss tokens), (above, loss tokens) and
+    the micro-batch's loss tokens `mask` (NaN metrics when none on any process); `below` / `above` from
+    `core.entropy_ratio_band`."""
+    mask = mask.float()
+    tokens = mask.sum()
+    below, above = (below.float() * mask).sum(), (above.float() * mask).sum()
+    return torch.stack([below, tokens, above, tokens, tokens, tokens]).detach().float()
 
 
 def sft_sums(logps: torch.Tensor, sft_mask: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -26,7 +26,15 @@ from trl.trainer.utils import get_config_model_id
 from . import dynamic_sampling, metrics
 from .config import CEGPPOConfig, validate_cegppo_config
 from .controller import EntropyController, FixedBetas
-from .core import ClipParams, ClippedSets, clamp_old_log_probs, gradient_preserving_correction
+from .core import (
+    ClipParams,
+    ClippedSets,
+    cegppo_per_token_loss,
+    clamp_old_log_probs,
+    entropy_ratio_band,
+    entropy_ratio_clip,
+    gradient_preserving_correction,
+)
 from .metrics import TOKEN_RATIOS, DeviceMetrics, StepSums, token_set_sums
 from .run_checks import check_dataset_fills_a_generation_batch, explain_model_load_errors, require_a_reward
 
@@ -78,6 +86,8 @@ class CEGPPOTrainer(GRPOTrainer):
     # Values TRL 1.16 passes only between its own methods, held for the one call that needs them:
     _rewards_per_func: torch.Tensor | None = None  # `_calculate_rewards` -> `_generate_and_score_completions`
     _deferring_old_policy_pass = False  # TRL's old / reference pass is skipped (select first, then compute)
+    _capturing_old_entropies = False  # TRL's old pass is next, and must keep its entropies (entropy-ratio clipping)
+    _old_entropies: torch.Tensor | None = None  # what it kept -> `_generate_and_score_completions`
     _loss_inputs: dict | None = None  # the micro-batch `_compute_loss` is working on
     _forward: _Forward | None = None  # and its forward pass (`_get_per_token_logps_and_entropies`)
     _name = "CE-GPPO"
@@ -134,6 +144,9 @@ class CEGPPOTrainer(GRPOTrainer):
         # loss uses `per_token_logps.detach()`, r == 1 and CE-GPPO is GRPO.
         generate_every = args.steps_per_generation * args.num_iterations
         self._has_old_log_probs = args.gradient_accumulation_steps % generate_every != 0
+        # Entropy-ratio clipping's band (None: off). The old entropies exist exactly when the old log-probs do.
+        band = args.cegppo_entropy_ratio_clip
+        self._entropy_ratio_band = None if band is None else (float(band[0]), float(band[1]))
         if not self._has_old_log_probs:
             warnings.warn(
                 "CE-GPPO is inert with this configuration: steps_per_generation "
@@ -141,7 +154,13 @@ class CEGPPOTrainer(GRPOTrainer):
                 f"gradient_accumulation_steps ({args.gradient_accumulation_steps}), so every update is on-policy, the "
                 "ratio is always 1, nothing is clipped and the loss equals GRPO's. The paper takes 8 optimizer steps "
                 "per generation batch: set steps_per_generation = 8 * gradient_accumulation_steps "
-                f"(= {8 * args.gradient_accumulation_steps}) or num_iterations > 1.",
+                f"(= {8 * args.gradient_accumulation_steps}) or num_iterations > 1."
+                + (
+                    " cegppo_entropy_ratio_clip is inert too: without old log-probs there are no old entropies "
+                    "(the entropy ratio is 1)."
+                    if band is not None
+                    else ""
+                ),
                 UserWarning,
                 stacklevel=2,
             )
@@ -173,10 +192,15 @@ class CEGPPOTrainer(GRPOTrainer):
         mode = "train" if self.model.training else "eval"
         deferred = self._old_policy_pass_after_selection(mode)
         self._deferring_old_policy_pass = deferred
+        # Entropy-ratio clipping: TRL's own old pass (when not deferred) keeps its entropies for the batch.
+        erc = self._entropy_ratio_band is not None and self._has_old_log_probs
+        self._capturing_old_entropies = erc and not deferred
         try:
             output = super()._generate_and_score_completions(inputs)
         finally:
-            self._deferring_old_policy_pass = False
+            self._deferring_old_policy_pass = self._capturing_old_entropies = False
+        if self._old_entropies is not None:  # per row, like `old_per_token_logps`: they travel with their rows
+            output["cegppo_old_entropies"], self._old_entropies = self._old_entropies, None
         rewards_per_func, self._rewards_per_func = self._rewards_per_func, None
         rewards = dynamic_sampling.total_rewards(rewards_per_func, self.reward_weights)  # all processes
         if deferred:  # TRL's placeholders (see `_get_per_token_logps_and_entropies`), computed again below
@@ -190,7 +214,7 @@ class CEGPPOTrainer(GRPOTrainer):
         if deferred:  # the training rows only, with TRL's attention mask (before dropped rows lose theirs)
             dynamic_sampling.old_policy_pass(
                 output, self._get_per_token_logps_and_entropies, self.model, self.ref_model, self.accelerator,
-                old=self._has_old_log_probs, reference=self.beta != 0.0, args=self.args,
+                old=self._has_old_log_probs, reference=self.beta != 0.0, args=self.args, old_entropies=erc,
             )  # fmt: skip
         keep = None if selection is None else selection.local_keep
         if keep is not None:
@@ -225,6 +249,12 @@ class CEGPPOTrainer(GRPOTrainer):
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *pargs, **kwargs):
         if self._deferring_old_policy_pass:  # TRL's old / reference pass while it generates: run later on fewer rows
             return torch.full((input_ids.size(0), logits_to_keep), math.nan, device=input_ids.device), None, None
+        if self._capturing_old_entropies:  # TRL 1.16's old pass, its first forward while it generates: the same
+            self._capturing_old_entropies = False  # forward gives the old policy's entropies (no second one)
+            logps, self._old_entropies, aux_loss = super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, *pargs, **dict(kwargs, compute_entropy=True)
+            )
+            return logps, self._old_entropies, aux_loss  # TRL 1.16 discards this pass's entropies
         logps, entropies, aux_loss = super()._get_per_token_logps_and_entropies(
             model, input_ids, attention_mask, logits_to_keep, *pargs, **kwargs
         )
@@ -241,12 +271,13 @@ class CEGPPOTrainer(GRPOTrainer):
         inputs = dict(inputs)
         keep = inputs.pop("cegppo_keep", None)  # dropped rows already have an empty loss mask
         group_counts = dynamic_sampling.pop_group_counts(inputs)
+        old_entropies = inputs.pop("cegppo_old_entropies", None)  # entropy-ratio clipping's H(pi_old)
         self._loss_inputs, self._forward = inputs, None
         try:
             loss = super()._compute_loss(model, inputs)  # TRL's PPO-clip loss + KL + entropy bonus + aux loss
         finally:
             self._loss_inputs = None
-        return loss + self._cegppo_loss_delta(inputs, self._forward, keep, group_counts)
+        return loss + self._cegppo_loss_delta(inputs, self._forward, keep, group_counts, old_entropies)
 
     def _policy_term_inputs(self, inputs, per_token_logps, entropies) -> _PolicyTermInputs:
         """Rebuild the ratio and the per-token multipliers exactly as TRL 1.16's `_compute_loss` does."""
@@ -301,10 +332,10 @@ class CEGPPOTrainer(GRPOTrainer):
             normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
         return normalizer
 
-    def _cegppo_loss_delta(self, inputs, forward: _Forward, keep=None, group_counts=None) -> torch.Tensor:
-        """Everything CE-GPPO adds to TRL's loss for one micro-batch: the correction (plus the SFT term), its metrics
-        and the step's sums (controller, batch fill). No host transfer. `benchmarks/bench_scaling.py` times this
-        method as CE-GPPO's own cost."""
+    def _cegppo_loss_delta(self, inputs, forward: _Forward, keep=None, group_counts=None, old_entropies=None):
+        """Everything CE-GPPO adds to TRL's loss for one micro-batch: the correction (plus entropy-ratio clipping and
+        the SFT term), their metrics and the step's sums (controller, batch fill). No host transfer.
+        `benchmarks/bench_scaling.py` times this method as CE-GPPO's own cost."""
         mode = "train" if self.model.training else "eval"
         terms = self._policy_term_inputs(inputs, forward.logps, forward.entropies)
         params = self.clip_params
@@ -315,6 +346,10 @@ class CEGPPOTrainer(GRPOTrainer):
         if self._entropy_bonus_enabled:
             self._correct_policy_loss_metric(mode, correction)
         loss_delta = correction
+        if self._entropy_ratio_band is not None and old_entropies is not None:
+            loss_delta = loss_delta + self._entropy_ratio_clip_loss(
+                inputs, terms, params, forward.entropies, old_entropies
+            )
         if self.args.cegppo_sft_coef > 0:
             loss_delta = loss_delta + self._sft_loss(inputs, forward.logps, terms.mask, mode)
         self._log_token_metrics(mode, terms, sets, forward.logps, forward.clamped)
@@ -325,6 +360,20 @@ class CEGPPOTrainer(GRPOTrainer):
             if self._controller is not None or keep is not None:
                 self._accumulate_step(forward.entropies, terms.mask, keep, group_counts)
         return loss_delta
+
+    def _entropy_ratio_clip_loss(self, inputs, terms: _PolicyTermInputs, params, entropies, old_entropies):
+        """Entropy-ratio clipping (`docs/method.md`): `aggregate(entropy_ratio_clip(L, keep) - L)`, `L` the policy
+        term's per-token loss (Eq. 8 with the dual clip, times TRL's token weights). 0 in value; on the tokens outside
+        the band, minus the gradient TRL's term and the correction give them. Records `cegppo/erc_*`."""
+        band = entropy_ratio_band(entropies, old_entropies, self._entropy_ratio_band)
+        policy_loss = cegppo_per_token_loss(terms.log_ratio, terms.advantages, params).per_token_loss
+        if terms.token_weight is not None:
+            policy_loss = policy_loss * terms.token_weight
+        mode = "train" if self.model.training else "eval"
+        self._device_metrics.record_sums(
+            mode, metrics.ERC_RATIOS, metrics.erc_sums(band.below, band.above, terms.mask)
+        )
+        return self._aggregate_like_trl(entropy_ratio_clip(policy_loss, band.keep) - policy_loss, terms.mask, inputs)
 
     def _sft_loss(self, inputs, per_token_logps, mask, mode: str) -> torch.Tensor:
         """`cegppo_sft_coef` x token-mean NLL of the SFT completions (the authors' scripts), and its two metrics."""

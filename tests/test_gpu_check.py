@@ -91,6 +91,39 @@ def test_gpu_check_loss_part_runs_every_case_and_eq8(capsys):
     assert "GPU_CHECK DONE ok: loss 3/3 case(s) in" in out
 
 
+def check_erc_lines(out: str) -> None:
+    """ERC on / off: positive finite ratios and some tokens outside the band; the gradient check passed."""
+    line = _line(out, "RESULT erc:")
+    assert 0.0 < float(_field(line, "out_frac")) < 1.0, line
+    for name in ("lb_ratio", "step_ratio", "mem_ratio", "old_pass_time_ratio", "old_pass_mem_ratio"):
+        value = float(_field(line, name))
+        assert math.isfinite(value) and value > 0, (name, line)
+    assert _line(out, "ERC ").startswith("ERC PASS"), out[-3000:]
+
+
+def test_gpu_check_erc_part_measures_on_off_and_checks_the_gradient(capsys):
+    rc = gpu_check.main(["--smoke", "--parts", "erc"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    check_erc_lines(out)
+    assert "GPU_CHECK DONE ok: erc PASS in" in out
+
+
+def test_erc_gradient_check_fails_with_a_wrong_band():
+    """The ERC line's check can fail: a reference whose band is shifted does not match the trainer."""
+    import gpu_check_erc
+
+    model = bench_scaling.build_model(bench_scaling.TINY, 1, torch.device("cpu"))
+    trainers = bench_scaling.make_trainers(
+        model, torch.device("cpu"), 32, {"base": {}, "erc": gpu_check_erc.ERC_VARIANT}
+    )
+    batch = bench_scaling.make_batch(trainers["grpo"], bench_scaling.TINY["vocab_size"], 4, 32, torch.device("cpu"))
+    params = [p for p in model.parameters() if p.requires_grad]
+    assert gpu_check_erc.erc_gradient_check(trainers, model, params, batch)[0]
+    ok, text = gpu_check_erc.erc_gradient_check(trainers, model, params, batch, band=(0.9, 1.1))
+    assert not ok and text.startswith("ERC FAIL"), text
+
+
 def test_gpu_check_sync_part_counts_cegppo_next_to_grpo(capsys):
     rc = gpu_check.main(["--smoke", "--parts", "sync"])
     out = capsys.readouterr().out
@@ -191,6 +224,7 @@ def test_bench_scaling_smallest_setting(capsys):
             "base",
             "sft",
             "entropy",
+            "erc",
             "--repeats",
             "1",
             "--overhead-points",
@@ -198,7 +232,7 @@ def test_bench_scaling_smallest_setting(capsys):
         ]
     )
     out = capsys.readouterr().out
-    assert [r["variant"] for r in results] == ["base", "sft", "entropy"]
+    assert [r["variant"] for r in results] == ["base", "sft", "entropy", "erc"]
     for r in results:
         for key in ("lb_ratio", "step_ratio", "mem_ratio", "extra_ms", "extra_mib"):
             assert isinstance(r[key], float) and math.isfinite(r[key]), (r["variant"], key, r[key])  # not NaN, not inf
@@ -207,6 +241,8 @@ def test_bench_scaling_smallest_setting(capsys):
         assert r["clipped_frac"] > 0  # the batch is off-policy: CE-GPPO has clipped tokens to act on
     assert "# worst:" in out and "variant" in out
     assert "correction backward=" in out
+    erc = _line(out, "# erc/base T=16 B=2:")  # ERC on / off, and the old pass with entropies kept / dropped
+    assert "old pass entropies kept/dropped" in erc
 
 
 @pytest.mark.slow
@@ -223,6 +259,7 @@ def test_gpu_check_smoke_as_one_command_prints_every_part(tmp_path):
     out = proc.stdout
     assert proc.returncode == 0, f"{out[-6000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"
     check_loss_lines(out)
+    check_erc_lines(out)
     check_sync_line(out)
     for name, marker in (("lora", "adapter_config.json"), ("paper", "config.json")):
         line = _line(out, f"RECIPE {name}:")

@@ -1,0 +1,350 @@
+"""Entropy-ratio clipping through the real trainer: its gradient equals the float64 oracle of `tests/oracles.py` (which
+shares no code with cegppo_trl) on one process in-process, and on one and two launched processes (DDP over gloo)
+through `trainer.train()`; the old entropies are the old policy's, from the old-log-prob pass; the metrics count the
+tokens outside the band; a wrong band fails the same checks.
+
+`erc_worker.py` trains two optimizer steps (one generation batch) with plain SGD and records every micro-batch the loss
+saw; the test replays them through the oracle in float64 (forward, loss, SGD step, twice) and compares the updates.
+"""
+
+import copy
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import contains_answer_reward, cpu_config, make_loss_batch
+from launching import free_port, subprocess_env
+from oracles import completion_log_probs_and_entropies, gppo_erc_per_token_loss
+
+from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
+from cegppo_trl.core import ClipParams
+
+
+HERE = Path(__file__).resolve().parent
+BAND = (0.95, 1.05)
+WRONG_BANDS = ((0.9, 1.1), (0.99, 1.01))
+TEMPERATURE = 0.7
+TIMEOUT_S = 1800
+
+
+def _grads(model) -> torch.Tensor:
+    return torch.cat([p.grad.detach().double().flatten() for p in model.parameters()])
+
+
+def _build(model, tokenizer, dataset, tmp_path, **overrides):
+    values = dict(steps_per_generation=1, temperature=TEMPERATURE, cegppo_entropy_ratio_clip=list(BAND))
+    values.update(overrides)
+    args = cpu_config(CEGPPOConfig, tmp_path, **values)
+    trainer = CEGPPOTrainer(
+        model=model, reward_funcs=contains_answer_reward, args=args, train_dataset=dataset, processing_class=tokenizer
+    )
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    return trainer
+
+
+def _off_policy_batch(oracle_model, tokenizer, seed, entropy_factor=None):
+    """A hand-built batch with old log-probs = current + noise and old entropies = current x exp(N(0, 0.1^2)) (or x
+    `entropy_factor`), computed with the float64 oracle model (the trainer sees them as float32)."""
+    batch = make_loss_batch(tokenizer, seed=seed)
+    with torch.no_grad():
+        logps, entropies = completion_log_probs_and_entropies(oracle_model, batch, TEMPERATURE)
+    gen = torch.Generator().manual_seed(100 + seed)
+    batch["old_per_token_logps"] = (logps + 0.5 * torch.randn(logps.shape, generator=gen, dtype=logps.dtype)).float()
+    factor = torch.exp(0.1 * torch.randn(logps.shape, generator=gen, dtype=logps.dtype))
+    batch["cegppo_old_entropies"] = (entropies * (factor if entropy_factor is None else entropy_factor)).float()
+    return batch
+
+
+def _oracle_loss(oracle_model, batch, params, band):
+    logps, entropies = completion_log_probs_and_entropies(oracle_model, batch, TEMPERATURE)
+    loss = gppo_erc_per_token_loss(
+        logps, batch["old_per_token_logps"], batch["advantages"].unsqueeze(1), entropies,
+        batch["cegppo_old_entropies"], params, band,
+    )  # fmt: skip
+    mask = batch["completion_mask"].double()
+    return (loss * mask).sum() / batch["num_items_in_batch"], (loss.detach(), entropies.detach())
+
+
+@pytest.fixture
+def oracle_model(tiny_model):
+    return copy.deepcopy(tiny_model).double()
+
+
+def test_trainer_gradient_equals_the_oracle_on_one_process(
+    tiny_model, oracle_model, tiny_tokenizer, arithmetic_dataset, tmp_path
+):
+    params = ClipParams(0.2, 0.2, 0.5, 1.0, delta=1.5)
+    trainer = _build(tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path, delta=1.5)
+    batch = _off_policy_batch(oracle_model, tiny_tokenizer, seed=2)
+    trainer.model.zero_grad()
+    loss = trainer._compute_loss(trainer.model, batch)
+    loss.backward()
+    grad = _grads(trainer.model)
+
+    oracle_model.zero_grad()
+    ref_loss, (_, entropies) = _oracle_loss(oracle_model, batch, params, BAND)
+    ref_loss.backward()
+    ref_grad = _grads(oracle_model)
+    assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5)
+    assert ((grad - ref_grad).norm() / ref_grad.norm()).item() < 1e-5
+
+    # The check can fail: a wrong band, or no ERC, gives another gradient.
+    for band in (*WRONG_BANDS, None):
+        oracle_model.zero_grad()
+        _oracle_loss(oracle_model, batch, params, band)[0].backward()
+        assert ((grad - _grads(oracle_model)).norm() / ref_grad.norm()).item() > 1e-2, band
+
+    # The metrics: the tokens below / above the band, over the loss tokens.
+    rho = (entropies + 1e-8) / (batch["cegppo_old_entropies"].double() + 1e-8)
+    mask = batch["completion_mask"].bool()
+    trainer._flush_device_metrics("train")
+    logged = trainer._metrics["train"]
+    below, above = (rho[mask] <= BAND[0]).double().mean().item(), (rho[mask] >= BAND[1]).double().mean().item()
+    assert below > 0 and above > 0
+    assert logged["cegppo/erc_low_frac"] == [pytest.approx(below, rel=1e-6)]
+    assert logged["cegppo/erc_high_frac"] == [pytest.approx(above, rel=1e-6)]
+
+
+VARIANTS = {
+    "plain": {},
+    "sequence": {"importance_sampling_level": "sequence"},
+    "delta": {"delta": 1.5},
+    "off_policy_mask": {"off_policy_mask_threshold": 0.02},
+    "entropy_mask": {"top_entropy_quantile": 0.5},
+    "sft": {"cegppo_sft_coef": 0.1},
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo", "luspo"])
+def test_every_token_outside_the_band_keeps_the_loss_and_gives_no_policy_gradient(
+    loss_type, variant, tiny_model, oracle_model, tiny_tokenizer, arithmetic_dataset, tmp_path
+):
+    """Old entropies twice the current ones (rho = 0.5 everywhere): the loss value is ERC-off's, the policy term gives
+    no gradient; only the SFT term (not masked, as in the authors' code) is left."""
+    overrides = dict(loss_type=loss_type, gradient_accumulation_steps=2, steps_per_generation=4, **VARIANTS[variant])
+    erc = _build(copy.deepcopy(tiny_model), tiny_tokenizer, arithmetic_dataset, tmp_path / "on", **overrides)
+    off = _build(
+        copy.deepcopy(tiny_model), tiny_tokenizer, arithmetic_dataset, tmp_path / "off",
+        **dict(overrides, cegppo_entropy_ratio_clip=None),
+    )  # fmt: skip
+    batch = _off_policy_batch(oracle_model, tiny_tokenizer, seed=3, entropy_factor=2.0)
+    if variant == "sft":
+        batch["cegppo_sft_mask"] = (batch["advantages"] > 0).float()
+        batch["cegppo_num_sft_tokens"] = (batch["completion_mask"] * batch["cegppo_sft_mask"].unsqueeze(1)).sum()
+    for trainer in (erc, off):
+        trainer.current_gradient_accumulation_steps = 2
+        trainer.model.zero_grad()
+        trainer._compute_loss(trainer.model, batch).backward()
+    on_loss, off_loss = erc._compute_loss(erc.model, batch), off._compute_loss(off.model, batch)
+    assert float(on_loss) == pytest.approx(float(off_loss), rel=1e-6, abs=1e-9)
+    grad, off_grad = _grads(erc.model), _grads(off.model)
+    assert off_grad.norm() > 0  # the batch has a policy gradient to remove
+    if variant != "sft":  # zero up to float rounding (TRL's term + the correction, minus Eq. 8 computed in one piece)
+        assert (grad.norm() / off_grad.norm()).item() < 1e-6
+    else:  # the SFT term's gradient alone
+        sft_only = _build(copy.deepcopy(tiny_model), tiny_tokenizer, arithmetic_dataset, tmp_path / "sft", **overrides)
+        sft_only.current_gradient_accumulation_steps = 2
+        sft_only.model.zero_grad()
+        erc_free = dict(batch, advantages=torch.zeros_like(batch["advantages"]))  # no policy gradient at all
+        sft_only._compute_loss(sft_only.model, erc_free).backward()
+        sft_grad = _grads(sft_only.model)
+        assert sft_grad.norm() > 0 and ((grad - sft_grad).norm() / sft_grad.norm()).item() < 1e-5
+
+
+@pytest.mark.parametrize("erc", [True, False])
+@pytest.mark.parametrize("path", ["trl_old_pass", "select_first"])
+def test_old_entropies_are_the_current_policys_from_the_old_log_prob_pass(
+    path, erc, tiny_checkpoint, tiny_tokenizer, arithmetic_dataset, tmp_path
+):
+    """Drift test of what the trainer assumes of TRL 1.16's `_generate_and_score_completions`: its old-log-prob pass
+    is its first forward, before the reference pass (`beta > 0`). With the policy moved away from the reference model,
+    the batch's old entropies are the policy's (not the reference's), next to its old log-probs; on both paths: TRL's
+    own old pass, and the old pass run after dynamic sampling selected the training rows (over-generation). Without
+    ERC no entropies are kept."""
+    from transformers import AutoModelForCausalLM
+
+    extra = (
+        {} if path == "trl_old_pass" else {"cegppo_exclude_zero_advantage_groups": True, "cegppo_oversampling": 2.0}
+    )
+    args = cpu_config(
+        CEGPPOConfig, tmp_path, beta=0.1, temperature=TEMPERATURE, cegppo_entropy_ratio_clip=list(BAND) if erc else None,
+        **extra,
+    )  # fmt: skip
+    trainer = CEGPPOTrainer(
+        model=str(tiny_checkpoint), reward_funcs=contains_answer_reward, args=args, train_dataset=arithmetic_dataset,
+        processing_class=tiny_tokenizer,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for parameter in trainer.model.parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))
+    policy = copy.deepcopy(trainer.model).double()
+    trainer.model.train()
+    prompts = round(args.generation_batch_size * args.cegppo_oversampling) // args.num_generations
+    rows = [arithmetic_dataset[i] for i in range(prompts) for _ in range(args.num_generations)]
+    output = trainer._generate_and_score_completions(rows)
+    assert output["old_per_token_logps"] is not None and output["ref_per_token_logps"] is not None
+    if not erc:
+        assert "cegppo_old_entropies" not in output
+        return
+    reference = AutoModelForCausalLM.from_pretrained(tiny_checkpoint).double()
+    with torch.no_grad():
+        policy_logps, policy_entropies = completion_log_probs_and_entropies(policy, output, TEMPERATURE)
+        _, reference_entropies = completion_log_probs_and_entropies(reference, output, TEMPERATURE)
+    mask = output["completion_mask"].bool()
+    old_entropies = output["cegppo_old_entropies"].double()
+    assert mask.any() and old_entropies.shape == mask.shape
+    assert torch.allclose(old_entropies[mask], policy_entropies[mask], rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(old_entropies[mask], reference_entropies[mask], rtol=1e-3, atol=1e-3)
+    assert torch.allclose(output["old_per_token_logps"].double()[mask], policy_logps[mask], rtol=1e-4, atol=1e-5)
+
+
+def test_on_policy_erc_is_inert_and_warns(tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path):
+    with pytest.warns(UserWarning, match="cegppo_entropy_ratio_clip"):
+        _build(tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path, steps_per_generation=1)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# One and two launched processes, through trainer.train()
+# ----------------------------------------------------------------------------------------------------------------
+
+SCENARIOS = {
+    # GA 2, steps_per_generation 4, 4 rows per micro-batch: each process generates 4 prompts x 4 completions.
+    "cegppo": {"config": {"cegppo_beta1": 0.5, "cegppo_beta2": 1.0, "delta": 1.5}, "kinds": {1: ["varied"] * 4}},
+    # The authors' options: GPPO, dual clip 10, SFT 0.1, dynamic sampling over a 2x over-generated batch.
+    "authors": {
+        "config": {
+            "cegppo_beta1": 1.0, "cegppo_beta2": 1.0, "delta": 10.0, "cegppo_sft_coef": 0.1,
+            "cegppo_exclude_zero_advantage_groups": True, "cegppo_oversampling": 2.0,
+        },
+        "kinds": {1: ["varied", "flat", "varied", "varied", "flat", "varied", "flat", "flat"]},
+    },
+}  # fmt: skip
+GA, SPG, LR = 2, 4, 1.0
+
+
+def _scenarios(world: int) -> list[dict]:
+    out = []
+    for name, s in SCENARIOS.items():
+        kinds = s["kinds"][1] * world  # each process's share of prompts, the same mix
+        out.append({"name": name, "config": s["config"], "kinds": kinds})
+    return out
+
+
+def _launch(world: int, scenarios: list[dict], model_dir: Path, out_dir: Path) -> None:
+    scenarios_file = out_dir / "scenarios.json"
+    scenarios_file.write_text(json.dumps(scenarios))
+    worker = [str(HERE / "erc_worker.py"), str(model_dir), str(out_dir), str(scenarios_file)]
+    cmd = [sys.executable, *worker]
+    if world > 1:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world),
+               "--master_port", str(free_port()), *worker]  # fmt: skip
+    proc = subprocess.run(cmd, env=subprocess_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, f"worker failed ({proc.returncode})\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+
+
+def _params(config: dict) -> ClipParams:
+    return ClipParams(0.2, 0.2, config["cegppo_beta1"], config["cegppo_beta2"], config.get("delta"))
+
+
+def _replay(model_dir, ranks, config, band):
+    """The two SGD steps of the run, in float64 through the oracle: each step's loss is the sum over the processes'
+    micro-batches of dapo's token sums / (generation batch tokens x GA / steps_per_generation) (DDP's average over
+    processes included), plus the SFT term likewise over its tokens. Returns the final parameters."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).double()
+    params, sft = _params(config), config.get("cegppo_sft_coef", 0.0)
+    for step in range(2):
+        model.zero_grad()
+        total = 0.0
+        for rank in ranks:
+            for x in rank["recorded"][step * GA : (step + 1) * GA]:
+                logps, entropies = completion_log_probs_and_entropies(model, x, TEMPERATURE)
+                loss = gppo_erc_per_token_loss(
+                    logps, x["old_per_token_logps"], x["advantages"].unsqueeze(1), entropies,
+                    x["cegppo_old_entropies"], params, band,
+                )  # fmt: skip
+                mask = x["completion_mask"].double()
+                total = total + (loss * mask).sum() / (x["num_items_in_batch"].clamp(min=1) * GA / SPG)
+                if sft:
+                    sft_mask = mask * x["cegppo_sft_mask"].double().unsqueeze(1)
+                    nll = -(logps * sft_mask).sum() / (x["cegppo_num_sft_tokens"].clamp(min=1) * GA / SPG)
+                    total = total + sft * nll
+        total.backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= LR * p.grad
+    return dict(model.named_parameters())
+
+
+def _update_error(ranks, initial, final) -> float:
+    run = torch.cat([(ranks[0]["final"][n] - initial[n]).flatten() for n in final])
+    ref = torch.cat([(final[n].detach() - initial[n]).flatten() for n in final])
+    assert ref.norm() > 0
+    return ((run - ref).norm() / ref.norm()).item()
+
+
+def _expected_fractions(model_dir, ranks, step_range):
+    """Per micro-batch (all processes together): the loss tokens below / above the band at the parameters the run had,
+    from the oracle's entropies (the initial model for the first step only)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).double()
+    out = []
+    for m in step_range:
+        below = above = tokens = 0.0
+        for rank in ranks:
+            x = rank["recorded"][m]
+            with torch.no_grad():
+                _, entropies = completion_log_probs_and_entropies(model, x, TEMPERATURE)
+            rho = (entropies + 1e-8) / (x["cegppo_old_entropies"].double() + 1e-8)
+            mask = x["completion_mask"].bool()
+            below, above = below + (rho[mask] <= BAND[0]).sum().item(), above + (rho[mask] >= BAND[1]).sum().item()
+            tokens += mask.sum().item()
+        out.append((below / tokens, above / tokens) if tokens else (math.nan, math.nan))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [1, 2])
+def test_trainer_update_equals_the_oracle_on_launched_processes(world, tiny_checkpoint, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    initial_model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint).double()
+    initial = {n: p.detach().clone() for n, p in initial_model.named_parameters()}
+    scenarios = _scenarios(world)
+    _launch(world, scenarios, tiny_checkpoint, tmp_path)
+    for scenario in scenarios:
+        name, config = scenario["name"], scenario["config"]
+        ranks = [torch.load(tmp_path / f"{name}.rank{r}.pt", weights_only=False) for r in range(world)]
+        assert all(r["world"] == world and len(r["recorded"]) == 2 * GA for r in ranks), name
+        # The old entropies are the old policy's (the initial model's, one generation batch), from the old pass.
+        for rank in ranks:
+            (generated,) = rank["generated"]
+            with torch.no_grad():
+                _, entropies = completion_log_probs_and_entropies(initial_model, generated, TEMPERATURE)
+            mask = generated["completion_mask"].bool()
+            assert mask.any(), name
+            assert torch.allclose(
+                generated["cegppo_old_entropies"].double()[mask], entropies[mask], rtol=1e-4, atol=1e-5
+            ), name
+        # The update equals the oracle's; a wrong band's, or no ERC's, does not.
+        error = _update_error(ranks, initial, _replay(tiny_checkpoint, ranks, config, BAND))
+        assert error < 1e-4, f"{name} on {world} process(es): the update differs from the oracle's by {error:.2e}"
+        for band in (*WRONG_BANDS, None):
+            wrong = _update_error(ranks, initial, _replay(tiny_checkpoint, ranks, config, band))
+            assert wrong > 100 * max(error, 1e-6), (name, band, wrong, error)
+        # The first step's metrics (at the initial parameters), micro-batch by micro-batch, all processes together.
+        expected = _expected_fractions(tiny_checkpoint, ranks, range(GA))
+        logged = ranks[0]["logged"][0]
+        assert logged["cegppo/erc_low_frac"] == pytest.approx([b for b, _ in expected], rel=1e-6, nan_ok=True), name
+        assert logged["cegppo/erc_high_frac"] == pytest.approx([a for _, a in expected], rel=1e-6, nan_ok=True), name
+        assert any(b > 0 for b, _ in expected) and any(a > 0 for _, a in expected), name
+        assert len(ranks[0]["logged"]) == 2 and "cegppo/erc_low_frac" in ranks[0]["logged"][1], name
