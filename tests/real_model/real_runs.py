@@ -1,0 +1,83 @@
+"""How the real-model tier runs `cegppo-train`: the tier's recipe `smollm2_cpu.yaml` as a user would run it (the
+console command on one process; `accelerate launch ... -m cegppo_trl.scripts.train`, the README's launch of the
+installed command, on two gloo processes).
+
+The runs add one reward, `completion_log.record_completions` (a constant 0.0, loaded by dotted path like any user's
+reward), only to record the prompts, completions and token ids the trainer produced.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from launching import free_port, subprocess_env
+
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+RECIPE = HERE / "smollm2_cpu.yaml"
+RUN_TIMEOUT_S = 1800  # generous: one run takes 1-3 min on 2 idle cores, far more on a loaded machine
+# What the runs add to the recipe: the recording reward beside the recipe's own (math, format).
+RECORDING_REWARDS = ("--reward_funcs", "math", "format", "completion_log.record_completions")
+LORA = ("--use_peft", "true", "--lora_r", "8", "--lora_alpha", "16", "--lora_target_modules", "all-linear")
+LORA_LEARNING_RATE = "5.0e-4"  # LoRA moves only its low-rank factors: 10x the full-parameter rate
+
+
+def real_model_env(**extra: str) -> dict[str, str]:
+    """The tests' subprocess environment (offline, one torch thread per process) with this folder importable (the
+    recording reward)."""
+    env = subprocess_env()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), env.get("PYTHONPATH", "")) if p)
+    env.update(extra)
+    return env
+
+
+def run_command(argv: list[str], env: dict[str, str], cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    proc = subprocess.run([str(a) for a in argv], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT_S)  # fmt: skip
+    if proc.returncode != 0:
+        pytest.fail(
+            f"`{' '.join(map(str, argv))}` failed ({proc.returncode})\n--- stdout ---\n{proc.stdout[-3000:]}\n"
+            f"--- stderr ---\n{proc.stderr[-8000:]}",
+            pytrace=False,
+        )
+    return proc
+
+
+@dataclass
+class TrainRun:
+    out: Path  # --output_dir: the model or adapter, trainer_state.json, cegppo_prompt.json
+    completions: Path  # the recording reward's jsonl files, one per rank
+    processes: int
+    lora: bool
+    seconds: float
+
+
+def train(smollm2_dir: Path, out: Path, *, processes: int, lora: bool) -> TrainRun:
+    """`cegppo-train` with the tier's recipe on `processes` CPU processes, full-parameter or LoRA."""
+    if out.exists():
+        shutil.rmtree(out)
+    completions = out.parent / f"{out.name}-completions"
+    args = ["--config", RECIPE, "--model_name_or_path", smollm2_dir, "--output_dir", out, *RECORDING_REWARDS]
+    if lora:
+        args += [*LORA, "--learning_rate", LORA_LEARNING_RATE]
+    if processes == 1:
+        command = [Path(sys.executable).parent / "cegppo-train", *args]
+    else:
+        launcher = [
+            sys.executable, "-m", "accelerate.commands.launch",
+            "--config_file", ROOT / "accelerate_configs" / "multi_gpu.yaml",
+            "--num_processes", str(processes),
+            "--mixed_precision", "no",  # the recipe trains in float32 on CPU; the config says bf16 for GPUs
+            "--main_process_port", str(free_port()),
+            "-m", "cegppo_trl.scripts.train",
+        ]  # fmt: skip
+        command = [*launcher, *args]
+    start = time.perf_counter()
+    run_command(command, real_model_env(COMPLETION_LOG_DIR=str(completions)))
+    return TrainRun(out, completions, processes, lora, time.perf_counter() - start)

@@ -1,0 +1,148 @@
+"""`cegppo-train` on a real pretrained chat model: SmolLM2-135M-Instruct (built from the package index), with its own
+ChatML chat template and EOS token (`<|im_end|>`), dynamic sampling with 2x over-generation, off-policy updates,
+full-parameter and LoRA, on one process and on two gloo processes (`tests/real_model/smollm2_cpu.yaml`; only sizes
+are shrunk: 64 problems, 48-token completions, 4 steps).
+
+What a run must show: every step logged a finite loss and the CE-GPPO metrics; the model or adapter was saved with
+the prompt settings it was trained with (`cegppo_prompt.json`, `generation_config.json`); the trainer got chat
+messages (which TRL renders with the tokenizer's template) and the completions end at `<|im_end|>`.
+"""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from launching import STEP_METRICS
+from real_runs import train
+
+
+pytestmark = pytest.mark.real_model
+
+MAX_STEPS = 4  # smollm2_cpu.yaml
+MAX_COMPLETION_LENGTH = 48
+IM_END = 2  # <|im_end|>: the tokenizer's eos_token and the model's eos_token_id
+INSTRUCTION = "{problem} Put the final answer in \\boxed{}."
+
+
+def _step_logs(out: Path) -> list[dict]:
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["global_step"] == MAX_STEPS
+    steps = [e for e in state["log_history"] if "loss" in e]
+    assert [e["step"] for e in steps] == list(range(1, MAX_STEPS + 1))
+    return steps
+
+
+def _defined(value) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+def check_logs(out: Path, clipping: bool) -> list[dict]:
+    """Finite losses and the CE-GPPO metrics at every step; with `clipping`, some off-policy step clipped tokens."""
+    steps = _step_logs(out)
+    for entry in steps:
+        missing = [m for m in STEP_METRICS if m not in entry]
+        assert not missing, f"step {entry['step']} lacks {missing}"
+        assert _defined(entry["loss"]) and _defined(entry["grad_norm"]), entry
+        assert (entry["cegppo/beta1"], entry["cegppo/beta2"]) == (0.5, 1.0)
+        # A token share is undefined (None) only at a step that trained no group (dynamic sampling kept none).
+        shares = [v for k, v in entry.items() if k.startswith("cegppo/") and k.endswith("_frac")]
+        assert all(_defined(v) for v in shares) or entry["cegppo/groups_trained"] == 0, entry
+    assert any(e["cegppo/groups_trained"] > 0 for e in steps), "no step trained a group"
+    # Each generation batch feeds 2 optimizer steps; the first of each is on-policy: nothing outside the band.
+    for entry in steps[::2]:
+        assert entry["cegppo/beta1_token_frac"] in (0.0, None) and entry["cegppo/beta2_token_frac"] in (0.0, None)
+        # Dynamic sampling: the generation steps report the informative share of the 2x over-generated groups.
+        assert 0.0 <= entry["cegppo/informative_group_frac"] <= 1.0
+        assert _defined(entry["reward"]) and _defined(entry["rewards/math_reward/mean"])
+    if clipping:
+        outside = [e["cegppo/beta1_token_frac"] + e["cegppo/beta2_token_frac"] for e in steps[1::2]
+                   if e["cegppo/groups_trained"] > 0]  # fmt: skip
+        assert any(v > 0 for v in outside), f"the off-policy steps clipped nothing: {outside}"
+    return steps
+
+
+def check_prompt_settings(out: Path) -> None:
+    """What `cegppo-eval OUT` reads: the prompt format and the sampling the model was trained with."""
+    prompt = json.loads((out / "cegppo_prompt.json").read_text())
+    assert prompt["instruction"] == INSTRUCTION and prompt["system_prompt"] is None
+    generation = json.loads((out / "generation_config.json").read_text())
+    assert generation["do_sample"] is True and generation["temperature"] == 1.0
+    assert generation["max_new_tokens"] == MAX_COMPLETION_LENGTH
+    # The tokenizer saved with it keeps the model's ChatML template and EOS.
+    assert "<|im_start|>" in (out / "chat_template.jinja").read_text()
+    assert json.loads((out / "tokenizer_config.json").read_text())["eos_token"] == "<|im_end|>"
+
+
+def check_completions(run, tokenizer) -> list[dict]:
+    """The trainer generated from chat messages and stopped at `<|im_end|>`, on every process."""
+    files = sorted(run.completions.glob("rank-*.jsonl"))
+    assert [f.name for f in files] == [f"rank-{r}.jsonl" for r in range(run.processes)]
+    rows = [json.loads(line) for f in files for line in f.read_text().splitlines()]
+    # 2 generation batches of 2x over-generated prompts (4 per process) x 4 completions each, per process.
+    assert len(rows) == 2 * 16 * run.processes
+    ended = 0
+    for row in rows:
+        # A conversation: TRL renders it with the tokenizer's chat template (`<|im_start|>user ...`).
+        assert [m["role"] for m in row["prompt"]] == ["user"]
+        assert row["prompt"][0]["content"].endswith(" Put the final answer in \\boxed{}.")
+        ids = row["ids"]
+        assert 0 < len(ids) <= MAX_COMPLETION_LENGTH
+        # The completion is cut at its first <|im_end|>, or runs to the length limit without one.
+        assert IM_END not in ids[:-1] and (ids[-1] == IM_END or len(ids) == MAX_COMPLETION_LENGTH), ids
+        ended += ids[-1] == IM_END
+        text = row["completion"][0]["content"]
+        assert text == tokenizer.decode(ids, skip_special_tokens=True) and "<|im_end|>" not in text
+    assert ended > 0, "no completion ended with <|im_end|>"
+    return rows
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_dir)
+
+
+def _assert_full_model_trained(out: Path, start: Path) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    trained, initial = load_file(out / "model.safetensors"), load_file(start / "model.safetensors")
+    assert trained.keys() == initial.keys()
+    assert any(not torch.equal(trained[k], initial[k]) for k in trained), "the saved weights are the initial ones"
+
+
+def _assert_adapter_trained(out: Path) -> None:
+    from safetensors.torch import load_file
+
+    assert (out / "adapter_config.json").is_file() and not (out / "model.safetensors").exists()
+    lora_b = [t for name, t in load_file(out / "adapter_model.safetensors").items() if "lora_B" in name]
+    assert lora_b and any(t.abs().sum() > 0 for t in lora_b), "LoRA B matrices are still zero: nothing was trained"
+
+
+def test_full_one_process(full_run, smollm2_dir, tokenizer):
+    check_logs(full_run.out, clipping=True)
+    check_prompt_settings(full_run.out)
+    check_completions(full_run, tokenizer)
+    _assert_full_model_trained(full_run.out, smollm2_dir)
+    print(f"full, 1 process: {full_run.seconds:.0f} s")
+
+
+def test_lora_two_processes(lora_run, tokenizer):
+    check_logs(lora_run.out, clipping=False)
+    check_prompt_settings(lora_run.out)
+    check_completions(lora_run, tokenizer)
+    _assert_adapter_trained(lora_run.out)
+    print(f"LoRA, 2 processes: {lora_run.seconds:.0f} s")
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_the_other_combinations(lora, smollm2_dir, tmp_path, tokenizer):
+    """Full-parameter on two processes and LoRA on one: the combinations the shared runs above leave out."""
+    run = train(smollm2_dir, tmp_path / "run", processes=1 if lora else 2, lora=lora)
+    check_logs(run.out, clipping=not lora)
+    check_prompt_settings(run.out)
+    check_completions(run, tokenizer)
+    _assert_adapter_trained(run.out) if lora else _assert_full_model_trained(run.out, smollm2_dir)
+    print(f"{'LoRA' if lora else 'full'}, {run.processes} processes: {run.seconds:.0f} s")
