@@ -57,7 +57,8 @@ def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _panels(count: int, ncols: int = 3, width: float = 4.3, height: float = 3.1):
+def panels(count: int, ncols: int = 3, width: float = 4.3, height: float = 3.1):
+    """A figure with `count` panels in rows of `ncols` (matplotlib's headless Agg backend): `(fig, axes)`."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -78,7 +79,7 @@ def style_panel(ax, title: str, xlabel: str = "step") -> None:
     ax.grid(alpha=0.3)
 
 
-def _save(fig, path, title: str | None) -> str:
+def save_figure(fig, path, title: str | None) -> str:
     import matplotlib.pyplot as plt
 
     if title:
@@ -100,7 +101,7 @@ def plot_log_histories(histories: dict[str, list[dict]], path, metrics=None, tit
     if not present:
         logged = sorted({k for h in histories.values() for e in h for k, v in e.items() if _number(v)})
         raise ValueError(f"None of the metrics {wanted} was logged by any run. Logged metrics: {logged}")
-    fig, axes = _panels(len(present))
+    fig, axes = panels(len(present))
     for ax, metric in zip(axes, present):
         for index, (label, history) in enumerate(histories.items()):  # the same colour in every panel
             steps, values = _series(history, metric)
@@ -112,14 +113,14 @@ def plot_log_histories(histories: dict[str, list[dict]], path, metrics=None, tit
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(labels), 5), fontsize=8,
                frameon=False)  # fmt: skip
-    return _save(fig, path, title)
+    return save_figure(fig, path, title)
 
 
 def plot_toy_grid(runs, path, title: str | None = None) -> str:
     """The demo's toy figure (`toy.summarize_toy_run` results): entropy over RL steps per (beta1, beta2) (thin: each
     seed), the first-order predicted against the measured entropy change of every RL step, and the change carried by
     each set of tokens (bars: mean over seeds, dots: each seed)."""
-    fig, (curves, scatter, bars) = _panels(3, width=4.6, height=3.4)
+    fig, (curves, scatter, bars) = panels(3, width=4.6, height=3.4)
     settings = list(dict.fromkeys((r["beta1"], r["beta2"]) for r in runs))
     for index, setting in enumerate(settings):
         rs = [r for r in runs if (r["beta1"], r["beta2"]) == setting]
@@ -146,13 +147,13 @@ def plot_toy_grid(runs, path, title: str | None = None) -> str:
     bars.axhline(0, color="grey", linewidth=0.8)
     bars.set_xticks(range(len(settings)), [f"({b1:g}, {b2:g})" for b1, b2 in settings], fontsize=7)
     fig.tight_layout()
-    return _save(fig, path, title)
+    return save_figure(fig, path, title)
 
 
 def plot_paired_runs(pairs, differences: dict, path, title: str | None = None) -> str:
     """The demo's LM figure: training entropy and reward of CE-GPPO and GRPO (thin: each seed; thick: the mean), and
     the held-out CE-GPPO - GRPO differences of accuracy and entropy (one dot per seed, the mean +- std)."""
-    fig, axes = _panels(4, ncols=2, width=4.6, height=3.4)
+    fig, axes = panels(4, ncols=2, width=4.6, height=3.4)
     for ax, metric in zip(axes[:2], ("entropy", "reward")):
         for name, color in RUN_COLORS.items():
             series = [_series(p[name]["log_history"], metric) for p in pairs]
@@ -173,7 +174,7 @@ def plot_paired_runs(pairs, differences: dict, path, title: str | None = None) -
         style_panel(ax, f"held-out {metric} after training, CE-GPPO - GRPO", "seed")
         ax.legend(fontsize=7)
     fig.tight_layout()
-    return _save(fig, path, title)
+    return save_figure(fig, path, title)
 
 
 def main(argv=None) -> int:
