@@ -215,9 +215,11 @@ def test_resolve_instruction_is_the_one_vocabulary(word, meaning):
         assert build_prompt("P", instruction=resolve_instruction(word))[-1]["content"] in ("P\n" + meaning, "Q: P\nA:")
 
 
-def test_resolve_instruction_names_an_unknown_placeholder_and_the_fix():
+def test_an_unknown_placeholder_is_named_with_the_fix_by_the_words_and_by_the_loader():
     with pytest.raises(ValueError, match=r"\{question\}.*only placeholder is \{problem\}.*write \{problem\}"):
         resolve_instruction("{question} Please reason step by step.")
+    with pytest.raises(ValueError, match=r"\{question\}.*only placeholder is \{problem\}"):  # a Python user's call
+        load_math_dataset("builtin:arithmetic", instruction="{question} Please reason step by step.")
 
 
 # ---------------------------------------------------------------------------------------------------------------
