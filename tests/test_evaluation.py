@@ -670,18 +670,22 @@ def test_vllm_backend_without_vllm_says_how_to_install(model_dir, tmp_path, monk
 
 
 def test_vllm_extra_is_trls_own_range():
-    """`pip install "cegppo-trl[vllm]"` installs TRL's vllm extra, so the vLLM range is the one TRL supports."""
+    """`pip install "cegppo-trl[vllm]"` installs TRL's vllm extra, and any vLLM pin it adds lies in TRL's range."""
     import tomllib
     from importlib.metadata import requires
 
     from packaging.requirements import Requirement
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    (extra,) = [Requirement(spec) for spec in project["optional-dependencies"]["vllm"]]
+    extra = [Requirement(spec) for spec in project["optional-dependencies"]["vllm"]]
     (trl,) = [Requirement(spec) for spec in project["dependencies"] if spec.startswith("trl")]
-    assert extra.name == "trl" and extra.extras == {"vllm"} and extra.specifier == trl.specifier
+    (trl_extra,) = [r for r in extra if r.name == "trl"]
+    assert trl_extra.extras == {"vllm"} and trl_extra.specifier == trl.specifier
     trl_vllm = [Requirement(r) for r in requires("trl") if r.startswith("vllm")]
-    assert [str(r.specifier) for r in trl_vllm if r.marker.evaluate({"extra": "vllm"})] == ["<=0.31.0,>=0.22.0"]
+    (trl_range,) = [r.specifier for r in trl_vllm if r.marker.evaluate({"extra": "vllm"})]
+    assert str(trl_range) == "<=0.31.0,>=0.22.0"
+    pins = [spec.version for r in extra if r.name == "vllm" for spec in r.specifier if spec.operator == "=="]
+    assert all(trl_range.contains(version) for version in pins) and {r.name for r in extra} <= {"trl", "vllm"}
 
 
 # ----------------------------------------------------------------------------------------------------------------
