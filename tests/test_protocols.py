@@ -195,3 +195,20 @@ def test_the_authors_training_reward():
     assert logged["math_authors/no_answer_frac"] == pytest.approx(1 / 3)
     assert "protocol='authors'" in repr(reward)
     assert make_math_reward()(["<think>so 7</think>"], solution=["7"]) == [-1.0]  # the default grades after it
+
+
+def test_cegppo_train_names_the_authors_reward():
+    from types import SimpleNamespace
+
+    from cegppo_trl.scripts.train import build_reward_funcs
+
+    args = SimpleNamespace(reward_funcs=["math", "math_authors"], correct_reward=1.0, wrong_reward=-1.0,
+                           unparseable_reward=None, reward_timeout_s=3.0)  # fmt: skip
+    default, authors_reward = build_reward_funcs(args)
+    assert (default.__name__, default.protocol) == ("math_reward", "boxed")
+    assert (authors_reward.__name__, authors_reward.protocol, authors_reward.timeout_s) == (
+        "math_authors",
+        "authors",
+        3.0,
+    )
+    assert authors_reward(["<think>so 7</think>"], solution=["7"]) == [1.0]
