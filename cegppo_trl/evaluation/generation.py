@@ -278,6 +278,9 @@ class VLLMGenerator:
             raise RuntimeError(
                 "--backend vllm needs vLLM (pip install 'cegppo-trl[vllm]'); it is not installed. Use --backend hf."
             ) from error
+        from ..vllm_support import warn_if_untested_vllm
+
+        warn_if_untested_vllm("--backend vllm")
         self.settings = settings
         self.tokenizer = _load_tokenizer(source)
         self._temporary = None
