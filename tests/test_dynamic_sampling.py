@@ -390,3 +390,17 @@ def test_select_first_computes_old_and_reference_log_probs_for_the_training_rows
     for key in ("old_per_token_logps", "ref_per_token_logps"):
         mask = first["completion_mask"].bool()
         assert torch.allclose(first[key][mask], after[key][mask], rtol=0, atol=1e-5), key
+
+
+@pytest.mark.parametrize("oversampling, world", [(1.0, 1), (2.0, 2), (2.0, 1)])
+def test_selection_is_informative_groups_first_in_generation_order(oversampling, world):
+    """`dynamic_sampling.select_training_rows` against `_expected_rows` (written out here), for every process."""
+    from cegppo_trl.dynamic_sampling import select_training_rows
+
+    flat = [0, 3, 4, 6, 7]  # groups whose 4 rewards are equal
+    rewards = torch.tensor([[1.0] * 4 if g in flat else [0.0, 1.0, 1.0, 0.0] for g in range(8)]).flatten()
+    expected = _expected_rows(rewards, oversampling)
+    shares = [select_training_rows(rewards, GROUP_SIZE, oversampling, world, rank) for rank in range(world)]
+    assert torch.cat([s.local_rows for s in shares]).tolist() == expected
+    assert torch.cat([s.local_keep for s in shares]).tolist() == [r // GROUP_SIZE not in flat for r in expected]
+    assert shares[0].group_counts(GROUP_SIZE).tolist() == [3.0, 3.0]  # 3 informative, all in the training batch
