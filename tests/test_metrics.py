@@ -9,12 +9,14 @@ import pytest
 import torch
 
 from cegppo_trl.metrics import (
+    ERC_RATIOS,
     SFT_RATIOS,
     TOKEN_METRIC_NAMES,
     TOKEN_RATIOS,
     DeviceMetrics,
     Ratios,
     StepSums,
+    erc_sums,
     fill_metrics,
     sft_sums,
     step_sums,
@@ -104,6 +106,14 @@ def test_sft_sums_and_pairs():
     nll, frac = SFT_RATIOS.shares(sft_sums(logps, sft_mask, mask).tolist())
     assert (nll, frac) == (pytest.approx(1.5), pytest.approx(2 / 3))
     assert Ratios.of_pairs(("a", "b")) == Ratios(("a", "b"), (0, 2), (1, 3), 4)
+
+
+def test_erc_sums_count_loss_tokens_outside_the_band():
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    below = torch.tensor([[True, False, False], [True, True, False]])  # the masked one does not count
+    above = torch.tensor([[False, False, True], [False, False, True]])
+    assert ERC_RATIOS.shares(erc_sums(below, above, mask).tolist()) == [pytest.approx(0.5), pytest.approx(0.25)]
+    assert all(math.isnan(v) for v in ERC_RATIOS.shares(erc_sums(below, above, mask * 0).tolist()))
 
 
 def test_device_metrics_reach_trl_lists_in_one_transfer_and_correct_policy_loss():
