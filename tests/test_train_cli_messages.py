@@ -69,6 +69,8 @@ def test_trlparser_answers_an_unknown_recipe_key_and_a_wrong_type_and_a_missing_
     assert "Unknown arguments from config file: ['--learnin_rate', '0.1']" in _error_line(capsys.readouterr().err)
     assert main(["--config", "recipes/tiny/cegppo/config_cpu.yml"]) == 2  # the shipped recipes listed after it
     assert "'recipes/tiny/cegppo/config_cpu.yml' is neither a file nor a shipped recipe" in capsys.readouterr().err
+    assert main(["--max_steps", "2", "--config"]) == 2
+    assert "--config needs the path of a YAML recipe" in _error_line(capsys.readouterr().err)
     (tmp_path / "type.yaml").write_text(yaml.safe_dump({**recipe, "learning_rate": "abc"}))
     with pytest.raises(SystemExit) as exit_info:  # argparse: its usage line (short) and the error, status 2
         main(["--config", str(tmp_path / "type.yaml")])

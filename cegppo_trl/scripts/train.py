@@ -83,8 +83,10 @@ class CEGPPOTrainParser(TrlParser):
         for i, arg in enumerate(args):
             if arg.startswith("--config="):
                 args[i : i + 1] = ["--config", arg.removeprefix("--config=")]
-        if "--config" in args[:-1]:
+        if "--config" in args:  # TrlParser reads the word after the first --config as its path
             at = args.index("--config") + 1
+            if at == len(args) or args[at].startswith("--"):
+                raise ValueError("--config needs the path of a YAML recipe, e.g. recipes/tiny/cegppo/config_cpu.yaml.")
             args[at] = resolve_shipped_path(args[at])
         return super().parse_args_and_config(args, *rest, **kwargs)
 
