@@ -83,8 +83,8 @@ def _sizes(args: argparse.Namespace) -> dict:
     return sizes
 
 
-def run_demo(argv=None) -> dict:
-    """Run the demo with command-line arguments `argv`; return the summary written to ``results.json``."""
+def main(argv=None) -> int:
+    """Console entry point `cegppo-demo`: the summary goes to ``results.json``."""
     args = build_parser().parse_args(argv)
     sizes = _sizes(args)
     for name in ("HF_HUB_OFFLINE", "HF_HUB_DISABLE_TELEMETRY"):  # everything is built locally: no Hub access
@@ -94,15 +94,10 @@ def run_demo(argv=None) -> dict:
     from transformers.utils import logging as hf_logging
 
     constants.HF_HUB_OFFLINE = constants.HF_HUB_DISABLE_TELEMETRY = True
-    threads, bars = torch.get_num_threads(), hf_logging.is_progress_bar_enabled()
-    torch.set_num_threads(args.threads or threads)
+    torch.set_num_threads(args.threads or torch.get_num_threads())
     hf_logging.disable_progress_bar()  # "Loading weights" bars; ours stay
-    try:
-        return _run(args, sizes)
-    finally:
-        torch.set_num_threads(threads)
-        if bars:
-            hf_logging.enable_progress_bar()
+    _run(args, sizes)
+    return 0
 
 
 def _run(args: argparse.Namespace, sizes: dict) -> dict:
@@ -154,7 +149,6 @@ def _run(args: argparse.Namespace, sizes: dict) -> dict:
     print("\n".join(f"  {command}" for command in summary["eval_commands"].values()))
     phases = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in timings.items() if name != "total")
     print(f"[cegppo-demo] time: {phases}; total {timings['total'] // 60:.0f} min {timings['total'] % 60:.0f} s wall")
-    return {**summary, "pair_results": pairs}
 
 
 def run_toy_part(seeds, steps: int) -> dict:
@@ -299,12 +293,6 @@ def _machine() -> str:
         name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown CPU")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return f"{name}, {cores} cores, torch {torch.__version__} with {torch.get_num_threads()} threads"
-
-
-def main(argv=None) -> int:
-    """Console entry point `cegppo-demo`."""
-    run_demo(argv)
-    return 0
 
 
 if __name__ == "__main__":

@@ -27,8 +27,8 @@ from ..core import ClipParams, cegppo_per_token_loss
 @dataclass
 class ToyConfig:
     """One toy run. Initial logits: per position one dominant action at `init_peak`, the others `N(0, init_scale^2)`
-    (a peaked, LLM-like policy); the correct set is `num_correct` random actions (`dominant_correct`: the dominant
-    one plus `num_correct - 1` others). SGD with learning rate `lr` on the token-mean loss of each mini-batch."""
+    (a peaked, LLM-like policy); the correct set is `num_correct` random actions. SGD with learning rate `lr` on the
+    token-mean loss of each mini-batch."""
 
     num_actions: int = 8
     num_correct: int = 2
@@ -44,7 +44,6 @@ class ToyConfig:
     steps: int = 150
     init_peak: float = 4.0
     init_scale: float = 0.5
-    dominant_correct: bool = False
     delta: float | None = None
 
 
@@ -102,12 +101,7 @@ def initial_logits(config: ToyConfig, generator: torch.Generator) -> tuple[torch
     logits[torch.arange(S), dominant] = config.init_peak
     correct = torch.zeros(S, K, dtype=torch.bool)
     for s in range(S):
-        if config.dominant_correct:
-            others = torch.tensor([a for a in range(K) if a != int(dominant[s])])
-            correct[s, others[torch.randperm(K - 1, generator=generator)[: config.num_correct - 1]]] = True
-            correct[s, dominant[s]] = True
-        else:
-            correct[s, torch.randperm(K, generator=generator)[: config.num_correct]] = True
+        correct[s, torch.randperm(K, generator=generator)[: config.num_correct]] = True
     return logits, correct
 
 
