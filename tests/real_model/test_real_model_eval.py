@@ -62,6 +62,13 @@ def check_grading(report: dict, k: int) -> int:
     return correct
 
 
+def _builtin_eval_file() -> Path:
+    """The raw problems of builtin:arithmetic_eval, as the package ships them."""
+    from importlib.resources import files
+
+    return Path(str(files("cegppo_trl") / "builtin_data" / "arithmetic_eval.jsonl"))
+
+
 def _greedy_reference(model, tokenizer, problems: list[str], instruction: str) -> list[str]:
     import torch
 
@@ -87,13 +94,15 @@ def test_eval_full_model_greedy_is_what_the_model_writes(full_run, tmp_path):
     assert {"instruction", "max_new_tokens"} <= set(settings["from_checkpoint"]), settings
     assert settings["max_new_tokens"] == MAX_NEW_TOKENS and settings["temperature"] == 0
     problems = report["datasets"][DATASET]["problems"]
+    source = [json.loads(line) for line in _builtin_eval_file().read_text().splitlines()[:PROBLEMS]]
+    assert [p["solution"] for p in problems] == [row["answer"] for row in source]
     model = AutoModelForCausalLM.from_pretrained(full_run.out)
     tokenizer = AutoTokenizer.from_pretrained(full_run.out)
-    reference = _greedy_reference(model, tokenizer, [p["problem"] for p in problems], settings["instruction"])
+    reference = _greedy_reference(model, tokenizer, [row["problem"] for row in source], settings["instruction"])
     assert [p["completions"][0] for p in problems] == reference
     correct = check_grading(report, k=1)
+    # A measured count, not a bound: how many sums 4 steps leave right varies between machines (1 of 8 here).
     print(f"full model, greedy: {correct} of {PROBLEMS} correct")
-    assert correct > 0, "the greedy model got no sum right: the grader or the prompt is off"
 
 
 def test_eval_lora_adapter(lora_run, smollm2_dir, tmp_path):
