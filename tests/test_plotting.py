@@ -107,40 +107,27 @@ def test_plot_skips_non_finite_and_non_numeric_values(tmp_path):
 
 
 def test_cli_one_and_two_runs(tmp_path, capsys):
+    """`cegppo-plot`: one run, two runs (a checkpoint's state) with labels, metrics and a title; bad input is one
+    line and exit 2."""
     run_a = write_state(tmp_path / "a", fake_history())
-    run_b = write_state(tmp_path / "b" / "checkpoint-4", fake_history(4, 2.0))
-    out = tmp_path / "plot.png"
+    write_state(tmp_path / "b" / "checkpoint-4", fake_history(4, 2.0))
+    out, out2 = tmp_path / "plot.png", tmp_path / "plot2.png"
     assert main([str(run_a), "--out", str(out)]) == 0
     assert out.stat().st_size > 0 and png_shape(out)[0] > 0 and run_colours(out) == {"C0"}
-    out2 = tmp_path / "plot2.png"
-    assert (
-        main(
-            [
-                str(run_a),
-                str(tmp_path / "b"),
-                "--out",
-                str(out2),
-                "--labels",
-                "grpo",
-                "cegppo",
-                "--metrics",
-                "reward",
-                "entropy",
-                "--title",
-                "t",
-            ]
-        )
-        == 0
-    )
-    assert out2.stat().st_size > 0 and run_colours(out2) == {"C0", "C1"}
+    two = [str(run_a), str(tmp_path / "b"), "--out", str(out2), "--labels", "grpo", "cegppo", "--title", "t"]
+    assert main([*two, "--metrics", "reward", "entropy"]) == 0
+    assert run_colours(out2) == {"C0", "C1"}
     assert png_shape(out2)[0] < png_shape(out)[0]  # two panels (one row) instead of the default nine (three rows)
     assert "wrote" in capsys.readouterr().out
-    assert run_b.exists()
-    with pytest.raises(SystemExit):  # one label for two runs
-        main([str(run_a), str(tmp_path / "b"), "--out", str(out2), "--labels", "x"])
-    with pytest.raises(SystemExit) as error:  # no such run
-        main([str(tmp_path / "missing"), "--out", str(out2)])
-    assert error.value.code == 2
+    for argv, message in (
+        ([*two[:4], "--labels", "x"], "--labels needs one distinct label per run"),
+        ([str(tmp_path / "missing"), "--out", str(out2)], "does not exist"),
+        ([str(run_a), "--out", str(out2), "--metrics", "not/logged"], "Logged metrics"),
+    ):
+        with pytest.raises(SystemExit) as error:
+            main(argv)
+        err = capsys.readouterr().err
+        assert error.value.code == 2 and message in err and "Traceback" not in err, (argv, err)
 
 
 def colour_pixels(path, rgb):
