@@ -7,9 +7,10 @@ otherwise); ``make_math_reward`` builds it with other values, timeout or worker 
 - :mod:`.prefilter` -- cheap in-process checks: answers sympy cannot grade in bounded time, exact plain numbers;
 - :mod:`.worker` -- the grading worker program (math-verify with a soft timeout) and the status strings;
 - :mod:`.grading` -- the pool of worker processes with a hard timeout, and what each pool remembers;
-- :mod:`.reward` -- ``grade_completions`` and the reward functions;
+- :mod:`.reward` -- ``grade_completions``: a status per completion;
 - :mod:`.protocols` -- the named grading protocols (``authors``, ``lighteval``, ``lighteval_avg``, ``boxed``) and
-  ``grade_with_protocol``, which grades a batch with one of them in the same pool.
+  ``grade_with_protocol``, which grades a batch with one of them in the same pool;
+- :mod:`.reward_functions` -- ``math_reward``, ``make_math_reward``, ``format_reward``.
 
 How answers are found and graded, and why in worker processes: docs/rewards_and_data.md.
 """
@@ -17,15 +18,8 @@ How answers are found and graded, and why in worker processes: docs/rewards_and_
 from .extract import extract_answer
 from .grading import shutdown_grading_workers
 from .protocols import DEFAULT_PROTOCOL, PROTOCOLS, grade_with_protocol
-from .reward import (
-    DEFAULT_TIMEOUT_S,
-    MAX_GOLD_TIMEOUTS,
-    GradeResult,
-    format_reward,
-    grade_completions,
-    make_math_reward,
-    math_reward,
-)
+from .reward import DEFAULT_TIMEOUT_S, MAX_GOLD_TIMEOUTS, GradeResult, grade_completions
+from .reward_functions import format_reward, make_math_reward, math_reward
 
 
 __all__ = [
