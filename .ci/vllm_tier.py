@@ -158,7 +158,7 @@ def main() -> int:
     env = {**os.environ, **{k: os.environ.get(k, v) for k, v in TIER_ENV.items()}}
     start = time.monotonic()
     code = subprocess.run([str(venv / "bin" / "python"), *TIER, *args.pytest_args], cwd=ROOT, env=env).returncode
-    print(f"vllm tier: tests took {time.monotonic() - start:.0f} s (exit status {code})", flush=True)
+    print(f"\nvllm tier: tests took {time.monotonic() - start:.0f} s (exit status {code})", flush=True)
     return code
 
 
