@@ -78,7 +78,7 @@ def format_erc(erc: dict, t_len: int, b: int) -> str:
     old = erc["old_pass"]
     return (
         f"# erc/base T={t_len} B={b}: lb {erc['lb_ratio']:.3f} step {erc['step_ratio']:.3f} mem {erc['mem_ratio']:.3f} "
-        f"(+{erc['extra_ms']:.1f} ms, +{erc['extra_mib']:.1f} MiB) | old pass entropies kept/dropped: time "
+        f"({erc['extra_ms']:+.1f} ms, {erc['extra_mib']:+.1f} MiB) | old pass entropies kept/dropped: time "
         f"{old['time_ratio']:.3f} ({old['off_ms']:.1f} -> {old['on_ms']:.1f} ms) mem {old['mem_ratio']:.3f} "
         f"({old['off_mib']:.1f} -> {old['on_mib']:.1f} MiB)"
     )
