@@ -145,4 +145,4 @@ def test_the_other_combinations(lora, smollm2_dir, tmp_path, tokenizer):
     check_prompt_settings(run.out)
     check_completions(run, tokenizer)
     _assert_adapter_trained(run.out) if lora else _assert_full_model_trained(run.out, smollm2_dir)
-    print(f"{'LoRA' if lora else 'full'}, {run.processes} processes: {run.seconds:.0f} s")
+    print(f"{'LoRA' if lora else 'full'}, {run.processes} process(es): {run.seconds:.0f} s")
