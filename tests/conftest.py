@@ -271,3 +271,34 @@ def tiny_recipe_model_dir(tiny_recipe_run) -> Path:
     path = tiny_recipe_run.out / "tiny-init"
     assert (path / "config.json").is_file() and (path / "tiny_build.json").is_file()
     return path
+
+
+# The real-model tier's fixtures (tests/real_model/; a conftest.py there would replace this module in sys.modules):
+# SmolLM2-135M-Instruct built from the package index (build_smollm2.py, cached in build/real-model), and the
+# `cegppo-train` runs that several of its tests read (real_runs.train), each made once per session. Their modules
+# are imported when a real-model test asks, from the folder pytest put on sys.path to collect it.
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """The built model directory (built here if missing or not matching its recorded hashes)."""
+    from build_smollm2 import BuildError, build
+
+    try:
+        return build()
+    except BuildError as error:
+        pytest.fail(f"build_smollm2: {error}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def full_run(smollm2_dir, tmp_path_factory):
+    """Full-parameter training on one process (the console command)."""
+    from real_runs import train
+
+    return train(smollm2_dir, tmp_path_factory.mktemp("real-model") / "full-1", processes=1, lora=False)
+
+
+@pytest.fixture(scope="session")
+def lora_run(smollm2_dir, tmp_path_factory):
+    """LoRA training on two gloo processes."""
+    from real_runs import train
+
+    return train(smollm2_dir, tmp_path_factory.mktemp("real-model") / "lora-2", processes=2, lora=True)
