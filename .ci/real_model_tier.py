@@ -9,6 +9,7 @@ offline from the package index, in the repository's .venv (made by `.ci/run`'s f
     python3 .ci/real_model_tier.py
 """
 
+import argparse
 import importlib.util
 import subprocess
 import sys
@@ -38,6 +39,7 @@ def _step(name: str, argv: list[str]) -> None:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     if not PYTHON.exists():
         sys.exit(f"real-model tier: {PYTHON} is missing; make the venv first (.ci/run's first step).")
     _step("install the GGUF reader", [PYTHON, "-m", "pip", "install", "-q", _gguf_pin()])

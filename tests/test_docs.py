@@ -219,6 +219,17 @@ def test_readme_test_command_is_ci():
     assert slows and runs[0] < slows[0], f".ci/run does not run the slow tier ({slow}) after the README's command"
 
 
+def test_ci_runs_the_readme_tiers_of_what_users_run():
+    """The real-model and vLLM tiers: the README names each command on its first screen, and `.ci/run` runs it."""
+    readme = (ROOT / "README.md").read_text()
+    first_screen = readme[: readme.index("\n## ")]
+    steps = _ci_steps()
+    for command in ("python3 .ci/real_model_tier.py", "python3 .ci/vllm_tier.py"):
+        assert f"\n{command}\n" in first_screen, f"the README's first screen lacks {command!r}"
+        assert command in steps, f".ci/run does not run {command!r}"
+        assert (ROOT / command.split()[1]).is_file(), command
+
+
 def test_ci_accepts_a_tier_that_selects_no_test():
     """pytest exits 5 when a marker selects no test; `.ci/run` passes over that and fails on any other status."""
     steps = _ci_steps()
