@@ -251,6 +251,8 @@ def build_hub_standins(cache: Path, sets: dict[str, tuple[str, list[dict]]]) -> 
 
 
 def test_hub_standins_have_the_splits(tmp_path):
+    """The Hub id only names a data set built here in a local datasets cache; the child runs with HF_HUB_OFFLINE=1, so
+    nothing is downloaded (a cache miss would fail, not fetch)."""
     rows = [{"problem": "What is 1+1?", "answer": "2"}]
     cache = build_hub_standins(tmp_path / "cache", {"HuggingFaceH4/aime_2024": ("train", rows)})
     code = (
