@@ -106,9 +106,9 @@ def _pebble_load() -> None:
     """Import math-verify and warm sympy up (in the parent too, so that forked workers inherit it: pebble's best)."""
     if _PEBBLE_STATE:
         return
-    from cegppo_trl.rewards.worker import WARM_UP, load_math_verify
+    from cegppo_trl.rewards.worker import WARM_UP, math_verify, parse_boxed
 
-    _PEBBLE_STATE["parse_latex"], _PEBBLE_STATE["verify"] = load_math_verify()
+    _PEBBLE_STATE["parse_latex"], _PEBBLE_STATE["verify"] = parse_boxed, math_verify().verify
     for answer, gold in WARM_UP:
         _pebble_grade(answer, gold)
 
@@ -133,7 +133,7 @@ def _pebble_grade(answer: str, gold: str) -> str:  # the same work as the grade(
     answer_parsed = parse_latex(answer)
     if not answer_parsed:
         return "unparseable"
-    return "correct" if verify(gold_parsed, answer_parsed) else "wrong"
+    return "correct" if verify(gold_parsed, answer_parsed, timeout_seconds=None) else "wrong"
 
 
 class PebblePool:

@@ -16,12 +16,11 @@ from pathlib import Path
 import pytest
 
 from cegppo_trl.data import DEFAULT_INSTRUCTION, build_prompt, resolve_instruction
-from cegppo_trl.rewards import grade_completions, make_math_reward
+from cegppo_trl.rewards import grade_completions, grade_with_protocol, make_math_reward
 from cegppo_trl.rewards.protocols import (
     LIGHTEVAL_MATH_TEMPLATE,
     PROTOCOLS,
     authors,
-    grade_with_protocol,
     lighteval,
     lighteval_avg,
     remove_reasoning_tags,

@@ -79,7 +79,7 @@ def evaluate_completions(
     never a silent 0. Problems whose gold answer cannot be parsed (status ``bad_gold``) are excluded from the averages
     and counted in ``num_skipped``.
     """
-    from ..rewards.protocols import grade_with_protocol
+    from ..rewards import grade_with_protocol
 
     if len(completions) != len(solutions):
         raise ValueError(f"got completions for {len(completions)} problems but {len(solutions)} solutions.")

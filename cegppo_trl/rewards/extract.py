@@ -1,8 +1,7 @@
 """Answer extraction: the text of a completion, its final answer, and the gold answer as a string.
 
-Pure, linear-time string functions, safe on any input; they run in the calling process. Public helpers (for code
-that must find answers exactly as the reward does): :func:`completion_text`, :func:`extract_answer`,
-:func:`normalize_gold`, :func:`has_boxed_answer`. The rules: docs/rewards_and_data.md, *How an answer is found*.
+Pure, linear-time string functions, safe on any input, run in the calling process; public for code that must find
+answers exactly as the reward does. The rules: docs/rewards_and_data.md, *How an answer is found*.
 """
 
 from __future__ import annotations
@@ -69,9 +68,16 @@ def _last_boxed(text: str) -> str | None | object:
         # "\boxed 5": TeX takes a single token as the argument.
         m = re.match(r"\s*([\w.+-]+)", text[i : i + 64])
         return m.group(1) if m else _UNCLOSED
+    group = braced(text, i)
+    return _UNCLOSED if group is None else group
+
+
+def braced(text: str, i: int) -> str | None:
+    """The content of the balanced ``{...}`` group opening at ``text[i]`` (escaped characters skipped), or ``None``
+    if it is never closed."""
     depth = 0
     j = i
-    while j < n:
+    while j < len(text):
         ch = text[j]
         if ch == "\\":  # skip escaped characters (\{, \}, \\)
             j += 2
@@ -83,7 +89,7 @@ def _last_boxed(text: str) -> str | None | object:
             if depth == 0:
                 return text[i + 1 : j]
         j += 1
-    return _UNCLOSED
+    return None
 
 
 def _strip_math_delimiters(s: str) -> str:
@@ -114,13 +120,6 @@ def _answer_from_line(line: str) -> str:
     return _strip_math_delimiters(line.strip().strip("*").strip())
 
 
-def _last_match(pattern: re.Pattern, text: str) -> re.Match | None:
-    match = None
-    for match in pattern.finditer(text):  # noqa: B007 - only the last one is wanted
-        pass
-    return match
-
-
 def answer_and_status(text: str) -> tuple[str | None, str]:
     """The answer in a completion's ``text`` and its status: ``ok``, ``no_answer``, or ``unparseable`` (an unclosed
     final box); what :func:`extract_answer` and the reward both use."""
@@ -135,11 +134,9 @@ def answer_and_status(text: str) -> tuple[str | None, str]:
         answer = _strip_math_delimiters(boxed)  # type: ignore[arg-type]
         return (answer, "ok") if answer else (None, NO_ANSWER)
     for pattern in (_HASHES_RE, _ANSWER_IS_RE):
-        last = _last_match(pattern, tail)
-        if last is not None:
-            answer = _answer_from_line(last.group(1))
-            if answer:
-                return answer, "ok"
+        found = pattern.findall(tail)
+        if found and (answer := _answer_from_line(found[-1])):
+            return answer, "ok"
     m = _FINAL_NUMBER_RE.search(tail[-200:])
     if m:
         return m.group(1), "ok"
@@ -184,10 +181,8 @@ def normalize_gold(solution: Any) -> str | None:
         return None
     if boxed is not None:
         s = boxed  # type: ignore[assignment]
-    else:
-        last = _last_match(_HASHES_RE, s)  # GSM8K style "... #### 72"
-        if last is not None:
-            s = last.group(1)
+    elif found := _HASHES_RE.findall(s):  # GSM8K style "... #### 72"
+        s = found[-1]
     s = _strip_math_delimiters(s)
     return s or None
 

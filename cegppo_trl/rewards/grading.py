@@ -1,11 +1,9 @@
 """The parent side of grading: a pool of worker processes with a hard per-task timeout, and what it remembers.
 
-Each worker runs :mod:`.worker` by path in a fresh interpreter (``subprocess``: no ``multiprocessing`` start method
-and no re-import of the training script). The worker's own timer ends a slow grade at about 0.8 x ``timeout_s``; if
-it does not answer by ``timeout_s`` the parent SIGKILLs it, reaps it and starts a replacement. Pools are per process
-(one per worker count, each with its :class:`GradingMemory`), started lazily, dropped in the child after ``fork`` and
-killed at exit. The reasons for all of it are in docs/rewards_and_data.md, *Timeouts and worker processes*; why this
-pool and not pebble (measured with ``benchmarks/bench_grader_pool.py``) is in its section *Own pool or pebble*.
+Each worker runs :mod:`.worker` by path in a fresh interpreter. The worker's own timer ends a slow grade at about
+0.8 x ``timeout_s``; a worker that has not answered by ``timeout_s`` is SIGKILLed, reaped and replaced. Pools are per
+process and per worker count, started lazily, dropped in the child after ``fork`` and killed at exit. Why, and why
+not pebble: docs/rewards_and_data.md, *Timeouts and worker processes* and *Own pool or pebble*.
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 from typing import Any
 
-from . import worker as worker_program
+from . import worker
 from .worker import BAD_GOLD, CORRECT, ERROR, GOLD_OK, TIMEOUT, UNPARSEABLE, WRONG
 
 
@@ -35,6 +33,7 @@ _WORKER_BOOT = (
     "sys.path[:] = [p for p in sys.path if p not in ('', '.')]\n"  # never import modules from the caller's cwd
     "runpy.run_path(sys.argv[1], run_name='__cegppo_grader__')['_worker_main']()\n"
 )
+_WORKER_FILE = os.path.abspath(worker.__file__)
 _STARTUP_TIMEOUT_S = 120.0  # importing sympy on a loaded 2-core machine can take many seconds
 _PIPELINE_DEPTH = 4  # tasks queued per worker: hides the round trip, keeps load balanced
 
@@ -43,54 +42,32 @@ Task = tuple[str | None, str] | tuple[str, str, str]
 gold, protocol)``: the whole completion graded with a named protocol (:mod:`.protocols`)."""
 
 
-def worker_argv() -> list[str]:
-    """The command that starts one grading worker (this interpreter running :mod:`.worker` by path)."""
-    if not sys.executable:
-        raise RuntimeError("math_reward needs sys.executable to start its grading workers, and it is empty.")
-    return [sys.executable, "-c", _WORKER_BOOT, os.path.abspath(worker_program.__file__)]
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # What the parent remembers of the workers' answers (bounded; one per pool)
 # ----------------------------------------------------------------------------------------------------------------
 
 
-class LRU:
-    """A small thread-safe mapping that forgets its least recently used entry beyond ``maxsize``."""
+class LRU(OrderedDict):
+    """An ``OrderedDict`` that forgets its least recently used entry beyond ``maxsize`` (thread-safe get and set)."""
 
     def __init__(self, maxsize: int) -> None:
+        super().__init__()
         self.maxsize = maxsize
-        self._data: OrderedDict[Any, Any] = OrderedDict()
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
 
     def get(self, key: Any, default: Any = None) -> Any:
-        with self._lock:
-            if key not in self._data:
+        with self.lock:
+            if key not in self:
                 return default
-            self._data.move_to_end(key)
-            return self._data[key]
-
-    def __contains__(self, key: Any) -> bool:
-        with self._lock:
-            return key in self._data
+            self.move_to_end(key)
+            return self[key]
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        with self._lock:
-            self._data[key] = value
-            self._data.move_to_end(key)
-            if len(self._data) > self.maxsize:
-                self._data.popitem(last=False)
-
-    def pop(self, key: Any, default: Any = None) -> Any:
-        with self._lock:
-            return self._data.pop(key, default)
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._data.clear()
+        with self.lock:
+            super().__setitem__(key, value)
+            self.move_to_end(key)
+            if len(self) > self.maxsize:
+                self.popitem(last=False)
 
 
 class GradingMemory:
@@ -135,10 +112,6 @@ class GradingMemory:
             self.gold_timeouts.pop(gold)
         return count
 
-    def clear(self) -> None:
-        for cache in (self.gold_parses, self.verdicts, self.gold_timeouts):
-            cache.clear()
-
 
 # ----------------------------------------------------------------------------------------------------------------
 # One worker process and its pipes
@@ -149,13 +122,7 @@ class Worker:
     """One grading process: non-blocking pipes, the ids of the tasks it holds (oldest first) and their timing."""
 
     def __init__(self, argv: Sequence[str]) -> None:
-        self.proc = subprocess.Popen(
-            list(argv),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            close_fds=True,
-            bufsize=0,
-        )
+        self.proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
         self.rfd = self.proc.stdout.fileno()  # type: ignore[union-attr]
         self.wfd = self.proc.stdin.fileno()  # type: ignore[union-attr]
         os.set_blocking(self.rfd, False)
@@ -190,16 +157,14 @@ class Worker:
 
     def read_lines(self) -> tuple[list[bytes], bool]:
         """The complete lines the worker has written since the last call, and whether its stdout reached EOF."""
-        chunks = []
-        eof = False
+        chunks, eof = [], False
         while True:
             try:
                 chunk = os.read(self.rfd, 65536)
             except BlockingIOError:
                 break
             except OSError:
-                eof = True
-                break
+                chunk = b""
             if not chunk:
                 eof = True
                 break
@@ -307,7 +272,10 @@ class GraderPool:
             self._start_worker()
         while batch.remaining:
             self._dispatch(batch)
-            dead = self._handle_events(self._wait(batch), batch)
+            dead: list[Worker] = []  # pipe closed, EOF or garbage
+            for w, fd, event in self._wait(batch):
+                if w not in dead and not (w.flush(event) if fd == w.wfd else self._read_replies(w, batch)):
+                    dead.append(w)
             now = time.monotonic()
             for w in dead:
                 self._retire(w, ERROR, now, batch)
@@ -315,7 +283,9 @@ class GraderPool:
         return batch.results  # type: ignore[return-value]
 
     def _start_worker(self) -> None:
-        self.workers.append(Worker(self.argv or worker_argv()))
+        if not sys.executable:
+            raise RuntimeError("math_reward needs sys.executable to start its grading workers, and it is empty.")
+        self.workers.append(Worker(self.argv or [sys.executable, "-c", _WORKER_BOOT, _WORKER_FILE]))
 
     def _dispatch(self, batch: _Batch) -> None:
         """Fill each ready worker's queue up to the pipeline depth."""
@@ -341,22 +311,8 @@ class GraderPool:
                 next_deadline = min(next_deadline, w.busy_since + batch.timeout_s)
             elif not w.ready:
                 next_deadline = min(next_deadline, w.started + _STARTUP_TIMEOUT_S)
-        try:
-            events = poller.poll(max(0, math.ceil((next_deadline - now) * 1000)))
-        except InterruptedError:  # pragma: no cover - PEP 475 retries, but be safe
-            events = []
+        events = poller.poll(max(0, math.ceil((next_deadline - now) * 1000)))
         return [(by_fd[fd], fd, event) for fd, event in events]
-
-    def _handle_events(self, events: list[tuple[Worker, int, int]], batch: _Batch) -> list[Worker]:
-        """Write queued lines and read replies; the workers found dead (pipe closed, EOF, garbage)."""
-        dead: list[Worker] = []
-        for w, fd, event in events:
-            if w in dead:
-                continue
-            alive = w.flush(event) if fd == w.wfd else self._read_replies(w, batch)
-            if not alive:
-                dead.append(w)
-        return dead
 
     def _read_replies(self, w: Worker, batch: _Batch) -> bool:
         """Apply ``w``'s replies (``ready`` or a task's result); ``False`` if ``w`` hit EOF or wrote garbage."""
@@ -419,51 +375,19 @@ def default_num_workers() -> int:
     return max(1, min(8, cpus // local_ranks))
 
 
-class _ProcessPools:
-    """This process's pools, one per worker count; closed at exit, dropped (not killed) in a forked child."""
-
-    def __init__(self) -> None:
-        self.pools: dict[int, GraderPool] = {}
-        self.lock = threading.Lock()
-
-    def get(self, size: int) -> GraderPool:
-        with self.lock:
-            pool = self.pools.get(size)
-            if pool is None:
-                pool = self.pools[size] = GraderPool(size)
-            return pool
-
-    def all(self) -> list[GraderPool]:
-        with self.lock:
-            return list(self.pools.values())
-
-    def close_all(self) -> None:
-        """Kill every worker; the pools (and what they remember) stay, and restart workers on the next call."""
-        for pool in self.all():
-            with pool.lock:
-                pool.close()
-
-    def forget_in_child(self) -> None:
-        """After fork, the child must not use or kill the parent's workers: drop its copies of their pipes."""
-        for pool in self.pools.values():
-            for w in pool.workers:
-                w.close_pipes()
-                w.proc.returncode = 0  # keeps Popen.__del__ from touching the parent's child
-        self.pools = {}
-        self.lock = threading.Lock()
-
-
-_PROCESS_POOLS = _ProcessPools()
+_POOLS: dict[int, GraderPool] = {}  # this process's pools, by worker count
+_POOLS_LOCK = threading.Lock()
 
 
 def pool_for(num_workers: int) -> GraderPool:
     """This process's pool of ``num_workers`` grading workers (created on first use; workers start on first grade)."""
-    return _PROCESS_POOLS.get(num_workers)
+    with _POOLS_LOCK:
+        return _POOLS.setdefault(num_workers, GraderPool(num_workers))
 
 
 def worker_pids() -> list[int]:
     """The pids of this process's grading workers, all pools."""
-    return [pid for pool in _PROCESS_POOLS.all() for pid in pool.worker_pids()]
+    return [pid for pool in list(_POOLS.values()) for pid in pool.worker_pids()]
 
 
 def shutdown_grading_workers() -> None:
@@ -471,9 +395,21 @@ def shutdown_grading_workers() -> None:
 
     Called automatically at interpreter exit; call it yourself to free the processes earlier.
     """
-    _PROCESS_POOLS.close_all()
+    for pool in list(_POOLS.values()):  # the pools (and what they remember) stay
+        with pool.lock:
+            pool.close()
+
+
+def _forget_in_child() -> None:
+    """After fork, the child must not use or kill the parent's workers: drop its copies of their pipes."""
+    global _POOLS_LOCK
+    for pool in _POOLS.values():
+        for w in pool.workers:
+            w.close_pipes()
+            w.proc.returncode = 0  # keeps Popen.__del__ from touching the parent's child
+    _POOLS.clear()
+    _POOLS_LOCK = threading.Lock()
 
 
 atexit.register(shutdown_grading_workers)
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_PROCESS_POOLS.forget_in_child)
+os.register_at_fork(after_in_child=_forget_in_child)

@@ -1,9 +1,10 @@
-"""The grading API: :func:`grade_completions`, a status per completion (the reward functions build on it).
+"""The grading API and the reward functions for TRL's ``GRPOTrainer``.
 
-A completion is graded in the calling process when that is cheap and exact (no answer, a pre-filtered answer, the
-answer string equal to the gold, plain numbers on both sides, a verdict remembered from an earlier call); every
-other ``(answer, gold)`` pair goes to the grading workers once per batch. Golds whose parse times out are retried
-on later calls, at most :data:`MAX_GOLD_TIMEOUTS` times (docs/rewards_and_data.md, *Slow golds*).
+:func:`grade_completions` gives a status per completion, decided in the calling process when that is cheap and exact
+(no answer, a pre-filtered answer, the answer string equal to the gold, plain numbers on both sides, a verdict
+remembered from an earlier call), else by the grading workers once per distinct ``(answer, gold)`` pair;
+:func:`grade_with_protocol` grades with a named protocol (:mod:`.protocols`). :func:`math_reward`,
+:func:`make_math_reward` and :func:`format_reward` are the reward functions built on them.
 """
 
 from __future__ import annotations
@@ -11,18 +12,24 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from .extract import answer_and_status, completion_text, normalize_gold
+from .extract import answer_and_status, completion_text, has_boxed_answer, normalize_gold
 from .grading import GradingMemory, default_num_workers, pool_for
 from .prefilter import exact_number, fast_verdict, reject_reason
+from .protocols import DEFAULT_PROTOCOL, resolve_protocol
 from .worker import (
     BAD_GOLD,
     CORRECT,
+    ERROR,
     GOLD_TIMEOUT,
     NO_ANSWER,
+    STATUSES,
+    TIMEOUT,
     UNPARSEABLE,
+    WRONG,
 )
 
 
@@ -48,7 +55,7 @@ class GradeResult(NamedTuple):
     ``status`` is one of ``correct``, ``wrong``, ``no_answer``, ``unparseable``, ``timeout``, ``error`` (the grading
     worker died), ``bad_gold`` (the gold answer could not be parsed), ``gold_timeout`` (parsing the gold hit the
     timeout on this call; retried on later calls, see :data:`MAX_GOLD_TIMEOUTS`). ``answer`` is the extracted answer
-    (``None`` when there is none) and ``seconds`` the time spent grading this completion.
+    (``None`` when there is none or the protocol extracts none) and ``seconds`` the time spent grading it.
     """
 
     status: str
@@ -56,23 +63,28 @@ class GradeResult(NamedTuple):
     seconds: float
 
 
-def check_batch(completions: Any, solutions: Any, completions_arg: str, solutions_arg: str) -> None:
-    """Raise TypeError naming the argument unless both are sequences (lists) of items, one per completion: a string
-    would be read one character per completion and silently mis-grade, None would fail deep inside."""
-    kinds = ((completions, completions_arg, "completions (strings or message lists)"),
-             (solutions, solutions_arg, "gold answers, one per completion"))  # fmt: skip
-    for value, arg, what in kinds:
+def check_batch(completions: Any, golds: Any, golds_arg: str) -> None:
+    """``TypeError`` naming the argument unless both are sequences of items (a string would be read one character
+    per completion and silently mis-grade), ``ValueError`` unless there is one gold per completion."""
+    for value, arg, what in ((completions, "completions", "completions (strings or message lists)"),
+                             (golds, golds_arg, "gold answers, one per completion")):  # fmt: skip
         if isinstance(value, (str, bytes)) or not (hasattr(value, "__len__") and hasattr(value, "__iter__")):
-            shown = f"the string {value[:40]!r}" if isinstance(value, (str, bytes)) else repr(value)[:60]
+            text = isinstance(value, (str, bytes))
+            shown = f"the string {value[:40]!r}" if text else repr(value)[:60]
             hint = (
                 f" For one answer repeated, pass [{value[:40]!r}] * len(completions)."
-                if isinstance(value, (str, bytes)) and arg == solutions_arg
+                if text and arg == golds_arg
                 else ""
             )
             raise TypeError(
                 f"{arg} must be a list of {what} (TRL passes the batch's completions and the dataset's `solution` "
                 f"column as lists); got {shown}.{hint}"
             )
+    if len(completions) != len(golds):
+        raise ValueError(
+            f"got {len(completions)} completions but {len(golds)} gold answers ({golds_arg}); pass one gold answer "
+            "per completion (TRL repeats the dataset's `solution` column for every generation)."
+        )
 
 
 def check_grading_settings(timeout_s: Any, num_workers: Any) -> None:
@@ -96,12 +108,7 @@ def grade_completions(
     of a worker on one completion. ``num_workers`` defaults to the CPUs of this process divided by the number of
     local ranks (``LOCAL_WORLD_SIZE``), at most 8.
     """
-    check_batch(completions, solutions, "completions", "solutions")
-    if len(completions) != len(solutions):
-        raise ValueError(
-            f"got {len(completions)} completions but {len(solutions)} solutions; pass one gold answer per "
-            "completion (TRL repeats the dataset's `solution` column for every generation)."
-        )
+    check_batch(completions, solutions, "solutions")
     check_grading_settings(timeout_s, num_workers)
     pool = pool_for(default_num_workers() if num_workers is None else num_workers)
     start = time.perf_counter()
@@ -110,8 +117,8 @@ def grade_completions(
         batch.add_row(completion, solution)
     batch.add_gold_checks()
     batch.seconds = [(time.perf_counter() - start) / max(1, len(completions))] * len(completions)
-    if batch.tasks:
-        batch.apply(pool.grade(batch.tasks, float(timeout_s)))
+    if batch.task_rows:
+        batch.apply(pool.grade(list(batch.task_rows), float(timeout_s)))
     return batch.results(solutions)
 
 
@@ -125,9 +132,7 @@ class _GradingBatch:
         self.answers: list[str | None] = []
         self.golds: list[str | None] = []
         self.seconds: list[float] = []
-        self.tasks: list[tuple[str | None, str]] = []
-        self.task_rows: list[list[int]] = []  # rows that take their status from each task
-        self.task_of_pair: dict[tuple[str | None, str], int] = {}
+        self.task_rows: dict[tuple[str | None, str], list[int]] = {}  # each task, the rows that take its status
         self.needs_gold_check: list[int] = []  # rows decided locally whose gold is not yet known to parse
         self.timed_out: set[str] = set()  # golds whose parse timed out on this call and that nothing settled
 
@@ -147,7 +152,7 @@ class _GradingBatch:
         status = self._local_status(answer, extract_status, gold)
         self.statuses.append(status)
         if status is None:
-            self.add_task(answer, gold, row)
+            self.task_rows.setdefault((answer, gold), []).append(row)  # GRPO groups repeat the same answers a lot
         elif exact_number(gold) is None and not self.memory.gold_is_known(gold):
             self.needs_gold_check.append(row)  # graded locally: the gold still has to be known to parse
 
@@ -161,27 +166,17 @@ class _GradingBatch:
             return CORRECT  # the same string verifies whenever the gold parses (checked by add_gold_checks)
         return fast_verdict(answer, gold) or self.memory.verdict(answer, gold)
 
-    def add_task(self, answer: str | None, gold: str, row: int | None = None) -> None:
-        """Queue ``(answer, gold)`` for a worker once per batch: GRPO groups repeat the same answers a lot."""
-        index = self.task_of_pair.get((answer, gold))
-        if index is None:
-            index = self.task_of_pair[(answer, gold)] = len(self.tasks)
-            self.tasks.append((answer, gold))
-            self.task_rows.append([])
-        if row is not None:
-            self.task_rows[index].append(row)
-
     def add_gold_checks(self) -> None:
         """A gold-only task for each gold of a locally graded row that no task of this batch already carries."""
-        golds_in_tasks = {gold for _, gold in self.tasks}
+        golds_in_tasks = {gold for _, gold in self.task_rows}
         for row in self.needs_gold_check:
             if self.golds[row] not in golds_in_tasks:
-                self.add_task(None, self.golds[row])  # type: ignore[arg-type]
+                self.task_rows.setdefault((None, self.golds[row]), [])  # type: ignore[arg-type]
 
     def apply(self, outcomes: Sequence[tuple[str, float]]) -> None:
         """Take each task's ``(status, seconds)`` for its rows, remember what it says, count slow golds once."""
         slow_golds: set[str] = set()  # golds whose parse timed out in some task of this call
-        for task, rows, (status, spent) in zip(self.tasks, self.task_rows, outcomes, strict=True):
+        for (task, rows), (status, spent) in zip(self.task_rows.items(), outcomes, strict=True):
             self.memory.learn(task, status)
             if status == GOLD_TIMEOUT:
                 slow_golds.add(task[1])
@@ -227,3 +222,156 @@ def _warn_gold_once(key: str, message: str, *args: Any) -> None:
     if len(_WARNED_GOLDS) < 20 and key not in _WARNED_GOLDS:
         _WARNED_GOLDS.add(key)
         logger.warning(message, *args)
+
+
+def grade_with_protocol(
+    completions: Sequence[Any],
+    golds: Sequence[Any],
+    protocol: str = DEFAULT_PROTOCOL,
+    *,
+    timeout_s: float | None = None,
+    num_workers: int | None = None,
+) -> list[GradeResult]:
+    """Grade each completion against its gold with ``protocol``: one :class:`GradeResult` per completion, in order.
+
+    Runs in the grading pool: no completion takes a worker longer than ``timeout_s`` (default: the protocol's
+    ``timeout_s``), and nothing a completion or gold holds can raise here. ``boxed`` is :func:`grade_completions`;
+    the other protocols' ``answer`` is None. Completions may be strings or message lists.
+    """
+    spec = resolve_protocol(protocol)
+    timeout_s = spec.timeout_s if timeout_s is None else timeout_s
+    if spec.name == "boxed":
+        return grade_completions(completions, golds, timeout_s=timeout_s, num_workers=num_workers)
+    check_batch(completions, golds, "golds")
+    check_grading_settings(timeout_s, num_workers)
+    statuses: list[str | None] = []
+    task_rows: dict[tuple[str, str, str], list[int]] = {}
+    for row, (completion, gold) in enumerate(zip(completions, golds, strict=True)):
+        text, gold_text = completion_text(completion), gold if isinstance(gold, str) else normalize_gold(gold)
+        if gold_text is None or not gold_text.strip():  # a string gold as given: the authors compare the raw string
+            statuses.append(BAD_GOLD)
+        elif text is None or not text.strip():
+            statuses.append(NO_ANSWER)
+        else:
+            statuses.append(None)
+            task_rows.setdefault((text.replace("\x00", ""), gold_text, spec.name), []).append(row)
+    seconds = [0.0] * len(statuses)
+    if task_rows:
+        pool = pool_for(default_num_workers() if num_workers is None else num_workers)
+        start = time.perf_counter()
+        outcomes = pool.grade(list(task_rows), float(timeout_s))
+        spent = (time.perf_counter() - start) / len(task_rows)
+        for rows, (status, task_seconds) in zip(task_rows.values(), outcomes, strict=True):
+            for row in rows:
+                statuses[row] = status if status in STATUSES else ERROR
+                seconds[row] = task_seconds or spent
+    return [GradeResult(status, None, s) for status, s in zip(statuses, seconds, strict=True)]  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The reward functions
+# ----------------------------------------------------------------------------------------------------------------
+
+
+class make_math_reward:  # a class, not a closure, so that it pickles (TRL's async rollout worker pickles rewards)
+    """Build a math-verify reward function for ``GRPOTrainer(reward_funcs=[...])``, with other values than
+    :func:`math_reward`'s +1 / -1, another timeout, worker count or grading protocol; the result is picklable.
+
+    Call signature: ``reward(completions, solution, **kwargs) -> list[float | None]``. ``correct`` must be the
+    highest value; ``unparseable`` (no answer, unparseable, timed out) ``None`` means ``wrong``, as in the paper;
+    ``timeout_s`` bounds the grading of one completion (its worker is killed after it); ``num_workers``: grading
+    processes of this rank (``None``: CPUs / local ranks, at most 8); ``name``: the ``__name__`` TRL logs
+    (``rewards/<name>/mean``) and the prefix of this reward's metrics; ``protocol``: ``"boxed"`` or ``"authors"``
+    (the CE-GPPO authors' training reward), see :mod:`.protocols`. A completion whose gold cannot be parsed, or whose
+    gold's parse timed out on this call, gets ``None``. Details: docs/rewards_and_data.md, *Reward*.
+    """
+
+    def __init__(
+        self,
+        correct: float = 1.0,
+        wrong: float = -1.0,
+        unparseable: float | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        num_workers: int | None = None,
+        name: str = "math_reward",
+        protocol: str = DEFAULT_PROTOCOL,
+    ) -> None:
+        self.protocol = resolve_protocol(protocol).name  # ValueError naming the protocols
+        values = {"correct": correct, "wrong": wrong, "unparseable": wrong if unparseable is None else unparseable}
+        for key, value in values.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"{key} must be a finite number, got {value!r}.")
+        if not correct > max(values["wrong"], values["unparseable"]):
+            raise ValueError(
+                f"correct={correct} must be the highest reward, above wrong={wrong} and unparseable={unparseable}; "
+                "otherwise the policy is pushed away from right answers."
+            )
+        check_grading_settings(timeout_s, num_workers)
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"name must be a non-empty string (TRL logs rewards/<name>/mean), got {name!r}.")
+        self.correct, self.wrong, self.unparseable = (float(v) for v in values.values())
+        self.timeout_s = float(timeout_s)
+        self.num_workers = num_workers
+        self.__name__ = name  # TRL names the metrics after it
+
+    def __repr__(self) -> str:
+        protocol = "" if self.protocol == DEFAULT_PROTOCOL else f", protocol={self.protocol!r}"
+        return (
+            f"make_math_reward(correct={self.correct}, wrong={self.wrong}, unparseable={self.unparseable}, "
+            f"timeout_s={self.timeout_s}, num_workers={self.num_workers}, name={self.__name__!r}{protocol})"
+        )
+
+    def __call__(
+        self,
+        completions: Sequence[Any],
+        solution: Sequence[Any] | None = None,
+        log_metric: Callable[[str, float], None] | None = None,
+        log_extra: Callable[[str, list], None] | None = None,
+        **kwargs: Any,
+    ) -> list[float | None]:
+        if solution is None:
+            raise ValueError(
+                f"{self.__name__} needs the gold answers in a `solution` dataset column (TRL passes dataset columns "
+                "as keyword arguments); load the data with cegppo_trl.load_math_dataset, which creates it."
+            )
+        check_batch(completions, solution, "solution")
+        graded = grade_with_protocol(
+            completions, solution, self.protocol, timeout_s=self.timeout_s, num_workers=self.num_workers
+        )
+        value = {CORRECT: self.correct, WRONG: self.wrong, BAD_GOLD: None, GOLD_TIMEOUT: None}  # None: no usable gold
+        prefix = self.__name__
+        if callable(log_metric) and graded:
+            counts = Counter(g.status for g in graded)
+            gradable = len(graded) - counts[BAD_GOLD] - counts[GOLD_TIMEOUT]
+            log_metric(f"{prefix}/unparseable_gold", float(counts[BAD_GOLD]))
+            log_metric(f"{prefix}/gold_timeouts", float(counts[GOLD_TIMEOUT]))
+            log_metric(f"{prefix}/timeouts", float(counts[TIMEOUT] + counts[ERROR]))
+            if gradable:
+                log_metric(f"{prefix}/accuracy", counts[CORRECT] / gradable)
+                log_metric(f"{prefix}/no_answer_frac", counts[NO_ANSWER] / gradable)
+                log_metric(f"{prefix}/unparseable_frac", counts[UNPARSEABLE] / gradable)
+        if callable(log_extra):
+            log_extra(f"{prefix}/answer", [None if g.answer is None else g.answer[:200] for g in graded])
+            log_extra(f"{prefix}/status", [g.status for g in graded])
+        return [value.get(g.status, self.unparseable) for g in graded]
+
+
+_DEFAULT_MATH_REWARD = make_math_reward()
+
+
+def math_reward(
+    completions: Sequence[Any], solution: Sequence[Any] | None = None, **kwargs: Any
+) -> list[float | None]:
+    """CE-GPPO's rule-based reward: ``+1.0`` if the final answer verifies, ``-1.0`` otherwise, ``None`` for bad gold.
+
+    Use as ``GRPOTrainer(reward_funcs=[math_reward], ...)`` with a dataset that has a ``solution`` column (see
+    :func:`cegppo_trl.load_math_dataset`). ``completions`` may be strings or conversational (lists of messages).
+    No answer, an unparseable answer and a grading timeout (3 s) all score ``-1.0``. See :func:`make_math_reward`
+    for other values, and docs/rewards_and_data.md for how answers are found and graded.
+    """
+    return _DEFAULT_MATH_REWARD(completions, solution, **kwargs)
+
+
+def format_reward(completions: Sequence[Any], **kwargs: Any) -> list[float]:
+    """``1.0`` if the completion has a closed, non-empty ``\\boxed{...}`` after any think block, else ``0.0``."""
+    return [1.0 if has_boxed_answer(completion) else 0.0 for completion in completions]

@@ -1,12 +1,10 @@
-"""The grading worker program, and the status strings it replies with (used by the whole reward).
+"""The grading worker program, the status strings, and the math-verify graders of the named protocols.
 
-The parent (:mod:`.grading`) runs this file by path (``runpy.run_path``) in a fresh interpreter, so it imports
-only the standard library and math-verify, never the package, torch or TRL. Protocol, one JSON list per line: the worker writes ``["ready", pid]`` once
-warm, then reads ``[id, answer | null, gold, soft_timeout]`` and replies ``[id, status, seconds]``; a ``null``
-answer asks only whether the gold parses (status ``gold_ok``). A fifth item names a grading protocol: the answer is
-then the whole completion, graded by :func:`grade_in_worker` under math-verify's own timeouts (the soft
-timer stays off; the parent's hard timeout still applies). Why a worker, and the two timeouts:
-docs/rewards_and_data.md, *Timeouts and worker processes*.
+:mod:`.grading` runs this file by path in a fresh interpreter, so it imports only the standard library and
+math-verify. One JSON list per line: the worker writes ``["ready", pid]`` once warm, then reads ``[id, answer | null,
+gold, soft_timeout, protocol?]`` and replies ``[id, status, seconds]``; a ``null`` answer only checks that the gold
+parses (``gold_ok``); with a protocol the answer is the whole completion, graded under math-verify's own timeouts.
+Why: docs/rewards_and_data.md, *Timeouts and worker processes*.
 """
 
 from __future__ import annotations
@@ -23,8 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 
-# Statuses of one graded completion.
-CORRECT, WRONG, NO_ANSWER, UNPARSEABLE, TIMEOUT, ERROR, BAD_GOLD, GOLD_TIMEOUT = (
+CORRECT, WRONG, NO_ANSWER, UNPARSEABLE, TIMEOUT, ERROR, BAD_GOLD, GOLD_TIMEOUT = STATUSES = (
     "correct",
     "wrong",
     "no_answer",
@@ -34,7 +31,6 @@ CORRECT, WRONG, NO_ANSWER, UNPARSEABLE, TIMEOUT, ERROR, BAD_GOLD, GOLD_TIMEOUT =
     "bad_gold",
     "gold_timeout",
 )
-STATUSES = (CORRECT, WRONG, NO_ANSWER, UNPARSEABLE, TIMEOUT, ERROR, BAD_GOLD, GOLD_TIMEOUT)
 GOLD_OK = "gold_ok"  # reply to a gold-only check
 
 ADDRESS_SPACE_LIMIT = 3 * 1024**3  # a runaway integer must not take the machine's memory before the parent's kill
@@ -85,81 +81,58 @@ WARM_UP = [
 ]
 
 
-def load_math_verify() -> tuple[Callable[[str], list], Callable[[list, list], bool]]:
-    """Import math-verify with its loggers silenced; return ``(parse_latex, verify)`` as the worker calls them.
-
-    ``parse_latex(s)`` parses ``\\boxed{s}`` with math-verify's LaTeX extraction only (never its
-    ``ExprExtractionConfig``, which evaluates text); neither function has a timeout of its own.
-    """
+@functools.lru_cache(maxsize=1)
+def math_verify() -> Any:
+    """The math-verify module, imported once with its loggers silenced (timeouts and parse failures are verdicts)."""
     for name in ("math_verify", "math_verify.parser", "math_verify.grader", "latex2sympy2_extended"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
+    import math_verify
 
-    from math_verify import LatexExtractionConfig, parse, verify
-
-    config = [LatexExtractionConfig(boxed_match_priority=0)]
-
-    def parse_latex(s: str) -> list:
-        return parse(
-            "\\boxed{" + s + "}",
-            extraction_config=config,
-            fallback_mode="no_fallback",
-            extraction_mode="first_match",
-            parsing_timeout=None,
-        )
-
-    def verify_parsed(gold: list, answer: list) -> bool:
-        return verify(gold, answer, timeout_seconds=None)
-
-    return parse_latex, verify_parsed
+    return math_verify
 
 
-class _Grader:
-    """math-verify with the soft timeout, and an LRU of parsed golds (a GRPO batch repeats each gold many times)."""
+def parse_boxed(s: str) -> list:
+    """``\\boxed{s}`` parsed with math-verify's LaTeX extraction only (never ``ExprExtractionConfig``, which evaluates
+    text) and no timeout of its own."""
+    mv = math_verify()
+    config = [mv.LatexExtractionConfig(boxed_match_priority=0)]
+    return mv.parse(
+        "\\boxed{" + s + "}", config, fallback_mode="no_fallback", extraction_mode="first_match", parsing_timeout=None
+    )
 
-    def __init__(self, parse_latex: Callable[[str], list], verify: Callable[[list, list], bool]) -> None:
-        self.parse_latex = parse_latex
-        self.verify = verify
-        self.budget = 0.0  # soft timeout of the gold parse in progress (the LRU keys on the gold alone)
-        self.parsed_gold = functools.lru_cache(maxsize=50_000)(self._parse_gold)
 
-    def _parse_gold(self, gold: str) -> list:
-        """The parsed gold (``[]`` if it does not parse); a soft timeout raises ``_GoldTimeout`` and is not cached."""
-        parsed = _with_soft_timeout(lambda: self.parse_latex(gold), self.budget)
-        if isinstance(parsed, str):  # TIMEOUT: a slow parse is no verdict; the next task with this gold retries it
-            raise _GoldTimeout
-        return parsed
+@functools.lru_cache(maxsize=50_000)  # a GRPO batch repeats each gold many times
+def _parsed_gold(gold: str, soft: float) -> list:
+    """The parsed gold (``[]`` if it does not parse); a soft timeout raises ``_GoldTimeout``, which is not cached."""
+    parsed = _with_soft_timeout(lambda: parse_boxed(gold), soft)
+    if isinstance(parsed, str):  # TIMEOUT: no verdict; the next task with this gold parses it again
+        raise _GoldTimeout
+    return parsed
 
-    def grade(self, answer: str | None, gold: str, soft: float) -> str:
-        """The status of ``answer`` against ``gold`` (``gold_ok`` for a gold-only check) within ``soft`` seconds."""
-        start = time.perf_counter()
-        self.budget = soft
-        try:
-            gold_parsed = self.parsed_gold(gold)
-        except _GoldTimeout:
-            return GOLD_TIMEOUT
-        if not gold_parsed:
-            return BAD_GOLD
-        if answer is None:
-            return GOLD_OK
 
-        def grade_answer() -> str:
-            answer_parsed = self.parse_latex(answer)
-            if not answer_parsed:
-                return UNPARSEABLE
-            return CORRECT if self.verify(gold_parsed, answer_parsed) else WRONG
+def grade(answer: str | None, gold: str, soft: float) -> str:  # pragma: no cover - runs in the worker
+    """The status of ``answer`` against ``gold`` (``gold_ok`` for a gold-only check) within ``soft`` seconds."""
+    start = time.perf_counter()
+    try:
+        gold_parsed = _parsed_gold(gold, soft)
+    except _GoldTimeout:
+        return GOLD_TIMEOUT
+    if not gold_parsed:
+        return BAD_GOLD
+    if answer is None:
+        return GOLD_OK
 
-        return _with_soft_timeout(grade_answer, soft - (time.perf_counter() - start))
+    def grade_answer() -> str:
+        answer_parsed = parse_boxed(answer)
+        if not answer_parsed:
+            return UNPARSEABLE
+        return CORRECT if math_verify().verify(gold_parsed, answer_parsed, timeout_seconds=None) else WRONG
 
-    def warm_up(self) -> None:
-        """Pay sympy's first comparisons before announcing readiness, not inside the first step's timeouts."""
-        for answer, gold in WARM_UP:
-            self.grade(answer, gold, 60.0)
-        self.parsed_gold.cache_clear()
+    return _with_soft_timeout(grade_answer, soft - (time.perf_counter() - start))
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# The named grading protocols (cegppo_trl.rewards.protocols lists them): pure functions of one completion and one gold,
-# here because the worker runs them and imports nothing of the package.
+# The named protocols' graders (listed in .protocols): here because the worker runs them.
 # ----------------------------------------------------------------------------------------------------------------
 
 AUTHORS_TIMEOUT_S = 5
@@ -167,16 +140,6 @@ AUTHORS_TIMEOUT_S = 5
 
 LIGHTEVAL_TIMEOUT_S = 5
 """``MultilingualExtractiveMatchMetric``'s ``timeout_seconds`` default (each extraction attempt and comparison)."""
-
-
-@functools.lru_cache(maxsize=1)
-def _math_verify() -> Any:
-    """The math-verify module, imported once with its loggers silenced (timeouts and parse failures are verdicts)."""
-    for name in ("math_verify", "math_verify.parser", "math_verify.grader", "latex2sympy2_extended"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
-    import math_verify
-
-    return math_verify
 
 
 def _require_main_thread(protocol: str) -> None:
@@ -191,19 +154,16 @@ def _require_main_thread(protocol: str) -> None:
 
 
 def authors(completion: str, gold: str) -> str:
-    """The CE-GPPO authors' grader, ``math_verify_from_sky``: reward ``+1`` if this returns ``correct``, else ``-1``.
+    """The CE-GPPO authors' grader, ``math_verify_from_sky`` (reward ``+1`` if this returns ``correct``, else ``-1``).
 
-    math-verify's ``parse`` (default extraction: LaTeX then plain expressions, first-match fallback) runs on the
-    whole completion, think block included, with ``parsing_timeout=5``. Fewer than 2 parse results (nothing
-    extracted, or a parse that raised or timed out): ``no_answer``. The fallback string ``parsed[1]`` equal to the
-    gold: ``correct`` (their fast path). Otherwise ``verify(parse("\\boxed{" + gold + "}"), parsed,
-    timeout_seconds=5)``: ``correct`` or ``wrong``; a miss against a gold math-verify cannot parse is ``bad_gold``
-    (the authors score it ``-1``; here it is counted apart). An empty completion is ``no_answer``.
+    ``parse`` of the whole completion with math-verify's defaults; fewer than 2 results: ``no_answer``; ``parsed[1]``
+    equal to the gold: ``correct``; else ``verify`` against ``parse("\\boxed{" + gold + "}")``, all with 5 s timeouts.
+    A miss against a gold math-verify cannot parse is ``bad_gold`` (the authors score it ``-1``).
     """
     _require_main_thread("authors")
     if not completion or not completion.strip():
         return NO_ANSWER
-    mv = _math_verify()
+    mv = math_verify()
     try:
         parsed = mv.parse(completion, parsing_timeout=AUTHORS_TIMEOUT_S)
     except Exception:  # noqa: BLE001 - the authors' `except Exception: return incorrect_score`
@@ -233,8 +193,7 @@ def _verdict(verdict: bool, gold_parsed: list) -> str:
 
 def remove_reasoning_tags(text: str, start_tag: str = "<think>", end_tag: str = "</think>") -> str:
     """lighteval 0.13's ``remove_reasoning_tags`` for one tag pair: while both tags occur, cut from the first start
-    tag to the first end tag after it. A lone ``</think>`` (the start tag was in the prompt) or an unclosed
-    ``<think>`` leaves the text as it is."""
+    tag to the first end tag after it. A lone ``</think>`` or an unclosed ``<think>`` leaves the text as it is."""
     while start_tag in text and end_tag in text:
         start = text.find(start_tag)
         end = text.find(end_tag, start)
@@ -248,7 +207,7 @@ def remove_reasoning_tags(text: str, start_tag: str = "<think>", end_tag: str = 
 def _lighteval_configs() -> list:
     """lighteval 0.13's ``[ExprExtractionConfig(), LatexExtractionConfig()]`` in math-verify's classes: lighteval's
     LaTeX defaults differ from math-verify's (boxed priority 55, not 50; ``equations=True``)."""
-    mv = _math_verify()
+    mv = math_verify()
     from latex2sympy2_extended.latex2sympy2 import NormalizationConfig
 
     normalization = NormalizationConfig(
@@ -261,38 +220,26 @@ def _lighteval_configs() -> list:
 def lighteval(completion: str, gold: str) -> str:
     """What lighteval 0.13's ``pass_at_k_math`` metric scores (math_500, aime24/aime25 pass@1): 1 if ``correct``.
 
-    ``<think>...</think>`` is removed first (lighteval's ``--remove-reasoning-tags``, on by default; see
-    :func:`remove_reasoning_tags`), then the rest is graded by :func:`lighteval_avg`'s extractive match.
+    The think block is removed (:func:`remove_reasoning_tags`), then the rest is graded as :func:`lighteval_avg`.
     """
     return lighteval_avg(remove_reasoning_tags(completion or ""), gold)
 
 
 def lighteval_avg(completion: str, gold: str) -> str:
-    """What lighteval 0.13's ``avg_at_n_math`` metric scores (aime24_avg / aime25_avg, avg@64): 1 if ``correct``.
+    """What lighteval 0.13's ``avg_at_n_math`` metric scores (aime24_avg / aime25_avg): 1 if ``correct``.
 
-    That metric reads each sample through ``ModelResponse.__getitem__``, which drops the post-processed text, so the
-    think block is NOT removed: the whole completion is graded. The completion and the gold are extracted with
-    ``[ExprExtractionConfig(), LatexExtractionConfig()]``, ``fallback_mode="first_match"``,
-    ``extraction_mode="any_match"``, timeout 5 s, and compared with precision 6. The gold is read as lighteval's AIME
-    tasks pass it (the bare answer); a gold that extracts nothing is compared as its own string, as lighteval does;
-    a miss against a gold that does not parse is ``bad_gold``. Nothing extracted from the completion: ``no_answer``. Computed
-    with math-verify, not lighteval's own copy of the extraction code (which pins latex2sympy2_extended 1.0.6); the
-    anchors count where the two differ.
+    The whole completion (think block included, as that metric reads it) and the gold are extracted with lighteval's
+    configs, ``fallback_mode="first_match"``, ``extraction_mode="any_match"``, 5 s, and compared with precision 6; a
+    gold that extracts nothing is compared as its own string. Nothing extracted: ``no_answer``; a miss against a gold
+    that does not parse: ``bad_gold``.
     """
     _require_main_thread("lighteval")
     if not completion or not completion.strip():
         return NO_ANSWER
-    mv = _math_verify()
-    configs = _lighteval_configs()
+    mv = math_verify()
 
     def extract(s: str) -> list:
-        return mv.parse(
-            s,
-            extraction_config=configs,
-            fallback_mode="first_match",
-            extraction_mode="any_match",
-            parsing_timeout=LIGHTEVAL_TIMEOUT_S,
-        )
+        return mv.parse(s, _lighteval_configs(), parsing_timeout=LIGHTEVAL_TIMEOUT_S)  # first_match, any_match
 
     predicted = extract(completion)
     if not predicted:
@@ -307,13 +254,7 @@ PROTOCOL_GRADERS: dict[str, Callable[[str, str], str]] = {
     "lighteval": lighteval,
     "lighteval_avg": lighteval_avg,
 }
-"""The protocols a worker grades by name (``boxed`` is :class:`_Grader`'s own grading)."""
-
-
-def grade_in_worker(protocol: str, completion: str, gold: str) -> str:
-    """A grading worker's entry for a protocol task."""
-    grade = PROTOCOL_GRADERS.get(protocol)
-    return ERROR if grade is None else grade(completion, gold)
+"""The protocols a worker grades by name (``boxed`` is :func:`grade`)."""
 
 
 def _reply_stream() -> Any:  # pragma: no cover - runs in the worker
@@ -332,23 +273,20 @@ def _reply_stream() -> Any:  # pragma: no cover - runs in the worker
 
 
 def _worker_main() -> None:  # pragma: no cover - runs in the worker (exercised by the tests through the pool)
-    """Grade ``[id, answer|null, gold, soft_timeout]`` JSON lines from stdin, reply ``[id, status, seconds]``."""
+    """Warm up, say ``ready``, then grade the task lines of stdin until it closes."""
     out = _reply_stream()
-    grader = _Grader(*load_math_verify())
-    grader.warm_up()
+    for answer, gold in WARM_UP:  # pay sympy's first comparisons now, not inside the first step's timeouts
+        grade(answer, gold, 60.0)
+    _parsed_gold.cache_clear()
     out.write(json.dumps(["ready", os.getpid()]) + "\n")
-    stdin = sys.stdin.buffer
-    while True:
-        line = stdin.readline()
-        if not line:
-            return  # the parent closed our stdin (exit) or died
+    while line := sys.stdin.buffer.readline():  # EOF: the parent closed our stdin (exit) or died
         task_id, answer, gold, soft, *protocol = json.loads(line)
         start = time.perf_counter()
         try:
             if protocol:  # math-verify's own timeouts (signal.alarm) bound it; our soft timer would clash with them
-                status = grade_in_worker(protocol[0], answer, gold)
+                status = PROTOCOL_GRADERS[protocol[0]](answer, gold)
             else:
-                status = grader.grade(answer, gold, float(soft))
+                status = grade(answer, gold, float(soft))
         except Exception:  # noqa: BLE001 - a grading bug must cost one completion, not the worker
             status = ERROR
         except _SoftTimeout:
