@@ -8,10 +8,14 @@
 
 from __future__ import annotations
 
+import ast
+import itertools
 import math
+import operator
 import re
 from fractions import Fraction
 
+from .extract import braced
 from .worker import CORRECT, WRONG
 
 
@@ -27,68 +31,12 @@ MAX_SMALL_INT = 10_000
 MAX_FACTORIAL = 1000
 """Factorial arguments above this are rejected before sympy sees them."""
 
-_INT_TOKEN_RE = re.compile(r"\d+|[{}()+\-*^!]|\s+")
 _NUMERIC_ONLY_RE = re.compile(r"[\d{}()+\-*^!\s]+")
+_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
 
 
 class _TooBig(Exception):
     pass
-
-
-class _SmallIntParser:
-    """Recursive descent over the tokens of a tiny integer expression; every value is checked against the bound.
-
-    Grammar: ``expr := factor (('+' | '-' | '*') factor)*``, ``factor := atom '!'* ('^' factor)?``,
-    ``atom := '-' atom | digits | '{' expr '}' | '(' expr ')'``. Malformed input raises ``ValueError`` or
-    ``IndexError``; a value above ``MAX_SMALL_INT`` raises ``_TooBig`` before it is computed.
-    """
-
-    def __init__(self, tokens: list[str]) -> None:
-        self.tokens = tokens
-        self.pos = 0
-
-    def peek(self) -> str | None:
-        return self.tokens[self.pos] if self.pos < len(self.tokens) else None
-
-    def take(self) -> str:
-        self.pos += 1
-        return self.tokens[self.pos - 1]
-
-    def expr(self) -> int:
-        v = self.factor()
-        while self.peek() in ("+", "-", "*"):
-            op = self.take()
-            rhs = self.factor()
-            v = _checked(v + rhs if op == "+" else v - rhs if op == "-" else v * rhs)
-        return v
-
-    def factor(self) -> int:
-        base = self.atom()
-        while self.peek() == "!":
-            self.take()
-            if base < 0 or base > 20:  # 21! > 10**19, far beyond the bound anyway
-                raise _TooBig
-            base = _checked(math.factorial(base))
-        if self.peek() == "^":
-            self.take()
-            return _power(base, self.factor())  # right associative
-        return base
-
-    def atom(self) -> int:
-        t = self.take()
-        if t == "-":
-            return -self.atom()
-        if t.isdigit():
-            if len(t) > 6:
-                raise _TooBig
-            return _checked(int(t))
-        closing = {"{": "}", "(": ")"}.get(t)
-        if closing is None:
-            raise ValueError(t)
-        v = self.expr()
-        if self.take() != closing:
-            raise ValueError(closing)
-        return v
 
 
 def _checked(v: int) -> int:
@@ -110,21 +58,39 @@ def _power(base: int, exponent: int) -> int:
     return _checked(base**exponent)
 
 
+def _bounded(node: ast.AST) -> int:
+    """The value of a parsed integer expression; ``_TooBig`` as soon as a value would pass the bound, before it is
+    computed; ``ValueError`` / ``KeyError`` for anything but integers, ``+ - * ** !``."""
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return _checked(node.value)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return -_bounded(node.operand)
+    if isinstance(node, ast.Subscript):  # "n!", written "n[0]": postfix, binding tighter than "**"
+        n = _bounded(node.value)
+        if not 0 <= n <= 20:  # 21! > 10**19, far beyond the bound anyway
+            raise _TooBig
+        return _checked(math.factorial(n))
+    if not isinstance(node, ast.BinOp):
+        raise ValueError(node)
+    left, right = _bounded(node.left), _bounded(node.right)
+    if isinstance(node.op, ast.Pow):
+        return _power(left, right)
+    return _checked(_BINARY[type(node.op)](left, right))
+
+
 def _small_int_value(expr: str) -> int | None:
     """Value of a tiny integer expression (digits, ``+ - *``, ``^``, ``!``, braces), bounded by ``MAX_SMALL_INT``.
 
     Returns ``None`` if ``expr`` is not such an expression; raises ``_TooBig`` as soon as any intermediate value
-    exceeds the bound, without computing it.
+    exceeds the bound, without computing it. Python's parser reads it, with ``{}`` as ``()``, ``^`` as ``**`` and
+    the factorial as ``[0]``.
     """
-    tokens = [t for t in _INT_TOKEN_RE.findall(expr) if not t.isspace()]
-    if "".join(tokens) != re.sub(r"\s+", "", expr) or not tokens:
-        return None
-    parser = _SmallIntParser(tokens)
+    python = re.sub(r"\b0+(?=\d)", "", expr).translate(str.maketrans("{}", "()"))
     try:
-        value = parser.expr()
-    except (ValueError, IndexError):
+        python = " ".join(python.replace("^", "**").replace("!", "[0]").split())
+        return _bounded(ast.parse(python, mode="eval").body)
+    except (SyntaxError, ValueError, KeyError):
         return None
-    return value if parser.pos == len(tokens) else None
 
 
 def _value_over(expr: str, bound: int, *, magnitude: bool = True) -> bool:
@@ -140,47 +106,25 @@ def _value_over(expr: str, bound: int, *, magnitude: bool = True) -> bool:
 
 
 def _group_after(s: str, i: int) -> str:
-    """The TeX argument starting at ``s[i]``: a balanced ``{...}`` group's content, else one character."""
-    while i < len(s) and s[i] in " \t":
-        i += 1
-    if i >= len(s):
-        return ""
-    if s[i] != "{":
-        return s[i]
-    depth = 0
-    for j in range(i, len(s)):
-        if s[j] == "{":
-            depth += 1
-        elif s[j] == "}":
-            depth -= 1
-            if depth == 0:
-                return s[i + 1 : j]
-    return s[i + 1 :]
+    """The TeX argument starting at ``s[i]``: a ``{...}`` group's content (the rest if unclosed), else one character."""
+    rest = s[i:].lstrip(" \t")
+    group = braced(rest, 0) if rest.startswith("{") else rest[:1]
+    return rest[1:] if group is None else group
 
 
 def _operand_before(s: str, i: int) -> str:
     """The operand ending just before ``s[i]``: a digit run or a balanced ``{...}`` / ``(...)`` group."""
-    j = i - 1
-    while j >= 0 and s[j] in " \t":
-        j -= 1
-    if j < 0:
-        return ""
-    if s[j].isdigit():
-        k = j
-        while k >= 0 and s[k].isdigit():
-            k -= 1
-        return s[k + 1 : j + 1]
-    pairs = {"}": "{", ")": "("}
-    if s[j] in pairs:
-        close, open_ = s[j], pairs[s[j]]
+    head = s[:i].rstrip(" \t")
+    if digits := re.search(r"\d+\Z", head):
+        return digits.group()
+    close = head[-1:]
+    if close in ("}", ")"):
+        open_ = "{" if close == "}" else "("
         depth = 0
-        for k in range(j, -1, -1):
-            if s[k] == close:
-                depth += 1
-            elif s[k] == open_:
-                depth -= 1
-                if depth == 0:
-                    return s[k + 1 : j]
+        for k in range(len(head) - 1, -1, -1):
+            depth += (head[k] == close) - (head[k] == open_)
+            if depth == 0:
+                return head[k + 1 : -1]
     return ""
 
 
@@ -188,15 +132,9 @@ def reject_reason(s: str) -> str | None:
     """Why ``s`` must not reach sympy (unbounded time or memory), or ``None`` if it is safe to grade."""
     if len(s) > MAX_ANSWER_CHARS:
         return "too long"
-    for open_, close in (("{", "}"), ("(", ")"), ("[", "]")):
-        depth = 0
-        for ch in s:
-            if ch == open_:
-                depth += 1
-                if depth > MAX_NESTING:
-                    return "nested too deep"
-            elif ch == close:
-                depth -= 1
+    for open_, close in ("{}", "()", "[]"):
+        if max(itertools.accumulate((ch == open_) - (ch == close) for ch in s), default=0) > MAX_NESTING:
+            return "nested too deep"
     for i, ch in enumerate(s):
         if ch == "^" and _value_over(_group_after(s, i + 1), MAX_SMALL_INT):
             return "huge exponent"
