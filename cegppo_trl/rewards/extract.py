@@ -152,9 +152,7 @@ def extract_answer(completion: Any) -> str | None:
     ``None``.
     """
     text = completion_text(completion)
-    if text is None:
-        return None
-    return answer_and_status(text)[0]
+    return None if text is None else answer_and_status(text)[0]
 
 
 def normalize_gold(solution: Any) -> str | None:

@@ -1,18 +1,11 @@
 """Grading protocols: how a completion is graded against a gold answer, and how its prompt is written.
 
-A number is only comparable with another graded the same way. Each protocol grades one completion against one gold
-and returns a status (``correct``, ``wrong``, ``no_answer``, ``unparseable``, ``bad_gold``; the pool adds ``timeout``
-and ``error``); :func:`~cegppo_trl.rewards.grade_with_protocol` grades a batch with one in the grading pool.
-
-- ``boxed`` (default): this package's reward, :func:`~cegppo_trl.rewards.grade_completions` (the last ``\\boxed{}``
-  after ``</think>``, with fallbacks), with the DeepSeek-R1 instruction;
-- :func:`authors`: the CE-GPPO authors' grader (Kwai-Klear/CE-GPPO at 10558fe, ``verl/utils/reward_score/
-  math_dapo.py``, ``math_verify_from_sky``) on the raw problem;
-- :func:`lighteval` / :func:`lighteval_avg`: lighteval 0.13's ``pass_at_k_math`` / ``avg_at_n_math`` metrics, with
-  its AIME instruction template.
-
-The three math-verify graders live in :mod:`.worker`, which the grading workers run, and are re-exported here; they
-use math-verify's ``signal.alarm`` timeouts, so call them in a main thread. How they differ, and their agreement with
+A number is only comparable with another graded the same way: ``boxed`` (default) is this package's reward,
+:func:`~cegppo_trl.rewards.grade_completions`; :func:`authors` the CE-GPPO authors' grader (Kwai-Klear/CE-GPPO at
+10558fe, ``verl/utils/reward_score/math_dapo.py``, ``math_verify_from_sky``); :func:`lighteval` /
+:func:`lighteval_avg` lighteval 0.13's ``pass_at_k_math`` / ``avg_at_n_math``. Those three live in :mod:`.worker`,
+which the grading workers run, and use math-verify's ``signal.alarm`` timeouts: call them in a main thread, or grade
+a batch from anywhere with :func:`~cegppo_trl.rewards.grade_with_protocol`. How they differ, and their agreement with
 the anchors: docs/rewards_and_data.md, *Grading protocols*.
 """
 

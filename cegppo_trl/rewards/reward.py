@@ -20,17 +20,7 @@ from .extract import answer_and_status, completion_text, has_boxed_answer, norma
 from .grading import GradingMemory, default_num_workers, pool_for
 from .prefilter import exact_number, fast_verdict, reject_reason
 from .protocols import DEFAULT_PROTOCOL, resolve_protocol
-from .worker import (
-    BAD_GOLD,
-    CORRECT,
-    ERROR,
-    GOLD_TIMEOUT,
-    NO_ANSWER,
-    STATUSES,
-    TIMEOUT,
-    UNPARSEABLE,
-    WRONG,
-)
+from .worker import BAD_GOLD, CORRECT, ERROR, GOLD_TIMEOUT, NO_ANSWER, TIMEOUT, UNPARSEABLE, WRONG
 
 
 logger = logging.getLogger(__name__)
@@ -39,12 +29,8 @@ DEFAULT_TIMEOUT_S = 3.0
 """Default hard bound, in seconds, on grading one completion."""
 
 MAX_GOLD_TIMEOUTS = 3
-"""Grading calls on which parsing one gold may hit the soft timeout before the gold is treated as unparseable.
-
-A timed-out gold is not cached (a loaded machine or a long gold is slow, not wrong): its completions get ``None`` on
-that call (status ``gold_timeout``) and the gold is parsed again on the next call that needs it. After this many
-calls that timed out, it counts as unparseable (``bad_gold``) for the rest of the process, like a gold that fails.
-"""
+"""Grading calls on which parsing one gold may hit the soft timeout (status ``gold_timeout``, retried on the next
+call) before the gold counts as unparseable for the rest of the process (docs/rewards_and_data.md, *Slow golds*)."""
 
 _WARNED_GOLDS: set[str] = set()
 
@@ -186,14 +172,11 @@ class _GradingBatch:
         self.timed_out = {gold for gold in slow_golds if not self.memory.gold_is_known(gold)}
         for gold in self.timed_out:  # one count per call, however many tasks carried the gold
             count = self.memory.count_gold_timeout(gold, MAX_GOLD_TIMEOUTS)
+            settled = " and, from now on, it is treated as unparseable" if count >= MAX_GOLD_TIMEOUTS else ""
             _warn_gold_once(
                 gold,
-                "math_reward: parsing gold answer %.200r hit the timeout (%d of %d); its completions get reward None "
-                "on this call%s.",
-                gold,
-                count,
-                MAX_GOLD_TIMEOUTS,
-                " and, from now on, it is treated as unparseable" if count >= MAX_GOLD_TIMEOUTS else "",
+                f"math_reward: parsing gold answer {gold[:200]!r} hit the timeout ({count} of {MAX_GOLD_TIMEOUTS}); "
+                f"its completions get reward None on this call{settled}.",
             )
 
     def results(self, solutions: Sequence[Any]) -> list[GradeResult]:
@@ -207,21 +190,18 @@ class _GradingBatch:
                 elif self.memory.gold_is_bad(gold):
                     status = BAD_GOLD
             if status == BAD_GOLD:
-                _warn_gold_once(
-                    repr(solutions[row]),
-                    "math_reward: gold answer %.200r cannot be parsed; its completions get reward None (skipped by "
-                    "TRL).",
-                    solutions[row],
-                )
+                shown = repr(solutions[row])
+                message = f"math_reward: gold answer {shown[:200]} cannot be parsed; its completions get reward None"
+                _warn_gold_once(shown, message + " (skipped by TRL).")
             results.append(GradeResult(status, self.answers[row], self.seconds[row]))  # type: ignore[arg-type]
         return results
 
 
-def _warn_gold_once(key: str, message: str, *args: Any) -> None:
+def _warn_gold_once(key: str, message: str) -> None:
     """Log ``message`` once per ``key``, for at most 20 keys per process (a bad data set must not flood the log)."""
     if len(_WARNED_GOLDS) < 20 and key not in _WARNED_GOLDS:
         _WARNED_GOLDS.add(key)
-        logger.warning(message, *args)
+        logger.warning(message)
 
 
 def grade_with_protocol(
@@ -258,13 +238,9 @@ def grade_with_protocol(
     seconds = [0.0] * len(statuses)
     if task_rows:
         pool = pool_for(default_num_workers() if num_workers is None else num_workers)
-        start = time.perf_counter()
-        outcomes = pool.grade(list(task_rows), float(timeout_s))
-        spent = (time.perf_counter() - start) / len(task_rows)
-        for rows, (status, task_seconds) in zip(task_rows.values(), outcomes, strict=True):
+        for rows, (status, task_seconds) in zip(task_rows.values(), pool.grade(list(task_rows), float(timeout_s))):
             for row in rows:
-                statuses[row] = status if status in STATUSES else ERROR
-                seconds[row] = task_seconds or spent
+                statuses[row], seconds[row] = status, task_seconds
     return [GradeResult(status, None, s) for status, s in zip(statuses, seconds, strict=True)]  # type: ignore[arg-type]
 
 

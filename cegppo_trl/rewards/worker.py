@@ -21,16 +21,8 @@ from collections.abc import Callable
 from typing import Any
 
 
-CORRECT, WRONG, NO_ANSWER, UNPARSEABLE, TIMEOUT, ERROR, BAD_GOLD, GOLD_TIMEOUT = STATUSES = (
-    "correct",
-    "wrong",
-    "no_answer",
-    "unparseable",
-    "timeout",
-    "error",
-    "bad_gold",
-    "gold_timeout",
-)
+STATUSES = ("correct", "wrong", "no_answer", "unparseable", "timeout", "error", "bad_gold", "gold_timeout")
+CORRECT, WRONG, NO_ANSWER, UNPARSEABLE, TIMEOUT, ERROR, BAD_GOLD, GOLD_TIMEOUT = STATUSES
 GOLD_OK = "gold_ok"  # reply to a gold-only check
 
 ADDRESS_SPACE_LIMIT = 3 * 1024**3  # a runaway integer must not take the machine's memory before the parent's kill
@@ -249,11 +241,7 @@ def lighteval_avg(completion: str, gold: str) -> str:
     return _verdict(verdict, gold_parsed)
 
 
-PROTOCOL_GRADERS: dict[str, Callable[[str, str], str]] = {
-    "authors": authors,
-    "lighteval": lighteval,
-    "lighteval_avg": lighteval_avg,
-}
+PROTOCOL_GRADERS = {"authors": authors, "lighteval": lighteval, "lighteval_avg": lighteval_avg}
 """The protocols a worker grades by name (``boxed`` is :func:`grade`)."""
 
 
