@@ -78,31 +78,21 @@ def _bounded(node: ast.AST) -> int:
     return _checked(_BINARY[type(node.op)](left, right))
 
 
-def _small_int_value(expr: str) -> int | None:
-    """Value of a tiny integer expression (digits, ``+ - *``, ``^``, ``!``, braces), bounded by ``MAX_SMALL_INT``.
-
-    Returns ``None`` if ``expr`` is not such an expression; raises ``_TooBig`` as soon as any intermediate value
-    exceeds the bound, without computing it. Python's parser reads it, with ``{}`` as ``()``, ``^`` as ``**`` and
-    the factorial as ``[0]``.
-    """
-    python = re.sub(r"\b0+(?=\d)", "", expr).translate(str.maketrans("{}", "()"))
-    try:
-        python = " ".join(python.replace("^", "**").replace("!", "[0]").split())
-        return _bounded(ast.parse(python, mode="eval").body)
-    except (SyntaxError, ValueError, KeyError):
-        return None
-
-
 def _value_over(expr: str, bound: int, *, magnitude: bool = True) -> bool:
-    """Whether ``expr`` is a small integer expression above ``bound`` (its absolute value unless ``magnitude`` is
-    false), or one too big to evaluate."""
+    """Whether ``expr`` is a small integer expression (digits, ``+ - *``, ``^``, ``!``, braces) above ``bound`` (its
+    absolute value unless ``magnitude`` is false), or one too big to evaluate. Python's parser reads it, with ``{}``
+    as ``()``, ``^`` as ``**`` and the factorial as ``[0]``; :func:`_bounded` evaluates it."""
     if not _NUMERIC_ONLY_RE.fullmatch(expr.strip() or "x"):
         return False
+    python = re.sub(r"\b0+(?=\d)", "", expr).translate(str.maketrans("{}", "()"))
+    python = " ".join(python.replace("^", "**").replace("!", "[0]").split())
     try:
-        value = _small_int_value(expr)
+        value = _bounded(ast.parse(python, mode="eval").body)
     except _TooBig:
         return True
-    return value is not None and (abs(value) if magnitude else value) > bound
+    except (SyntaxError, ValueError, KeyError):
+        return False
+    return (abs(value) if magnitude else value) > bound
 
 
 def _group_after(s: str, i: int) -> str:
