@@ -32,7 +32,7 @@ def parse(pred, *args, **kwargs):
         time.sleep(120)  # the worker's soft timer interrupts this, as it would a slow sympy call
     return real_parse(pred, *args, **kwargs)
 
-math_verify.parse = parse  # the worker imports parse from math_verify when it starts
+math_verify.parse = parse  # the worker calls math_verify.parse
 sys.path[:] = [p for p in sys.path if p not in ("", ".")]
 runpy.run_path(sys.argv[1], run_name="__cegppo_grader__")["_worker_main"]()
 """

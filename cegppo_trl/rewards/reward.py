@@ -55,11 +55,11 @@ def check_batch(completions: Any, golds: Any, golds_arg: str) -> None:
     for value, arg, what in ((completions, "completions", "completions (strings or message lists)"),
                              (golds, golds_arg, "gold answers, one per completion")):  # fmt: skip
         if isinstance(value, (str, bytes)) or not (hasattr(value, "__len__") and hasattr(value, "__iter__")):
-            text = isinstance(value, (str, bytes))
-            shown = f"the string {value[:40]!r}" if text else repr(value)[:60]
+            is_text = isinstance(value, (str, bytes))
+            shown = f"the string {value[:40]!r}" if is_text else repr(value)[:60]
             hint = (
                 f" For one answer repeated, pass [{value[:40]!r}] * len(completions)."
-                if text and arg == golds_arg
+                if is_text and arg == golds_arg
                 else ""
             )
             raise TypeError(
