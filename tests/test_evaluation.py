@@ -813,7 +813,7 @@ def test_avg_at_k_callback_checks_its_arguments(tiny_model, tiny_tokenizer, arit
     with pytest.raises(ValueError, match="--top-p"):
         AvgAtKCallback(trainer, rows, top_p=2.0)
     callback = AvgAtKCallback(trainer, rows, k=2, batch_size=4)
-    assert callback.generation["max_new_tokens"] == trainer.args.max_completion_length
+    assert callback.settings.max_new_tokens == trainer.args.max_completion_length
     assert callback.chunks() == [[0, 1], [2, 3], [4]]  # fixed chunks of <= batch_size sequences
 
 
