@@ -690,14 +690,19 @@ def test_vllm_extra_is_trls_own_range():
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def test_prompt_token_ids_mirror_trls_tokenize_prompts(tiny_model, tiny_tokenizer, arithmetic_dataset, make_config, tmp_path):  # fmt: skip
-    trainer = CEGPPOTrainer(
+@pytest.fixture
+def trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, make_config, tmp_path):
+    """A one-step trainer on the tiny model with a zero reward."""
+    return CEGPPOTrainer(
         model=tiny_model,
         reward_funcs=lambda completions, **kw: [0.0] * len(completions),
         args=make_config(CEGPPOConfig, tmp_path, max_steps=1),
         train_dataset=arithmetic_dataset,
         processing_class=tiny_tokenizer,
     )
+
+
+def test_prompt_token_ids_mirror_trls_tokenize_prompts(trainer, tiny_tokenizer):
     conversational = [[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+3?"}],
                       [{"role": "user", "content": "What is 40+2? Put the final answer in \\boxed{}."}]]  # fmt: skip
     for prompts in (conversational, ["What is 2+3?", "7 - 5 ="]):
@@ -705,16 +710,9 @@ def test_prompt_token_ids_mirror_trls_tokenize_prompts(tiny_model, tiny_tokenize
         assert [prompt_token_ids(tiny_tokenizer, p) for p in prompts] == [list(ids) for ids in trl_ids]
 
 
-def test_grpo_trainers_log_folds_its_buffered_metrics(tiny_model, tiny_tokenizer, arithmetic_dataset, make_config, tmp_path):  # fmt: skip
+def test_grpo_trainers_log_folds_its_buffered_metrics(trainer):
     """Why AvgAtKCallback logs with `transformers.Trainer.log`: TRL 1.16's GRPOTrainer.log merges and clears the
     training metrics it buffers, so an extra log entry in between would take them from the trainer's own entry."""
-    trainer = CEGPPOTrainer(
-        model=tiny_model,
-        reward_funcs=lambda completions, **kw: [0.0] * len(completions),
-        args=make_config(CEGPPOConfig, tmp_path, max_steps=1),
-        train_dataset=arithmetic_dataset,
-        processing_class=tiny_tokenizer,
-    )
     trainer._metrics["train"]["reward"].append(0.25)
     trainer.log({"heldout/avg@2": 0.5})
     assert trainer.state.log_history[-1]["reward"] == 0.25 and not trainer._metrics["train"]
@@ -795,14 +793,7 @@ def test_avg_at_k_callback_logs_through_the_trainer(
     assert trainer.model.training == reference.model.training
 
 
-def test_avg_at_k_callback_checks_its_arguments(tiny_model, tiny_tokenizer, arithmetic_dataset, make_config, tmp_path):
-    trainer = CEGPPOTrainer(
-        model=tiny_model,
-        reward_funcs=lambda completions, **kw: [0.0] * len(completions),
-        args=make_config(CEGPPOConfig, tmp_path, max_steps=1),
-        train_dataset=arithmetic_dataset,
-        processing_class=tiny_tokenizer,
-    )
+def test_avg_at_k_callback_checks_its_arguments(trainer):
     rows = [{"prompt": "What is 1+1?", "solution": "2"}] * 5
     with pytest.raises(TypeError, match="needs the trainer"):
         AvgAtKCallback(rows)

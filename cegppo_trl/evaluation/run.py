@@ -1,16 +1,7 @@
-"""`evaluate_model`: one model on several data sets, as `cegppo-eval` runs it.
-
-Order of work, so that a mistake costs seconds and a failure late in a long run loses nothing:
-
-1. the settings are checked (`EvalSettings` checks itself on construction), the report's path is checked to be
-   writable, the model source is checked (a full model, a LoRA adapter and its base, or a Hub id), and the prompt and
-   sampling the model declares are read;
-2. every data set is loaded, with its own split (``ID:SPLIT``); all failures are reported together, before any model
-   code runs;
-3. the model is loaded (or the vLLM engine built) once (a truncated weights file or a Hub kernel an offline machine
-   cannot fetch: one message naming the file or the fix);
-4. each set is generated and graded in turn, and the report (all finished sets, ``"pending"``: the others) is written
-   to `output` as soon as a set finishes, atomically (a killed run leaves the last complete report).
+"""`evaluate_model`: one model on several data sets, as `cegppo-eval` runs it, in an order where a mistake costs
+seconds and a late failure loses nothing: the settings, the report's path, the model source and every data set are
+checked first (all failures together), then the model is loaded (or the vLLM engine built) once, and the report is
+rewritten atomically after each finished set (``"pending"``: the others).
 """
 
 from __future__ import annotations
