@@ -7,21 +7,12 @@ module may import it (no cycle).
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-
-__all__ = [
-    "ADAPTER_FILE",
-    "ModelSource",
-    "UnreadableWeightsError",
-    "can_be_hub_id",
-    "explain_unreadable_weights",
-    "holds_model",
-    "resolve_model_source",
-]
 
 ADAPTER_FILE = "adapter_config.json"  # what peft's save_pretrained writes in a LoRA adapter folder
 
@@ -60,11 +51,8 @@ class ModelSource:
     @property
     def tokenizer_dir(self) -> str:
         """The adapter folder when it has a tokenizer (Trainer.save_model writes it there), else the base model."""
-        if self.adapter and any(
-            os.path.isfile(os.path.join(self.adapter, name)) for name in ("tokenizer.json", "tokenizer_config.json")
-        ):
-            return self.adapter
-        return self.path
+        has_tokenizer = self.adapter and os.path.isfile(os.path.join(self.adapter, "tokenizer_config.json"))
+        return self.adapter if has_tokenizer else self.path
 
 
 def _check_local_or_hub(name: str, what: str, fix: str) -> str:
@@ -146,9 +134,8 @@ def explain_unreadable_weights(model: str) -> Iterator[None]:
     try:
         yield
     except SafetensorError as error:
-        files = [os.path.join(model, f) for f in sorted(os.listdir(model))] if os.path.isdir(model) else []
         bad = []
-        for path in (f for f in files if f.endswith(".safetensors")):
+        for path in sorted(glob.glob(os.path.join(glob.escape(model), "*.safetensors"))):
             try:
                 with safe_open(path, "pt"):
                     pass

@@ -3,11 +3,9 @@
 
 A model directory (or LoRA adapter folder) declares its prompt in ``cegppo_prompt.json`` (the instruction and system
 prompt) and its sampling in ``generation_config.json`` (the standard place, which `model.generate()` and vLLM also
-read). A model without ``cegppo_prompt.json`` takes the paper's evaluation values (`PAPER_SETTINGS`).
-
-The words of the prompt flags are one vocabulary for both commands: ``none`` (or "") means no instruction / no
-system message (`resolve_system_prompt`, `cegppo_trl.data.resolve_instruction`), ``default`` the DeepSeek-R1
-``\\boxed{}`` instruction. Nothing here imports torch.
+read). A model without ``cegppo_prompt.json`` takes the paper's evaluation values (`PAPER_SETTINGS`). The prompt words
+are one vocabulary for both commands: ``none`` (or "") is no instruction / no system message, ``default`` the
+DeepSeek-R1 ``\\boxed{}`` instruction. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -20,28 +18,12 @@ from typing import Any
 from .model_source import holds_model
 
 
-__all__ = [
-    "CHECKPOINT_SETTINGS",
-    "DEFAULT_MAX_NEW_TOKENS",
-    "DEFAULT_TEMPERATURE",
-    "DEFAULT_TOP_P",
-    "PAPER_SETTINGS",
-    "PROMPT_FILE",
-    "load_eval_settings",
-    "prompt_word",
-    "resolve_system_prompt",
-    "sampling_problem",
-    "save_eval_settings",
-    "settings_for_model",
-]
-
 #: The file in a model directory that declares its prompt format.
 PROMPT_FILE = "cegppo_prompt.json"
 DEFAULT_TEMPERATURE = 0.6  # the paper's evaluation sampling
 DEFAULT_TOP_P = 0.95
 DEFAULT_MAX_NEW_TOKENS = 32768  # the paper evaluates DeepSeek-R1-Distill-Qwen-1.5B / 7B with up to 32k tokens
-#: The prompt and sampling of a model that declares none (the paper's evaluation; "default": the DeepSeek-R1
-#: instruction of `load_math_dataset`).
+#: The settings a model may declare, at the values of a model that declares none (the paper's evaluation).
 PAPER_SETTINGS = {
     "instruction": "default",
     "system_prompt": "",
@@ -50,8 +32,26 @@ PAPER_SETTINGS = {
     "top_k": 0,
     "max_new_tokens": DEFAULT_MAX_NEW_TOKENS,
 }
-#: The settings a model directory may declare.
-CHECKPOINT_SETTINGS = tuple(PAPER_SETTINGS)
+
+
+def is_number(value: Any) -> bool:
+    """An int or a float, not a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def is_integer(value: Any) -> bool:
+    """An int, not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+#: The one rule of each sampling value, ``name: (ok, what a bad value is told)``: `EvalSettings` and
+#: `save_eval_settings` check with it.
+SAMPLING_RULES = {
+    "temperature": (lambda v: is_number(v) and v >= 0, "must be >= 0 (0 = greedy)"),
+    "top_p": (lambda v: is_number(v) and 0 < v <= 1, "must be in (0, 1]"),
+    "top_k": (lambda v: is_integer(v) and v >= 0, "must be an integer >= 0 (0 = no cut)"),
+    "max_new_tokens": (lambda v: is_integer(v) and v >= 1, "must be an integer >= 1"),
+}
 
 
 def resolve_system_prompt(value: str | None) -> str | None:
@@ -65,33 +65,11 @@ def resolve_system_prompt(value: str | None) -> str | None:
 def prompt_word(name: str, value: Any) -> Any:
     """A prompt part as the evaluation stores it: `resolve_instruction` / `resolve_system_prompt` of a word, with
     "" for nothing; other names and non-strings unchanged."""
-    if not isinstance(value, str):
+    if not isinstance(value, str) or name not in ("instruction", "system_prompt"):
         return value
-    if name == "instruction":
-        from .data import resolve_instruction
+    from .data import resolve_instruction
 
-        return resolve_instruction(value) or ""
-    if name == "system_prompt":
-        return resolve_system_prompt(value) or ""
-    return value
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def sampling_problem(name: str, value: Any) -> str | None:
-    """What is wrong with one sampling value (``temperature``, ``top_p``, ``top_k``, ``max_new_tokens``), or None:
-    the one place these rules live (`EvalSettings` and `save_eval_settings` both ask here)."""
-    if name == "temperature" and not (_is_number(value) and value >= 0):
-        return "must be >= 0 (0 = greedy)"
-    if name == "top_p" and not (_is_number(value) and 0 < value <= 1):
-        return "must be in (0, 1]"
-    if name == "top_k" and not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
-        return "must be an integer >= 0 (0 = no cut)"
-    if name == "max_new_tokens" and not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-        return "must be an integer >= 1"
-    return None
+    return (resolve_instruction if name == "instruction" else resolve_system_prompt)(value) or ""
 
 
 def save_eval_settings(
@@ -109,9 +87,8 @@ def save_eval_settings(
     `cegppo-eval` uses it by default.
 
     The prompt (`instruction`, a resolved instruction or ``{problem}`` template, None or "" for none, and
-    `system_prompt`) goes to ``cegppo_prompt.json``; the sampling (``do_sample``, ``temperature``, ``top_p``,
-    ``top_k`` (0: no cut), ``max_new_tokens``; `temperature` 0 = greedy) to the directory's ``generation_config.json``.
-    Returns the path of ``cegppo_prompt.json``.
+    `system_prompt`) goes to ``cegppo_prompt.json``; the sampling (`temperature` 0 = greedy, `top_k` 0 = no cut) to
+    the directory's ``generation_config.json``. Returns the path of ``cegppo_prompt.json``.
     """
     from transformers import GenerationConfig
 
@@ -122,9 +99,9 @@ def save_eval_settings(
         )
     sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "max_new_tokens": max_new_tokens}
     for name, value in sampling.items():
-        problem = sampling_problem(name, value)
-        if problem:
-            raise ValueError(f"save_eval_settings: {name} {problem}, got {value!r}.")
+        ok, what = SAMPLING_RULES[name]
+        if not ok(value):
+            raise ValueError(f"save_eval_settings: {name} {what}, got {value!r}.")
     try:
         generation = GenerationConfig.from_pretrained(model_dir, local_files_only=True)
     except OSError:  # no generation_config.json yet (e.g. an adapter folder)
@@ -164,30 +141,24 @@ def load_eval_settings(model_dir: str | os.PathLike) -> dict[str, Any] | None:
         return None
     with open(path, encoding="utf-8") as f:
         prompt = json.load(f)
-    settings: dict[str, Any] = {
-        "instruction": prompt.get("instruction") or "",
-        "system_prompt": prompt.get("system_prompt") or "",
-    }
+    settings = {name: prompt.get(name) or "" for name in ("instruction", "system_prompt")}
     if os.path.isfile(os.path.join(model_dir, "generation_config.json")):
         generation = GenerationConfig.from_pretrained(model_dir, local_files_only=True)
-        if generation.max_new_tokens is not None:
-            settings["max_new_tokens"] = int(generation.max_new_tokens)
-        if generation.do_sample is False:
+        casts = {"max_new_tokens": int, "temperature": float, "top_p": float, "top_k": int}
+        if generation.do_sample is False:  # greedy
+            casts = {"max_new_tokens": int}
             settings["temperature"] = 0.0
-        else:
-            for name in ("temperature", "top_p"):
-                if getattr(generation, name) is not None:
-                    settings[name] = float(getattr(generation, name))
-            if generation.top_k is not None:
-                settings["top_k"] = int(generation.top_k)
+        for name, cast in casts.items():
+            if getattr(generation, name) is not None:
+                settings[name] = cast(getattr(generation, name))
     return settings
 
 
 def settings_for_model(
     given: dict[str, Any], model_dirs: Iterable[str | os.PathLike | None]
 ) -> tuple[dict[str, Any], list[str]]:
-    """`given` (`CHECKPOINT_SETTINGS`, None = not given) with each None filled from the first of `model_dirs` that
-    declares its settings, else from `PAPER_SETTINGS`; and the names taken from the model."""
+    """`given` (the names of `PAPER_SETTINGS`, None = not given) with each None filled from the first of `model_dirs`
+    that declares its settings, else from `PAPER_SETTINGS`; and the names taken from the model."""
     saved: dict[str, Any] = {}
     for directory in model_dirs:
         if directory is not None and os.path.isdir(os.path.expanduser(os.fspath(directory))):
@@ -196,11 +167,9 @@ def settings_for_model(
                 break
     values, from_checkpoint = {}, []
     for name, value in given.items():
-        if value is not None:
-            values[name] = prompt_word(name, value)
-        elif saved.get(name) is not None:
+        if value is None and saved.get(name) is not None:
             values[name] = saved[name]
             from_checkpoint.append(name)
         else:
-            values[name] = prompt_word(name, PAPER_SETTINGS[name])
+            values[name] = prompt_word(name, PAPER_SETTINGS[name] if value is None else value)
     return values, from_checkpoint

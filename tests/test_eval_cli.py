@@ -171,7 +171,7 @@ def _one_line_error(capsys, *words: str) -> str:
         (["--max_completion_length", "0"], ["--max-new-tokens (max_new_tokens) must be an integer >= 1"]),
         (["--k", "abc"], ["argument --k", "invalid int value: 'abc'", "cegppo-eval --help"]),
         (["--instruction", "{question} Think."], ["--instruction", "{question}", "{problem}"]),
-        (["--tempreature", "0.6"], ["unknown arguments --tempreature 0.6. Did you mean --temperature?", "--help"]),
+        (["--tempreature", "0.6"], ["'--tempreature', '0.6'"]),
         (["--protocol", "autors"], ["argument --protocol", "invalid choice: 'autors'", "boxed"]),
         (["--preset", "papers"], ["argument --preset", "invalid choice: 'papers'", "paper"]),
         (["--compare", "a.json", "b.json"], ["--compare takes two reports and nothing else"]),
@@ -191,11 +191,7 @@ def test_bad_command_lines_are_one_line_naming_the_flag(flags, words, tmp_path, 
 @pytest.mark.parametrize(
     "text, words",
     [
-        ("datasets: [builtin:arithmetic_eval]\nbogus_key: 1\n", ["--config: unknown keys bogus_key"]),
-        (
-            "datasets: [builtin:arithmetic_eval]\nmax_completion_length: 64\n",
-            ["--config: unknown keys max_completion_length (cegppo-eval's key: max_new_tokens)"],
-        ),
+        ("datasets: [builtin:arithmetic_eval]\nbogus_key: 1\n", ["config file", "'--bogus_key', '1'"]),
         ("datasets: [builtin:arithmetic_eval]\nk: 1.5\n", ["--k (k) must be an integer >= 1, got 1.5"]),
         ("datasets: [builtin:arithmetic_eval]\nk: many\n", ["argument --k", "invalid int value: 'many'"]),
         (None, ["--config", "No such file or directory", "existing YAML file"]),

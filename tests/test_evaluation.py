@@ -266,21 +266,18 @@ def test_prompt_words_none_and_default():
 @pytest.mark.parametrize(
     "text, expected",
     [
-        ("HuggingFaceH4/MATH-500", ("HuggingFaceH4/MATH-500", "test", False)),
-        ("HuggingFaceH4/aime_2024:train", ("HuggingFaceH4/aime_2024", "train", True)),
-        ("math-ai/amc23:test[:10]", ("math-ai/amc23", "test[:10]", True)),
-        ("builtin:arithmetic_eval", ("builtin:arithmetic_eval", "test", False)),
-        ("HuggingFaceH4/MATH-500:test@4", ("HuggingFaceH4/MATH-500", "test", True, 4)),
-        ("builtin:arithmetic_eval@2", ("builtin:arithmetic_eval", "test", False, 2)),
+        ("HuggingFaceH4/MATH-500", ("HuggingFaceH4/MATH-500", "test", None)),
+        ("HuggingFaceH4/aime_2024:train", ("HuggingFaceH4/aime_2024", "train", None)),
+        ("math-ai/amc23:test[:10]", ("math-ai/amc23", "test[:10]", None)),
+        ("builtin:arithmetic_eval", ("builtin:arithmetic_eval", "test", None)),
+        ("HuggingFaceH4/MATH-500:test@4", ("HuggingFaceH4/MATH-500", "test", 4)),
+        ("builtin:arithmetic_eval@2", ("builtin:arithmetic_eval", "test", 2)),
     ],
 )
 def test_dataset_specs(text, expected):
     """`ID`, `ID:SPLIT`, a built-in set, each with an optional `@K` (its own samples per problem; not in the name)."""
     spec = parse_dataset_spec(text)
-    assert (spec.source, spec.split, spec.explicit, spec.k) == (
-        *expected[:3],
-        expected[3] if len(expected) > 3 else None,
-    )
+    assert (spec.source, spec.split, spec.k) == expected
     assert spec.name == text.rsplit("@", 1)[0]
 
 
@@ -504,16 +501,16 @@ def test_each_set_is_written_as_soon_as_it_finishes(model_dir, tmp_path, monkeyp
     assert [r["pending"] for r in seen_on_disk] == [[str(second)], []]
     assert json.loads(out.read_text()) == json.loads(json.dumps(report))
 
-    real_call = generation.HFGenerator.__call__
+    real_generate = generation.generate_completions
     calls = []
 
-    def fail_on_the_second_set(self, prompts, k, progress=False):
+    def fail_on_the_second_set(model, tokenizer, prompts, k, **settings):
         calls.append(len(prompts))
         if len(calls) == 2:
             raise RuntimeError("CUDA out of memory (simulated)")
-        return real_call(self, prompts, k, progress)
+        return real_generate(model, tokenizer, prompts, k, **settings)
 
-    monkeypatch.setattr(generation.HFGenerator, "__call__", fail_on_the_second_set)
+    monkeypatch.setattr(generation, "generate_completions", fail_on_the_second_set)
     out2 = tmp_path / "report2.json"
     argv = [str(model_dir), "--datasets", str(first), str(second), "--k", "2", "--max-new-tokens", "4"]
     with pytest.raises(SystemExit) as error:
@@ -693,14 +690,19 @@ def test_vllm_extra_is_trls_own_range():
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def test_prompt_token_ids_mirror_trls_tokenize_prompts(tiny_model, tiny_tokenizer, arithmetic_dataset, make_config, tmp_path):  # fmt: skip
-    trainer = CEGPPOTrainer(
+@pytest.fixture
+def trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, make_config, tmp_path):
+    """A one-step trainer on the tiny model with a zero reward."""
+    return CEGPPOTrainer(
         model=tiny_model,
         reward_funcs=lambda completions, **kw: [0.0] * len(completions),
         args=make_config(CEGPPOConfig, tmp_path, max_steps=1),
         train_dataset=arithmetic_dataset,
         processing_class=tiny_tokenizer,
     )
+
+
+def test_prompt_token_ids_mirror_trls_tokenize_prompts(trainer, tiny_tokenizer):
     conversational = [[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+3?"}],
                       [{"role": "user", "content": "What is 40+2? Put the final answer in \\boxed{}."}]]  # fmt: skip
     for prompts in (conversational, ["What is 2+3?", "7 - 5 ="]):
@@ -708,16 +710,9 @@ def test_prompt_token_ids_mirror_trls_tokenize_prompts(tiny_model, tiny_tokenize
         assert [prompt_token_ids(tiny_tokenizer, p) for p in prompts] == [list(ids) for ids in trl_ids]
 
 
-def test_grpo_trainers_log_folds_its_buffered_metrics(tiny_model, tiny_tokenizer, arithmetic_dataset, make_config, tmp_path):  # fmt: skip
+def test_grpo_trainers_log_folds_its_buffered_metrics(trainer):
     """Why AvgAtKCallback logs with `transformers.Trainer.log`: TRL 1.16's GRPOTrainer.log merges and clears the
     training metrics it buffers, so an extra log entry in between would take them from the trainer's own entry."""
-    trainer = CEGPPOTrainer(
-        model=tiny_model,
-        reward_funcs=lambda completions, **kw: [0.0] * len(completions),
-        args=make_config(CEGPPOConfig, tmp_path, max_steps=1),
-        train_dataset=arithmetic_dataset,
-        processing_class=tiny_tokenizer,
-    )
     trainer._metrics["train"]["reward"].append(0.25)
     trainer.log({"heldout/avg@2": 0.5})
     assert trainer.state.log_history[-1]["reward"] == 0.25 and not trainer._metrics["train"]
@@ -798,14 +793,7 @@ def test_avg_at_k_callback_logs_through_the_trainer(
     assert trainer.model.training == reference.model.training
 
 
-def test_avg_at_k_callback_checks_its_arguments(tiny_model, tiny_tokenizer, arithmetic_dataset, make_config, tmp_path):
-    trainer = CEGPPOTrainer(
-        model=tiny_model,
-        reward_funcs=lambda completions, **kw: [0.0] * len(completions),
-        args=make_config(CEGPPOConfig, tmp_path, max_steps=1),
-        train_dataset=arithmetic_dataset,
-        processing_class=tiny_tokenizer,
-    )
+def test_avg_at_k_callback_checks_its_arguments(trainer):
     rows = [{"prompt": "What is 1+1?", "solution": "2"}] * 5
     with pytest.raises(TypeError, match="needs the trainer"):
         AvgAtKCallback(rows)
@@ -816,7 +804,7 @@ def test_avg_at_k_callback_checks_its_arguments(tiny_model, tiny_tokenizer, arit
     with pytest.raises(ValueError, match="--top-p"):
         AvgAtKCallback(trainer, rows, top_p=2.0)
     callback = AvgAtKCallback(trainer, rows, k=2, batch_size=4)
-    assert callback.generation["max_new_tokens"] == trainer.args.max_completion_length
+    assert callback.settings.max_new_tokens == trainer.args.max_completion_length
     assert callback.chunks() == [[0, 1], [2, 3], [4]]  # fixed chunks of <= batch_size sequences
 
 
@@ -840,12 +828,12 @@ def test_settings_and_the_command_line_do_not_import_torch():
     assert out.strip() == "[]"
 
 
-def test_evaluation_type_checking_imports_match_the_name_table():
+def test_evaluation_type_checking_imports_match_the_lazy_names():
     import cegppo_trl.evaluation as evaluation
 
     tree = ast.parse(Path(evaluation.__file__).read_text())
     block = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")
     eager = {alias.name: node.module for node in block.body for alias in node.names}
-    assert eager == evaluation._NAMES
+    assert eager == evaluation._LAZY
     for name in evaluation.__all__:
         assert getattr(evaluation, name) is not None

@@ -13,39 +13,25 @@ from .metrics import evaluate_completions, summarize_counts
 from .settings import DEFAULT_BATCH_SIZE, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, EvalSettings
 
 
-__all__ = ["AvgAtKCallback"]
-
-
 class AvgAtKCallback(TrainerCallback):
-    """Log avg@k / pass@k of the policy on a held-out set every `eval_steps` optimizer steps.
+    """Log avg@k / pass@k of the policy on a held-out set every `eval_steps` optimizer steps, through the trainer's
+    `log` (so `state.log_history`, every `report_to` integration and every callback's `on_log` get it)::
 
-    Usage (the pattern of TRL's own callbacks, which need the trainer to log through it)::
-
-        trainer = CEGPPOTrainer(...)
         trainer.add_callback(AvgAtKCallback(trainer, load_math_dataset("builtin:arithmetic_eval"), k=4))
 
-    Each evaluation is logged with the trainer's `log` (``{"<prefix>avg@k", "<prefix>pass@j" ...,
-    "<prefix>eval_seconds"}``): it reaches `state.log_history` (so `trainer_state.json` and `cegppo-plot`), every
-    `report_to` integration (wandb, tensorboard, trackio, ...) and every callback's `on_log`.
-
-    On several processes the work is split as TRL's callbacks split it (`accelerator.split_between_processes`, then
-    `gather_object`): the held-out problems are cut into fixed chunks of at most `batch_size` sequences, each chunk is
-    sampled with its own seed (`seed + chunk index`) on whichever process gets it, and the correct counts are gathered,
-    so every process generates only its share and the figure is the same on any number of processes.
+    On several processes the work is split as TRL's callbacks split it (`split_between_processes`, then
+    `gather_object`): the held-out problems are cut into fixed chunks of at most `batch_size` sequences, each sampled
+    with its own seed (`seed + chunk index`), so the figure is the same on any number of processes. The trainer's RNG
+    is untouched, and the same seeds are used every time.
 
     Args:
         trainer: the trainer it is added to (its `accelerator`, model and tokenizer are used, and it logs).
-        eval_dataset: rows with ``prompt`` (conversational or text) and ``solution``, e.g. from `load_math_dataset`
-            (a `datasets.Dataset` or a list of dicts); default: the trainer's `eval_dataset`.
-        k: samples per problem. pass_ks: pass@j values (default: 1 and k).
-        eval_steps: evaluate when `global_step % eval_steps == 0`. eval_on_start: also at step 0.
-            eval_on_end: also after the last step if it was not an evaluation step.
-        temperature, top_p, top_k: sampling (the paper validates at 0.6, 0.95, no top-k).
-        max_new_tokens: default: the trainer's `max_completion_length` (GRPOConfig), else 1024.
-        batch_size, seed: see above; the same seeds every time, so successive evaluations differ only by the
-            weights. The trainer's RNG is untouched.
-        max_problems: use only the first N rows.
-        metric_prefix: prefix of the logged names (default ``"heldout/"``: ``heldout/avg@4``).
+        eval_dataset: rows with ``prompt`` and ``solution`` (e.g. `load_math_dataset`); default: the trainer's.
+        k, pass_ks, temperature, top_p, top_k, batch_size, seed, max_problems, timeout_s: as in `cegppo-eval`
+            (sampling defaults: the paper's validation, 0.6 and 0.95). max_new_tokens: default: the trainer's
+            `max_completion_length`, else 1024.
+        eval_steps: evaluate when `global_step % eval_steps == 0`; eval_on_start: also at step 0; eval_on_end: also
+            after the last step. metric_prefix: of the logged names (``heldout/avg@4``).
     """
 
     def __init__(
@@ -75,9 +61,9 @@ class AvgAtKCallback(TrainerCallback):
             )
         if max_new_tokens is None:
             max_new_tokens = getattr(trainer.args, "max_completion_length", None) or 1024
-        EvalSettings(
+        self.settings = EvalSettings(
             k=k, pass_ks=None if pass_ks is None else list(pass_ks), temperature=temperature, top_p=top_p,
-            top_k=top_k, max_new_tokens=max_new_tokens, batch_size=batch_size, max_problems=max_problems,
+            top_k=top_k, max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed, max_problems=max_problems,
             timeout_s=timeout_s,
         )  # fmt: skip  # the same checks (and messages) as cegppo-eval's
         if not isinstance(eval_steps, int) or eval_steps < 1:
@@ -100,23 +86,15 @@ class AvgAtKCallback(TrainerCallback):
         self.trainer = trainer
         self.prompts = [r["prompt"] for r in rows]
         self.solutions = [r["solution"] for r in rows]
-        self.k = k
-        self.pass_ks = pass_ks
-        self.eval_steps = eval_steps
-        self.generation = dict(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens)
-        self.batch_size = batch_size
-        self.seed = seed
-        self.eval_on_start = eval_on_start
-        self.eval_on_end = eval_on_end
+        self.eval_steps, self.eval_on_start, self.eval_on_end = eval_steps, eval_on_start, eval_on_end
         self.metric_prefix = metric_prefix
-        self.timeout_s = timeout_s
         self.history: list[dict[str, float]] = []
         self.last_share: list[int] = []  # the problems this process generated in the last evaluation
         self._last_step: int | None = None
 
     def chunks(self) -> list[list[int]]:
         """The fixed chunks of problem indices (at most `batch_size` sequences each, at least one problem)."""
-        per_chunk = max(1, self.batch_size // self.k)
+        per_chunk = max(1, self.settings.batch_size // self.settings.k)
         n = len(self.prompts)
         return [list(range(start, min(start + per_chunk, n))) for start in range(0, n, per_chunk)]
 
@@ -126,7 +104,7 @@ class AvgAtKCallback(TrainerCallback):
         from accelerate.utils import gather_object
         from trl.models.utils import unwrap_model_for_generation
 
-        start = time.perf_counter()
+        start, s = time.perf_counter(), self.settings
         accelerator = self.trainer.accelerator
         tokenizer = self.trainer.processing_class
         tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a processor wraps the tokenizer
@@ -144,18 +122,19 @@ class AvgAtKCallback(TrainerCallback):
             for c in mine:
                 indices = chunks[c]
                 completions = generate_completions(
-                    model, tokenizer, [self.prompts[i] for i in indices], self.k, **self.generation,
-                    batch_size=self.batch_size, seed=self.seed + c,
+                    model, tokenizer, [self.prompts[i] for i in indices], s.k, temperature=s.temperature,
+                    top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens, batch_size=s.batch_size,
+                    seed=s.seed + c,
                 )  # fmt: skip
                 graded = evaluate_completions(
-                    completions, [self.solutions[i] for i in indices], self.pass_ks, timeout_s=self.timeout_s
+                    completions, [self.solutions[i] for i in indices], s.pass_ks, timeout_s=s.timeout_s
                 )
                 for i, correct, statuses in zip(indices, graded["num_correct"], graded["statuses"]):
                     counts.append((i, correct, "bad_gold" in statuses))
                 share.extend(indices)
         counts = sorted(gather_object(counts))
         self.last_share = share
-        result = summarize_counts([c for _, c, _ in counts], self.k, self.pass_ks, [s for _, _, s in counts])
+        result = summarize_counts([c for _, c, _ in counts], s.k, s.pass_ks, [skip for _, _, skip in counts])
         metrics = {
             f"{self.metric_prefix}{key}": float(value)
             for key, value in result.items()
@@ -175,8 +154,7 @@ class AvgAtKCallback(TrainerCallback):
         should_log = control.should_log
         Trainer.log(self.trainer, dict(metrics))
         control.should_log = should_log
-        entry = dict(state.log_history[-1])
-        self.history.append(entry)
+        self.history.append(dict(state.log_history[-1]))
         self._last_step = state.global_step
 
     def on_train_begin(self, args, state, control, **kwargs):

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import json
 import os
-from importlib.metadata import PackageNotFoundError, version
+from importlib.metadata import version
 from typing import Any
 
-
-__all__ = ["compare_reports", "grading_and_sampling", "load_report"]
 
 GRADING_PACKAGES = ("math-verify", "latex2sympy2_extended")
 SAMPLING = ("temperature", "top_p", "top_k", "max_new_tokens", "k", "seed", "backend")
@@ -23,20 +21,13 @@ _DISTRIBUTION = ("temperature", "top_p", "top_k", "max_new_tokens")
 _PROMPT = ("instruction", "system_prompt")
 
 
-def _version(package: str) -> str | None:
-    try:
-        return version(package)
-    except PackageNotFoundError:
-        return None
-
-
 def grading_and_sampling(settings) -> dict[str, Any]:
     """The report's ``protocol``, ``math_verify`` (the versions of math-verify and latex2sympy2_extended that graded
     it) and ``sampling`` (temperature, top_p, top_k, max_new_tokens, k (``--k``; a set's own ``@K`` is in its
     entry), seed, backend) of resolved `EvalSettings`."""
     return {
         "protocol": settings.protocol,
-        "math_verify": {package: _version(package) for package in GRADING_PACKAGES},
+        "math_verify": {package: version(package) for package in GRADING_PACKAGES},
         "sampling": {name: getattr(settings, name) for name in SAMPLING},
     }
 

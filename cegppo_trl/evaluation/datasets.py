@@ -12,19 +12,14 @@ from typing import Any
 from .settings import EvalSettings
 
 
-__all__ = ["PRESETS", "DatasetSpec", "load_eval_datasets", "parse_dataset_spec", "set_settings"]
-
-
 @dataclass(frozen=True)
 class DatasetSpec:
     """One ``--datasets`` entry: `name` (the report's key: the entry without its ``@K``), the `source` for
-    `load_math_dataset`, its `split` (Hub sets; `explicit` when written as ``ID:SPLIT``) and its own samples per
-    problem `k` (``ENTRY@K``; None: ``--k``)."""
+    `load_math_dataset`, its `split` (Hub sets) and its own samples per problem `k` (``ENTRY@K``; None: ``--k``)."""
 
     name: str
     source: str
     split: str
-    explicit: bool = False
     k: int | None = None
 
 
@@ -57,14 +52,11 @@ def parse_dataset_spec(text: str, default_split: str = "test") -> DatasetSpec:
     source = prefix + source
     if colon and not split:
         raise ValueError("empty split after ':'; write ID:SPLIT, e.g. math-ai/aime25:test.")
-    if is_local(source):
-        if colon:
-            raise ValueError(
-                f"a split applies to Hub data sets; {source} is a local file (one split). "
-                f"Write {source} without ':{split}'."
-            )
-        return DatasetSpec(text, source, default_split, k=k)
-    return DatasetSpec(text, source, split or default_split, explicit=bool(colon), k=k)
+    if is_local(source):  # (`text` itself is not: it has a colon)
+        raise ValueError(
+            f"a split applies to Hub data sets; {source} is a local file (one split). Write {source} without ':{split}'."
+        )
+    return DatasetSpec(text, source, split or default_split, k=k)
 
 
 def set_settings(spec: DatasetSpec, settings: EvalSettings) -> EvalSettings:

@@ -12,9 +12,6 @@ from collections.abc import Sequence
 from typing import Any
 
 
-__all__ = ["evaluate_completions", "format_summary", "pass_at_k", "summarize_counts"]
-
-
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k from `n` samples of which `c` are correct: `1 - C(n - c, k) / C(n, k)`.
 

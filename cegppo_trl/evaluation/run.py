@@ -1,16 +1,7 @@
-"""`evaluate_model`: one model on several data sets, as `cegppo-eval` runs it.
-
-Order of work, so that a mistake costs seconds and a failure late in a long run loses nothing:
-
-1. the settings are checked (`EvalSettings` checks itself on construction), the report's path is checked to be
-   writable, the model source is checked (a full model, a LoRA adapter and its base, or a Hub id), and the prompt and
-   sampling the model declares are read;
-2. every data set is loaded, with its own split (``ID:SPLIT``); all failures are reported together, before any model
-   code runs;
-3. the model is loaded (or the vLLM engine built) once (a truncated weights file or a Hub kernel an offline machine
-   cannot fetch: one message naming the file or the fix);
-4. each set is generated and graded in turn, and the report (all finished sets, ``"pending"``: the others) is written
-   to `output` as soon as a set finishes, atomically (a killed run leaves the last complete report).
+"""`evaluate_model`: one model on several data sets, as `cegppo-eval` runs it, in an order where a mistake costs
+seconds and a late failure loses nothing: the settings, the report's path, the model source and every data set are
+checked first (all failures together), then the model is loaded (or the vLLM engine built) once, and the report is
+rewritten atomically after each finished set (``"pending"``: the others).
 """
 
 from __future__ import annotations
@@ -20,17 +11,14 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any
 
-from ..model_source import ModelSource, resolve_model_source
+from ..model_source import resolve_model_source
 from .compare import grading_and_sampling
 from .datasets import DatasetSpec, is_local, load_eval_datasets, set_settings
 from .metrics import evaluate_completions
 from .settings import EvalSettings
-
-
-__all__ = ["evaluate_model", "write_report"]
 
 
 def check_output_path(path: str | os.PathLike) -> None:
@@ -46,16 +34,12 @@ def check_output_path(path: str | os.PathLike) -> None:
     while not os.path.exists(folder):  # write_report creates the missing folders
         folder = os.path.dirname(folder)
     try:
-        if not os.path.isdir(folder):
-            raise NotADirectoryError(f"{folder!r} is a file")
-        handle, probe = tempfile.mkstemp(prefix=".cegppo-eval-probe-", dir=folder)
-        os.close(handle)
-        os.remove(probe)
+        with tempfile.TemporaryFile(dir=folder):  # a file where a folder should be: NotADirectoryError
+            pass
     except OSError as error:
-        reason = error.strerror or str(error)
         raise OSError(
-            f"--output {path!r} cannot be written ({reason} in {folder}); nothing was evaluated. Pass --output a path "
-            "in a writable folder."
+            f"--output {path!r} cannot be written ({error.strerror or error} in {folder}); nothing was evaluated. "
+            "Pass --output a path in a writable folder."
         ) from None
 
 
@@ -68,12 +52,6 @@ def write_report(report: dict[str, Any], path: str | os.PathLike) -> None:
         json.dump(report, f, indent=2)
         f.write("\n")
     os.replace(temporary, path)
-
-
-def _make_generator(source: ModelSource, settings: EvalSettings):
-    from .generation import HFGenerator, VLLMGenerator
-
-    return (VLLMGenerator if settings.backend == "vllm" else HFGenerator)(source, settings)
 
 
 def _set_metrics(spec: DatasetSpec, rows, completions, settings: EvalSettings, save_completions: bool):
@@ -96,19 +74,6 @@ def _set_metrics(spec: DatasetSpec, rows, completions, settings: EvalSettings, s
     metrics = {key: value for key, value in result.items() if key not in ("num_correct", "statuses")}
     metrics.update(source=spec.source, split=None if is_local(spec.source) else spec.split)
     return metrics, problems
-
-
-def _checked_settings(model_name_or_path: str, settings: EvalSettings, log) -> tuple[EvalSettings, ModelSource, list]:
-    """The model source (checked) and the settings with the prompt and sampling the model declares filled in."""
-    source = resolve_model_source(model_name_or_path, settings.base_model)
-    settings, from_checkpoint = settings.resolve(*source.settings_dirs)  # checked again by EvalSettings.__post_init__
-    if from_checkpoint and log is not None:
-        shown = ", ".join(f"{name} {getattr(settings, name)!r}" for name in from_checkpoint)
-        log(
-            f"{model_name_or_path} declares its evaluation settings (cegppo_prompt.json, generation_config.json): "
-            f"using {shown}. Flags override them."
-        )
-    return settings, source, from_checkpoint
 
 
 def evaluate_model(
@@ -140,7 +105,15 @@ def evaluate_model(
     settings = replace(settings or EvalSettings(), **overrides)  # checked by EvalSettings.__post_init__
     if output is not None:
         check_output_path(output)
-    settings, source, from_checkpoint = _checked_settings(model_name_or_path, settings, log)
+    log = log or (lambda message: None)
+    source = resolve_model_source(model_name_or_path, settings.base_model)
+    settings, from_checkpoint = settings.resolve(*source.settings_dirs)  # checked again by EvalSettings.__post_init__
+    if from_checkpoint:
+        shown = ", ".join(f"{name} {getattr(settings, name)!r}" for name in from_checkpoint)
+        log(
+            f"{model_name_or_path} declares its evaluation settings (cegppo_prompt.json, generation_config.json): "
+            f"using {shown}. Flags override them."
+        )
     specs, data = load_eval_datasets(list(datasets), settings)
 
     start_all = time.perf_counter()
@@ -148,14 +121,14 @@ def evaluate_model(
         "model": model_name_or_path,
         "source": {"model": source.path, "adapter": source.adapter},
         **grading_and_sampling(settings),
-        "settings": {**settings.as_dict(), "from_checkpoint": from_checkpoint},
+        "settings": {**asdict(settings), "from_checkpoint": from_checkpoint},
         "datasets": {},
         "pending": [spec.name for spec in specs],
     }
-    if log is not None:
-        log(f"loading {source.path}" + (f" with the LoRA adapter {source.adapter}" if source.adapter else ""))
-    generate = _make_generator(source, settings)
-    try:
+    log(f"loading {source.path}" + (f" with the LoRA adapter {source.adapter}" if source.adapter else ""))
+    from .generation import open_generator
+
+    with open_generator(source, settings) as generate:
         for spec in specs:
             start = time.perf_counter()
             rows, own = data[spec.name], set_settings(spec, settings)
@@ -169,6 +142,4 @@ def evaluate_model(
                 write_report(report, output)
             if on_result is not None:
                 on_result(spec.name, metrics)
-    finally:
-        generate.close()
     return report
