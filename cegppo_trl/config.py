@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import warnings
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig
+from trl.trainer.utils import get_config_model_id
 
 from .run_checks import check_training_args
 from .vllm_support import warn_if_config_uses_untested_vllm
@@ -209,6 +212,27 @@ class CEGPPOConfig(GRPOConfig):
         super().__post_init__()
         validate_cegppo_config(self)
         check_training_args(self)  # TRL's fields that TRL leaves unchecked (cegppo_trl.run_checks)
+
+
+def as_cegppo_config(args, model) -> CEGPPOConfig:
+    """The trainer's `args` as a `CEGPPOConfig`: None gives the defaults (output dir named after `model`, as TRL does),
+    a plain `GRPOConfig` is upgraded with the paper's betas and a warning (drop-in use)."""
+    if args is None:
+        model_name = model if isinstance(model, str) else get_config_model_id(model.config)
+        return CEGPPOConfig(f"{model_name.split('/')[-1]}-CEGPPO")
+    if isinstance(args, CEGPPOConfig):
+        return args
+    if not isinstance(args, GRPOConfig):
+        raise TypeError(f"`args` must be a CEGPPOConfig (or a GRPOConfig), got {type(args).__name__}.")
+    warnings.warn(
+        "CEGPPOTrainer got a plain GRPOConfig; using CEGPPOConfig with the paper's cegppo_beta1=0.5, "
+        "cegppo_beta2=1.0. Pass a CEGPPOConfig to choose them.",
+        UserWarning,
+        stacklevel=3,
+    )
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init}
+    # GRPOConfig.__post_init__ derived it from steps_per_generation; passing both back is an error.
+    return CEGPPOConfig(**dict(values, generation_batch_size=None))
 
 
 def _require(condition: bool, message: str) -> None:

@@ -71,7 +71,7 @@ class RecordingTrainer(CEGPPOTrainer):
 
     def log(self, logs, start_time=None):
         if "loss" in logs:
-            self._flush_device_metrics("train")  # what TRL's `log` is about to average
+            self._device_metrics.flush("train", self._metrics["train"])  # what TRL's `log` is about to average
             self.logged.append({name: list(values) for name, values in self._metrics["train"].items()})
         return super().log(logs, start_time)
 

@@ -197,7 +197,7 @@ def _replay(model_dir: Path, scenario: dict, records: list[list[dict]], tmp_path
             batch["cegppo_num_sft_tokens"] = sft_tokens / num_steps
             reference.accelerator.gradient_state._set_sync_gradients(i == len(pairs) - 1)
             reference._compute_loss(model, batch).backward()
-            reference._flush_device_metrics("train")
+            reference._device_metrics.flush("train", reference._metrics["train"])
             tokens = batch["completion_mask"].sum().item()
             logged = reference._metrics["train"]
             for name in METRICS_SUMMED:

@@ -209,8 +209,8 @@ def test_controller_state_dict_roundtrip():
     controller = make_controller()
     for entropy in (0.7, 0.9, 1.3):
         controller.update(entropy)
-    state = json.loads(json.dumps(controller.state_dict()))  # what the checkpoint file holds
-    restored = EntropyController.from_state_dict(state)
+    state = json.loads(json.dumps(dataclasses.asdict(controller)))  # what the checkpoint file holds
+    restored = EntropyController(**state)
     assert restored == controller
     assert restored.num_updates == 3
     for entropy in (0.5, 1.1):
@@ -278,7 +278,7 @@ def test_trainer_controller_moves_betas_and_resumes_from_checkpoint(
     assert saved["num_updates"] == 2 and saved["target"] == 7.0
     assert saved["beta1"] == pytest.approx(beta1[2])  # the betas in force at step 3
     final = json.loads((tmp_path / "run" / "checkpoint-4" / CONTROLLER_STATE_FILE).read_text())
-    assert final == trainer._controller.state_dict()
+    assert final == dataclasses.asdict(trainer._controller)
 
     # Resume from step 2 with a fresh trainer: the controller state comes back from the checkpoint file.
     config = make_config(CEGPPOConfig, tmp_path / "run", max_steps=4, save_strategy="no", **controller_args)

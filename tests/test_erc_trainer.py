@@ -102,7 +102,7 @@ def test_trainer_gradient_equals_the_oracle_on_one_process(
     # The metrics: the tokens below / above the band, over the loss tokens.
     rho = (entropies + 1e-8) / (batch["cegppo_old_entropies"].double() + 1e-8)
     mask = batch["completion_mask"].bool()
-    trainer._flush_device_metrics("train")
+    trainer._device_metrics.flush("train", trainer._metrics["train"])
     logged = trainer._metrics["train"]
     below, above = (rho[mask] <= BAND[0]).double().mean().item(), (rho[mask] >= BAND[1]).double().mean().item()
     assert below > 0 and above > 0
