@@ -3,7 +3,7 @@ shares no code with cegppo_trl) on one process in-process, and on one and two la
 through `trainer.train()`; the old entropies are the old policy's, from the old-log-prob pass; the metrics count the
 tokens outside the band; a wrong band fails the same checks.
 
-`erc_worker.py` trains two optimizer steps (one generation batch) with plain SGD and records every micro-batch the loss
+`training_worker.py` trains two optimizer steps (one generation batch) with plain SGD and records every micro-batch the loss
 saw; the test replays them through the oracle in float64 (forward, loss, SGD step, twice) and compares the updates.
 """
 
@@ -233,14 +233,15 @@ def _scenarios(world: int) -> list[dict]:
     out = []
     for name, s in SCENARIOS.items():
         kinds = s["kinds"][1] * world  # each process's share of prompts, the same mix
-        out.append({"name": name, "config": s["config"], "kinds": kinds})
+        config = dict(temperature=TEMPERATURE, learning_rate=LR, cegppo_entropy_ratio_clip=list(BAND), **s["config"])
+        out.append({"name": name, "config": config, "kinds": kinds})
     return out
 
 
 def _launch(world: int, scenarios: list[dict], model_dir: Path, out_dir: Path) -> None:
     scenarios_file = out_dir / "scenarios.json"
     scenarios_file.write_text(json.dumps(scenarios))
-    worker = [str(HERE / "erc_worker.py"), str(model_dir), str(out_dir), str(scenarios_file)]
+    worker = [str(HERE / "training_worker.py"), str(model_dir), str(out_dir), str(scenarios_file)]
     cmd = [sys.executable, *worker]
     if world > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world),
