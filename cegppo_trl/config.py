@@ -107,40 +107,25 @@ class CEGPPOConfig(GRPOConfig):
     beta: float = field(default=0.0, metadata={"help": "KL coefficient (paper: 0.0, no KL term)."})
 
     cegppo_beta1: float = field(
-        default=0.5,
-        metadata={"help": "Gradient coefficient for negative-advantage tokens with ratio < 1 - epsilon (paper: 0.5)."},
+        default=0.5, metadata={"help": "Gradient coefficient of tokens with A < 0, ratio < 1 - epsilon (paper: 0.5)."}
     )
     cegppo_beta2: float = field(
-        default=1.0,
-        metadata={
-            "help": "Gradient coefficient for positive-advantage tokens with ratio > 1 + epsilon_high (paper: 1)."
-        },
+        default=1.0, metadata={"help": "Gradient coefficient of tokens with A > 0, ratio > 1 + eps_high (paper: 1.0)."}
     )
     cegppo_sft_coef: float = field(
-        default=0.0,
-        metadata={
-            "help": "NLL term on completions with reward >= cegppo_sft_reward_threshold (authors' scripts: 0.1)."
-        },
+        default=0.0, metadata={"help": "SFT (NLL) term on completions rewarded >= the threshold below (authors: 0.1)."}
     )
     cegppo_sft_reward_threshold: float = field(
         default=1.0, metadata={"help": "Completions with total reward >= this value get the NLL term."}
     )
     cegppo_exclude_zero_advantage_groups: bool = field(
-        default=False,
-        metadata={"help": "Drop groups whose rewards are all equal from the update (the authors' filter_groups)."},
+        default=False, metadata={"help": "Drop groups whose rewards are all equal (the authors' filter_groups)."}
     )
     cegppo_oversampling: float = field(
-        default=1.0,
-        metadata={
-            "help": "Prompts generated per generation batch / prompts trained on, with dynamic sampling (authors: 2)."
-        },
+        default=1.0, metadata={"help": "Prompts generated / prompts trained on, with dynamic sampling (authors: 2)."}
     )
     cegppo_entropy_ratio_clip: list[float] | None = field(
-        default=None,
-        metadata={
-            "help": "Entropy-ratio clipping band `low high` (0 < low < 1 < high): tokens whose entropy ratio to the "
-            "old policy leaves it give no policy gradient (authors' ERC scripts: 0.95 1.05). None: off."
-        },
+        default=None, metadata={"help": "ERC band `low high`, 0 < low < 1 < high (authors: 0.95 1.05); None: off."}
     )
     cegppo_low_prob_threshold: float = field(
         default=0.5, metadata={"help": "pi(y_t) below this is 'low probability' in the quadrant metrics."}
@@ -351,7 +336,7 @@ def _validate_dynamic_sampling(args) -> None:
     )
     spg, accumulation = args.steps_per_generation, args.gradient_accumulation_steps
     _require(
-        spg is None or spg % accumulation == 0,
+        spg % accumulation == 0,
         f"{flag} needs every optimizer step to lie inside one generation batch (to count the micro-batches that "
         f"kept rows), but `steps_per_generation={spg}` is not a multiple of `gradient_accumulation_steps="
         f"{accumulation}`. Set steps_per_generation to a multiple of it (the paper: 8 x gradient_accumulation_steps "
