@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import contains_answer_reward, cpu_config, make_loss_batch
+from conftest import cpu_config, make_loss_batch
 from launching import free_port, subprocess_env
 from oracles import completion_log_probs_and_entropies, gppo_erc_per_token_loss
+from trl_batches import build, build_trainer, ready_for_loss
 
-from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
+from cegppo_trl import CEGPPOConfig
 from cegppo_trl.core import ClipParams
 
 
@@ -38,13 +39,7 @@ def _grads(model) -> torch.Tensor:
 def _build(model, tokenizer, dataset, tmp_path, **overrides):
     values = dict(steps_per_generation=1, temperature=TEMPERATURE, cegppo_entropy_ratio_clip=list(BAND))
     values.update(overrides)
-    args = cpu_config(CEGPPOConfig, tmp_path, **values)
-    trainer = CEGPPOTrainer(
-        model=model, reward_funcs=contains_answer_reward, args=args, train_dataset=dataset, processing_class=tokenizer
-    )
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = 1
-    return trainer
+    return ready_for_loss(build(model, tokenizer, dataset, tmp_path, **values), accumulation=1)
 
 
 def _off_policy_batch(oracle_model, tokenizer, seed, entropy_factor=None):
@@ -176,10 +171,7 @@ def test_old_entropies_are_the_current_policys_from_the_old_log_prob_pass(
         CEGPPOConfig, tmp_path, beta=0.1, temperature=TEMPERATURE, cegppo_entropy_ratio_clip=list(BAND) if erc else None,
         **extra,
     )  # fmt: skip
-    trainer = CEGPPOTrainer(
-        model=str(tiny_checkpoint), reward_funcs=contains_answer_reward, args=args, train_dataset=arithmetic_dataset,
-        processing_class=tiny_tokenizer,
-    )  # fmt: skip
+    trainer = build_trainer(str(tiny_checkpoint), tiny_tokenizer, arithmetic_dataset, args)
     torch.manual_seed(0)
     with torch.no_grad():
         for parameter in trainer.model.parameters():
