@@ -307,7 +307,7 @@ def compare(trainers, batch, optimizer, device, repeats, memory=True, warmup=0):
     for name in names:
         if name == "grpo":
             continue
-        trainers[name]._flush_device_metrics("train")  # CE-GPPO keeps its metrics on the device until `log`
+        trainers[name]._device_metrics.flush("train", trainers[name]._metrics["train"])
         metrics = trainers[name]._metrics["train"]
         pair = sorted(c / g for c, g in zip(lb[name], lb["grpo"]))
         # Spread of the round-wise ratios (how noisy the machine was): inter-quartile range.

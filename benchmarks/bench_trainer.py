@@ -170,7 +170,7 @@ def main():
         for name, t in trainers.items():
             times[name].append(timed(t, batch))
     memory = {name: peak_memory(t, batch) for name, t in trainers.items()}
-    trainers["cegppo"]._flush_device_metrics("train")  # CE-GPPO keeps its metrics on the device until `log`
+    trainers["cegppo"]._device_metrics.flush("train", trainers["cegppo"]._metrics["train"])
     clip = trainers["cegppo"]._metrics["train"]
     clipped = clip["cegppo/beta1_token_frac"][-1] + clip["cegppo/beta2_token_frac"][-1]
 

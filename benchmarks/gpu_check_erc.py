@@ -167,7 +167,7 @@ def erc_part(bs, shape, layers, device, dtype, completion_len, batch_size, repea
     rows = [dict(r, T=completion_len, B=batch_size, variant=v) for v, r in results.items()]
     erc = erc_vs_base(rows, completion_len, batch_size)
     erc["old_pass"] = old_pass_cost(trainers["erc"], batch, device, repeats)
-    trainers["erc"]._flush_device_metrics("train")
+    trainers["erc"]._device_metrics.flush("train", trainers["erc"]._metrics["train"])
     metrics = trainers["erc"]._metrics["train"]
     out_frac = metrics["cegppo/erc_low_frac"][-1] + metrics["cegppo/erc_high_frac"][-1]
     old = erc["old_pass"]

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import warnings
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig
+from trl.trainer.utils import get_config_model_id
 
 from .run_checks import check_training_args
 from .vllm_support import warn_if_config_uses_untested_vllm
@@ -33,119 +36,66 @@ class CEGPPOConfig(GRPOConfig):
     r"""
     Configuration class for [`CEGPPOTrainer`]: every field of TRL's [`~trl.GRPOConfig`] plus the fields below.
 
-    CE-GPPO (Su et al., ACL 2026, Eq. 8) gives PPO-clip's clipped tokens `beta` times PPO-clip's forward value
-    (`beta * (1 -+ epsilon) * A`; with `beta = 1` the value is PPO-clip's) and gives them back a bounded gradient:
-    `beta1 * (1 - epsilon) * A * grad log pi` for negative-advantage tokens whose ratio fell below `1 - epsilon`, and
-    `beta2 * (1 + epsilon_high) * A * grad log pi` for positive-advantage tokens whose ratio rose above
-    `1 + epsilon_high`. PPO-clip gives both sets zero gradient.
-
-    Defaults follow the paper where it decides: `epsilon = 0.2` (and `epsilon_high=None`, which TRL reads as
-    `epsilon_high = epsilon = 0.2`), token-level normalisation (`loss_type="dapo"`), no KL term (`beta=0.0`), no
-    entropy bonus, `beta1 = 0.5`, `beta2 = 1.0` (the paper's recommendation for 1.5B models; it uses `beta1 = 0.75`
-    for 7B).
-
-    CE-GPPO only acts off-policy. With `steps_per_generation == gradient_accumulation_steps` and `num_iterations == 1`
-    (TRL's default), the ratio is always 1, nothing is clipped and CE-GPPO is GRPO; the trainer warns. The paper takes 8
-    optimizer steps per generation batch: `steps_per_generation = 8 * gradient_accumulation_steps`.
-
-    The authors' scripts also use a dual-clip with `c = 10` on negative-advantage tokens: that is TRL's existing
-    `delta` (set `delta=10.0`; it must exceed `1 + epsilon_high`).
-
-    Loss types (TRL 1.16). Supported: `grpo`, `bnpo`, `dr_grpo`, `dapo` and `luspo` -- their per-token term is the same
-    PPO-clip `-min(r A, clip(r) A)`, only the aggregation differs (`luspo`: per-sequence sum, then mean over
-    sequences; TRL recommends it with `importance_sampling_level="sequence"`). Refused: `cispo`, `sapo` and `vespo`,
-    which have no clipped set whose gradient PPO-clip zeroes, so nothing for CE-GPPO to preserve (the error message
-    gives each one's reason, from `UNSUPPORTED_LOSS_TYPES`).
-
-    The log-ratio `log pi_theta - log pi_old` is clamped to `[-20, 20]` before `exp` (as verl does), so a broken old
-    log-prob cannot turn the update into NaN; nothing changes where `|log-ratio| <= 20` (see
-    `cegppo_trl.core.clamp_old_log_probs`, metric `cegppo/log_ratio_clamped_frac`).
+    CE-GPPO (Su et al., ACL 2026, Eq. 8) keeps PPO-clip's forward value on the clipped tokens, times `beta`, and gives
+    them back a bounded gradient (`docs/method.md`). Defaults follow the paper: `epsilon = 0.2` (`epsilon_high=None`
+    reads as `epsilon`), `loss_type="dapo"`, no KL term (`beta=0.0`), `beta1 = 0.5`, `beta2 = 1.0` (1.5B; 7B: `beta1 =
+    0.75`). CE-GPPO acts only off-policy (the trainer warns otherwise): the paper takes 8 optimizer steps per
+    generation batch, `steps_per_generation = 8 * gradient_accumulation_steps`. The authors' dual-clip `c = 10` is
+    TRL's `delta` (it must exceed `1 + epsilon_high`). Loss types: `SUPPORTED_LOSS_TYPES` (same PPO-clip term,
+    different aggregation); `UNSUPPORTED_LOSS_TYPES` are refused, each with its reason.
 
     Parameters:
         > CE-GPPO coefficients
 
         cegppo_beta1 (`float`, *optional*, defaults to `0.5`):
-            Gradient coefficient of the "beta1 set": tokens with negative advantage whose ratio fell below
-            `1 - epsilon`. Larger values lower entropy faster (exploitation). `0` gives PPO-clip's gradient on these
-            tokens, `1` gives GPPO's.
+            Gradient coefficient of negative-advantage tokens whose ratio fell below `1 - epsilon`. Larger values lower
+            entropy faster; `0` gives PPO-clip's gradient, `1` GPPO's.
         cegppo_beta2 (`float`, *optional*, defaults to `1.0`):
-            Gradient coefficient of the "beta2 set": tokens with positive advantage whose ratio rose above
-            `1 + epsilon_high`. Larger values keep entropy higher (exploration).
+            Gradient coefficient of positive-advantage tokens whose ratio rose above `1 + epsilon_high`. Larger values
+            keep entropy higher.
 
         > Extras from the authors' scripts (off by default; not described in the paper)
 
         cegppo_sft_coef (`float`, *optional*, defaults to `0.0`):
-            Coefficient of an NLL (SFT) term, `coef * token-mean(-log pi)` over the completions whose total reward is
-            at least `cegppo_sft_reward_threshold`, averaged over those tokens in the generation batch. The authors'
-            scripts use `0.1` with a +1 / -1 reward. `0.0` disables it.
+            Coefficient of an NLL term, `coef * token-mean(-log pi)` over the completions whose total reward is at
+            least `cegppo_sft_reward_threshold` (the authors: `0.1`). `0.0` disables it.
         cegppo_sft_reward_threshold (`float`, *optional*, defaults to `1.0`):
-            Completions whose total (weighted) reward is `>=` this value get the NLL term. With the paper's +1 / -1
-            reward, `1.0` selects the correct answers.
+            Completions whose total (weighted) reward is `>=` this value get the NLL term.
         cegppo_exclude_zero_advantage_groups (`bool`, *optional*, defaults to `False`):
-            Dynamic sampling, as the authors' `filter_groups`: train only on the groups whose rewards are not all
-            equal (all completions of a prompt scored the same carry no gradient). After scoring, the informative
-            groups fill the training batch in generation order and the rest are discarded (see
-            `cegppo_oversampling`); when too few are informative, the remaining rows of the training batch are
-            dropped rows: they run through the model with an empty loss mask, as TRL's `mask_truncated_completions`
-            masks a completion, and add nothing to any term, token count or metric of the loss. "All equal" is
-            decided on the rewards, not on the advantages (which keep a float residue): with
-            `multi_objective_aggregation="sum_then_normalize"` on the `reward_weights`-weighted total; values within
-            `1e-6 * max(1, |reward|)` count as equal (`cegppo_trl.core.EQUAL_REWARD_RTOL`). The update equals TRL's
-            on the selected rows alone (docs/method.md, "Dynamic sampling") with `loss_type` "dapo" (the paper's) or
-            "bnpo"; "grpo", "dr_grpo" and "luspo" count rows in their normaliser, so a dropped row would dilute them:
-            they are refused. Also refused: `steps_per_generation` not a multiple of `gradient_accumulation_steps`,
-            advantages normalised over the whole batch (`scale_rewards="batch"`,
-            `multi_objective_aggregation="normalize_then_sum"`), a MoE router aux loss and multimodal inputs.
+            Dynamic sampling (the authors' `filter_groups`): train only on the groups whose rewards are not all equal
+            (within `core.EQUAL_REWARD_RTOL`); when too few are, the rest of the training batch are dropped rows (an
+            empty loss mask). Exact for `loss_type` "dapo" or "bnpo" (docs/method.md, "Dynamic sampling"); refused
+            with a row-normalised loss type, batch-wide advantage normalisation, `steps_per_generation` not a multiple
+            of `gradient_accumulation_steps`, a MoE router aux loss, or multimodal inputs.
         cegppo_oversampling (`float`, *optional*, defaults to `1.0`):
-            With `cegppo_exclude_zero_advantage_groups`, each generation batch samples `cegppo_oversampling` times as
-            many prompts as the training batch holds (`generation_batch_size / num_generations`) and trains on the
-            first informative groups, in generation order, up to the training batch; the others are discarded. The
-            authors' runs sample 256 prompts for 128 (`2.0`): every micro-batch is full whenever at least half of
-            the groups are informative. `1.0` samples only the training batch. Must make a whole number of prompts
-            per generation batch and of rows per process; values above 1 need dynamic sampling on (without it every
-            group is trained on, so the extra groups would be generated for nothing: refused).
+            With dynamic sampling, each generation batch samples this many times the training batch's prompts and
+            trains on the first informative groups (the authors: `2.0`, 256 prompts for 128). Must give whole prompts
+            per generation batch and rows per process; above 1 it needs dynamic sampling.
+
         > Entropy-ratio clipping (the authors' follow-up, ERC, arXiv 2512.05591; off by default)
 
         cegppo_entropy_ratio_clip (`list[float]` of two numbers, *optional*, defaults to `None`):
-            `[low, high]`, with `0 < low < 1 < high`, turns on entropy-ratio clipping: per loss token, `rho =
-            (H(pi_theta) + 1e-8) / (H(pi_old) + 1e-8)`, the ratio of the full-vocabulary entropies of
-            `softmax(logits / temperature)` at that position under the current and the old policy; tokens with `rho`
-            outside the open interval `(low, high)` keep their policy-loss value but give it no gradient (they still
-            count in every denominator). Only the policy term is masked: the KL term, the entropy bonus and the SFT
-            term are not (as in the authors' `gppo_erc` loss). The old entropies come from the pass that computes the
-            old log-probs (no extra forward), so like CE-GPPO it acts only off-policy: on-policy `rho == 1` and the
-            trainer warns that it is inert. The authors' released scripts use `[0.95, 1.05]` (their config's default
-            is `[0.8, 1.2]`), with `cegppo_beta1 = cegppo_beta2 = 1` and `delta = 10`. `None` disables it. Metrics:
-            `cegppo/erc_low_frac`, `cegppo/erc_high_frac` (`docs/method.md`, "Entropy-ratio clipping").
+            `[low, high]`, `0 < low < 1 < high`: tokens whose entropy ratio `H(pi_theta) / H(pi_old)` leaves the open
+            interval keep their policy-loss value but give it no gradient (KL, entropy bonus and SFT term untouched).
+            Off-policy only, like CE-GPPO. The authors' scripts: `[0.95, 1.05]`. Metrics `cegppo/erc_*`.
 
         > Diagnostics
 
         cegppo_low_prob_threshold (`float`, *optional*, defaults to `0.5`):
-            A token is "low probability" in the `cegppo/quadrant/*` metrics when `pi_theta(y_t) < threshold`. The
-            paper's analysis splits tokens into positive / negative advantage x high / low probability; low-probability
-            tokens are the ones whose updates move entropy most.
+            A token is "low probability" in the `cegppo/quadrant/*` metrics when `pi_theta(y_t) < threshold`.
 
         > Entropy-target controller (beyond the paper; off by default)
 
         cegppo_entropy_target (`float`, *optional*):
-            If set, a PI controller (`cegppo_trl.controller.EntropyController`; the control law is in
-            `docs/method.md`) moves `beta1` and `beta2` after every optimizer step to hold the mean token entropy
-            (nats, as logged in `entropy`) near this target: too little entropy lowers beta1 and raises beta2, which
-            raises entropy (paper section 5.1). The fields below are its gains and bounds; `cegppo_beta1` /
-            `cegppo_beta2` are its starting values. Every process computes the same betas; the state is saved with
-            checkpoints and restored on resume.
+            If set, a PI controller (`cegppo_trl.controller`) moves `beta1` and `beta2` after every optimizer step to
+            hold the mean token entropy (nats) near this target, starting from `cegppo_beta1` / `cegppo_beta2`; its
+            state is saved with checkpoints.
         cegppo_entropy_kp (`float`, *optional*, defaults to `1.0`):
-            Proportional gain of the entropy controller (betas per nat).
+            Proportional gain (betas per nat).
         cegppo_entropy_ki (`float`, *optional*, defaults to `0.05`):
-            Integral gain of the entropy controller (betas per nat-step).
-        cegppo_beta1_min (`float`, *optional*, defaults to `0.0`):
-            Lower bound of `beta1` under the controller.
-        cegppo_beta1_max (`float`, *optional*, defaults to `1.0`):
-            Upper bound of `beta1` under the controller.
-        cegppo_beta2_min (`float`, *optional*, defaults to `0.5`):
-            Lower bound of `beta2` under the controller.
-        cegppo_beta2_max (`float`, *optional*, defaults to `1.5`):
-            Upper bound of `beta2` under the controller.
+            Integral gain (betas per nat-step).
+        cegppo_beta1_min, cegppo_beta1_max, cegppo_beta2_min, cegppo_beta2_max (`float`, *optional*, defaults to
+            `0.0`, `1.0`, `0.5`, `1.5`): bounds of `beta1` / `beta2` under the controller.
     """
 
     # Paper defaults for fields TRL already has (restated so the paper's choice is explicit here).
@@ -157,40 +107,25 @@ class CEGPPOConfig(GRPOConfig):
     beta: float = field(default=0.0, metadata={"help": "KL coefficient (paper: 0.0, no KL term)."})
 
     cegppo_beta1: float = field(
-        default=0.5,
-        metadata={"help": "Gradient coefficient for negative-advantage tokens with ratio < 1 - epsilon (paper: 0.5)."},
+        default=0.5, metadata={"help": "Gradient coefficient of tokens with A < 0, ratio < 1 - epsilon (paper: 0.5)."}
     )
     cegppo_beta2: float = field(
-        default=1.0,
-        metadata={
-            "help": "Gradient coefficient for positive-advantage tokens with ratio > 1 + epsilon_high (paper: 1)."
-        },
+        default=1.0, metadata={"help": "Gradient coefficient of tokens with A > 0, ratio > 1 + eps_high (paper: 1.0)."}
     )
     cegppo_sft_coef: float = field(
-        default=0.0,
-        metadata={
-            "help": "NLL term on completions with reward >= cegppo_sft_reward_threshold (authors' scripts: 0.1)."
-        },
+        default=0.0, metadata={"help": "SFT (NLL) term on completions rewarded >= the threshold below (authors: 0.1)."}
     )
     cegppo_sft_reward_threshold: float = field(
         default=1.0, metadata={"help": "Completions with total reward >= this value get the NLL term."}
     )
     cegppo_exclude_zero_advantage_groups: bool = field(
-        default=False,
-        metadata={"help": "Drop groups whose rewards are all equal from the update (the authors' filter_groups)."},
+        default=False, metadata={"help": "Drop groups whose rewards are all equal (the authors' filter_groups)."}
     )
     cegppo_oversampling: float = field(
-        default=1.0,
-        metadata={
-            "help": "Prompts generated per generation batch / prompts trained on, with dynamic sampling (authors: 2)."
-        },
+        default=1.0, metadata={"help": "Prompts generated / prompts trained on, with dynamic sampling (authors: 2)."}
     )
     cegppo_entropy_ratio_clip: list[float] | None = field(
-        default=None,
-        metadata={
-            "help": "Entropy-ratio clipping band `low high` (0 < low < 1 < high): tokens whose entropy ratio to the "
-            "old policy leaves it give no policy gradient (authors' ERC scripts: 0.95 1.05). None: off."
-        },
+        default=None, metadata={"help": "ERC band `low high`, 0 < low < 1 < high (authors: 0.95 1.05); None: off."}
     )
     cegppo_low_prob_threshold: float = field(
         default=0.5, metadata={"help": "pi(y_t) below this is 'low probability' in the quadrant metrics."}
@@ -209,6 +144,27 @@ class CEGPPOConfig(GRPOConfig):
         super().__post_init__()
         validate_cegppo_config(self)
         check_training_args(self)  # TRL's fields that TRL leaves unchecked (cegppo_trl.run_checks)
+
+
+def as_cegppo_config(args, model) -> CEGPPOConfig:
+    """The trainer's `args` as a `CEGPPOConfig`: None gives the defaults (output dir named after `model`, as TRL does),
+    a plain `GRPOConfig` is upgraded with the paper's betas and a warning (drop-in use)."""
+    if args is None:
+        model_name = model if isinstance(model, str) else get_config_model_id(model.config)
+        return CEGPPOConfig(f"{model_name.split('/')[-1]}-CEGPPO")
+    if isinstance(args, CEGPPOConfig):
+        return args
+    if not isinstance(args, GRPOConfig):
+        raise TypeError(f"`args` must be a CEGPPOConfig (or a GRPOConfig), got {type(args).__name__}.")
+    warnings.warn(
+        "CEGPPOTrainer got a plain GRPOConfig; using CEGPPOConfig with the paper's cegppo_beta1=0.5, "
+        "cegppo_beta2=1.0. Pass a CEGPPOConfig to choose them.",
+        UserWarning,
+        stacklevel=3,
+    )
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init}
+    # GRPOConfig.__post_init__ derived it from steps_per_generation; passing both back is an error.
+    return CEGPPOConfig(**dict(values, generation_batch_size=None))
 
 
 def _require(condition: bool, message: str) -> None:
@@ -380,7 +336,7 @@ def _validate_dynamic_sampling(args) -> None:
     )
     spg, accumulation = args.steps_per_generation, args.gradient_accumulation_steps
     _require(
-        spg is None or spg % accumulation == 0,
+        spg % accumulation == 0,
         f"{flag} needs every optimizer step to lie inside one generation batch (to count the micro-batches that "
         f"kept rows), but `steps_per_generation={spg}` is not a multiple of `gradient_accumulation_steps="
         f"{accumulation}`. Set steps_per_generation to a multiple of it (the paper: 8 x gradient_accumulation_steps "

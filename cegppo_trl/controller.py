@@ -1,8 +1,6 @@
-"""Who owns the betas in force: [`FixedBetas`] (the config's values) or the [`EntropyController`].
-
-The trainer holds exactly one of the two and reads `beta1` / `beta2` from it for every micro-batch; the config keeps
-only the starting values. The controller (beyond the paper; off by default) is a PI loop on the mean token entropy,
-with error `e_k = target - H_k` (positive when entropy is too low):
+"""[`EntropyController`] (beyond the paper; off by default): a PI loop on the mean token entropy that owns the betas
+in force while it runs (the config keeps only the starting values), with error `e_k = target - H_k` (positive when
+entropy is too low):
 
     I_k    = clip(I_{k-1} + e_k, -I_max, I_max)        (anti-windup)
     u_k    = kp * e_k + ki * I_k
@@ -14,24 +12,13 @@ Why this direction, and why `ki * I_max` equals the widest beta range: `docs/met
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-
-
-@dataclass
-class FixedBetas:
-    """The betas when no controller runs: the config's `cegppo_beta1` / `cegppo_beta2`, constant for the run."""
-
-    beta1: float
-    beta2: float
-
-    @classmethod
-    def from_config(cls, args) -> FixedBetas:
-        return cls(beta1=float(args.cegppo_beta1), beta2=float(args.cegppo_beta2))
+from dataclasses import dataclass
 
 
 @dataclass
 class EntropyController:
-    """PI controller state. `update(entropy)` returns the new `(beta1, beta2)`."""
+    """PI controller state (`dataclasses.asdict` is what a checkpoint holds). `update(entropy)` returns the new
+    `(beta1, beta2)`."""
 
     target: float
     kp: float
@@ -71,13 +58,6 @@ class EntropyController:
         self.last_error = error
         self.num_updates += 1
         return self.beta1, self.beta2
-
-    def state_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_state_dict(cls, state: dict) -> EntropyController:
-        return cls(**state)
 
     @classmethod
     def from_config(cls, args) -> EntropyController:

@@ -1,10 +1,6 @@
-"""Pure tensor functions of CE-GPPO (paper Eq. 8), readable against the paper line by line.
-
-Nothing here knows about models, trainers or processes: each function maps tensors to tensors and is tested alone
-(`tests/test_core.py`) against an independent implementation of Eq. 8.
-
-Notation (Su et al., "CE-GPPO", ACL 2026, arXiv 2509.20712, section 3 and Eq. 8; the authors' verl loss
-`gppo_general` agrees):
+"""Pure tensor functions of CE-GPPO (paper Eq. 8), readable against the paper line by line and tested alone
+(`tests/test_core.py`) against an independent implementation. Notation (Su et al., ACL 2026, arXiv 2509.20712, Eq. 8;
+the authors' verl loss `gppo_general` agrees):
 
     r      = pi_theta(y_t | ...) / pi_old(y_t | ...)      importance ratio, here `exp(log_ratio)`
     A      = group-normalised advantage
@@ -14,19 +10,13 @@ Notation (Su et al., "CE-GPPO", ACL 2026, arXiv 2509.20712, section 3 and Eq. 8;
            beta2 * (1 + eps_high) * r / sg(r) * A    if r > 1 + eps_high and A > 0     ("beta2 set")
            r * A                                     otherwise
 
-and the per-token *loss* is `-l_t`; comparisons are strict. The scalars `eps_low`, `eps_high`, `beta1`, `beta2` (and
-TRL's optional dual-clip `delta`) travel together as one [`ClipParams`]. What each branch means for the forward value
-and the gradient, why the trainer can add [`gradient_preserving_correction`] to TRL's loss, and why the old log-probs
-are clamped: `docs/method.md`.
-
-Entropy-ratio clipping (ERC; Su et al., "Entropy Ratio Clipping as a Soft Global Constraint for Stable Reinforcement
-Learning", arXiv 2512.05591; the authors' verl loss `gppo_erc` agrees), an option on top of Eq. 8:
+and the per-token *loss* is `-l_t`; comparisons are strict. Why the trainer can add [`gradient_preserving_correction`]
+to TRL's loss, and why the old log-probs are clamped: `docs/method.md`. Entropy-ratio clipping (ERC, arXiv
+2512.05591; the authors' verl loss `gppo_erc` agrees), an option on top of Eq. 8:
 
     rho_t  = (H_t(pi_theta) + 1e-8) / (H_t(pi_old) + 1e-8)    H_t: full-vocabulary entropy at position t
     L_t   <- L_t         if low < rho_t < high                 (strict: the open interval)
              sg(L_t)     otherwise                              same value, no gradient; still counted
-
-[`entropy_ratio`], [`entropy_ratio_band`] and [`entropy_ratio_clip`] are these lines.
 """
 
 from __future__ import annotations
@@ -54,12 +44,8 @@ EQUAL_REWARD_RTOL = 1e-6
 def clamp_old_log_probs(
     per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor, bound: float = LOG_RATIO_CLAMP
 ):
-    """Move `old_per_token_logps` to within `bound` of the current log-probs, so `log_ratio = logps - old` lies in
-    `[-bound, bound]` and `exp(log_ratio)` stays finite. Returns `(clamped_old, was_clamped)` (both detached).
-
-    Where `|log_ratio| <= bound` the old log-prob is returned unchanged, bit for bit; gradients still flow through
-    `log pi_theta`. Without it one overflowing ratio turns the whole update into NaN (`docs/method.md`).
-    """
+    """Move `old_per_token_logps` to within `bound` of the current log-probs, so `exp(logps - old)` stays finite
+    (unchanged, bit for bit, where `|log_ratio| <= bound`). Returns `(clamped_old, was_clamped)`, both detached."""
     low = per_token_logps.detach() - bound
     high = per_token_logps.detach() + bound
     clamped = torch.clamp(old_per_token_logps, min=low, max=high)
@@ -68,20 +54,9 @@ def clamp_old_log_probs(
 
 @torch.no_grad()
 def equal_reward_groups(rewards: torch.Tensor, group_size: int, rtol: float = EQUAL_REWARD_RTOL) -> torch.Tensor:
-    """Which groups of `group_size` consecutive rows have all rewards equal (the authors' `filter_groups` drops them).
-
-    Args:
-        rewards: `(N,)` total rewards, or `(N, K)` one column per reward function (then a group is equal when every
-            column is). NaN (unscorable) entries are ignored; a group with no scorable entry counts as equal.
-        group_size: completions per prompt.
-        rtol: tolerance relative to `max(1, max |reward|)` of the group.
-
-    Returns:
-        `(N / group_size,)` bool.
-
-    Decided on the rewards rather than on the advantages: TRL's group mean of equal float rewards leaves a residue
-    (eight rewards of 0.7: advantage 5.95e-4 after std normalisation), so `advantage != 0` keeps such groups.
-    """
+    """`(N / group_size,)` bool: which groups of `group_size` consecutive rows of `rewards` (`(N,)`, or `(N, K)`: then
+    every column) are equal within `rtol * max(1, max |reward|)`, NaN ignored (all NaN: equal). Decided on rewards, not
+    advantages: TRL's group mean of eight rewards of 0.7 leaves an advantage of 5.95e-4."""
     grouped = rewards.reshape(-1, group_size, *rewards.shape[1:]).float()
     scorable = ~torch.isnan(grouped)
     high = torch.where(scorable, grouped, torch.full_like(grouped, -math.inf)).amax(dim=1)
@@ -93,16 +68,8 @@ def equal_reward_groups(rewards: torch.Tensor, group_size: int, rtol: float = EQ
 
 @dataclass(frozen=True)
 class ClipParams:
-    """The scalars of Eq. 8 for one micro-batch. Plain values, not validated here (`config.py` validates settings).
-
-    Attributes:
-        epsilon_low: `eps_low`; the lower clip edge is `1 - eps_low`.
-        epsilon_high: `eps_high`; the upper clip edge is `1 + eps_high`.
-        beta1: gradient coefficient of the beta1 set (`r < 1 - eps_low`, `A < 0`).
-        beta2: gradient coefficient of the beta2 set (`r > 1 + eps_high`, `A > 0`).
-        delta: optional dual-clip cap of the ratio in the "otherwise" branch, `min(r, delta) A` (TRL's `delta`, the
-            authors' `c = 10`); `None` for no cap.
-    """
+    """The scalars of Eq. 8 for one micro-batch (validated in `config.py`): the clip range, the betas, and the
+    optional dual-clip cap `delta` of the ratio in the "otherwise" branch, `min(r, delta) A` (the authors' `c = 10`)."""
 
     epsilon_low: float
     epsilon_high: float
@@ -113,16 +80,8 @@ class ClipParams:
 
 @dataclass
 class ClippedSets:
-    """Which tokens Eq. 8 clips, and the gradient weight each token gets (all detached). All tensors broadcast to
-    `torch.broadcast_shapes(log_ratio, advantages)`.
-
-    Attributes:
-        beta1_mask: bool, tokens in the beta1 set (`r < 1 - eps_low` and `A < 0`).
-        beta2_mask: bool, tokens in the beta2 set (`r > 1 + eps_high` and `A > 0`).
-        grad_coef: `d l_t / d(log pi_theta)`, the weight multiplying `grad log pi` of each token:
-            `beta1 (1 - eps_low) A` / `beta2 (1 + eps_high) A` on the two sets, `r A` elsewhere (0 where dual-clip
-            caps the ratio). Used for gradient-share diagnostics.
-    """
+    """Which tokens Eq. 8 clips (bool masks of the beta1 and beta2 sets) and each token's `grad_coef = d l_t / d log
+    pi_theta` (`beta (1 -+ eps) A` on the sets, `r A` elsewhere, 0 where dual-clip caps the ratio); all detached."""
 
     beta1_mask: torch.Tensor
     beta2_mask: torch.Tensor
@@ -131,11 +90,7 @@ class ClippedSets:
 
 @dataclass
 class CEGPPOTokenLoss(ClippedSets):
-    """Output of [`cegppo_per_token_loss`]: the [`ClippedSets`] fields plus
-
-    Attributes:
-        per_token_loss: `-l_t` of Eq. 8 (with the optional dual-clip `delta`), differentiable w.r.t. `log_ratio`.
-    """
+    """Output of [`cegppo_per_token_loss`]: the [`ClippedSets`] and `per_token_loss`, `-l_t` (differentiable)."""
 
     per_token_loss: torch.Tensor
 
@@ -159,19 +114,9 @@ def clipped_sets(log_ratio: torch.Tensor, advantages: torch.Tensor, params: Clip
 
 
 def cegppo_per_token_loss(log_ratio: torch.Tensor, advantages: torch.Tensor, params: ClipParams) -> CEGPPOTokenLoss:
-    """Per-token CE-GPPO loss `-l_t` (Eq. 8).
-
-    Args:
-        log_ratio: `log pi_theta - log pi_old`, shape `(B, T)` (token level) or `(B, 1)` (sequence level). Carries the
-            gradient of `log pi_theta`.
-        advantages: shape `(B, 1)` or `(B, T)`; broadcast against `log_ratio`.
-        params: [`ClipParams`] (clip range, betas, optional dual-clip `delta`).
-
-    Returns:
-        [`CEGPPOTokenLoss`].
-
-    With `beta1 = beta2 = 1` this is GPPO; with `beta1 = beta2 = 0` its gradient is PPO-clip's.
-    """
+    """Per-token CE-GPPO loss `-l_t` (Eq. 8) of `log_ratio = log pi_theta - log pi_old` (`(B, T)`, or `(B, 1)` at
+    sequence level; it carries the gradient) and `advantages` (`(B, 1)` or `(B, T)`). `beta1 = beta2 = 1` is GPPO;
+    `beta1 = beta2 = 0` has PPO-clip's gradient."""
     p = params
     ratio = torch.exp(log_ratio)
     # r / sg(r): exactly 1 in the forward pass, gradient d log pi_theta. exp(x - sg(x)) avoids dividing two
@@ -236,25 +181,15 @@ def gradient_preserving_correction(
 def entropy_ratio(
     entropies: torch.Tensor, old_entropies: torch.Tensor, eps: float = ENTROPY_RATIO_EPS
 ) -> torch.Tensor:
-    """ERC's `rho_t = (H_t(pi_theta) + eps) / (H_t(pi_old) + eps)`, per token (detached).
-
-    Args:
-        entropies: `(B, T)` entropies of the current policy, `softmax(logits / temperature)` over the whole
-            vocabulary at each completion position (what TRL's `_get_per_token_logps_and_entropies` returns).
-        old_entropies: `(B, T)` the same under the old policy (the pass that computed the old log-probs).
-        eps: added to both, as the authors do.
-    """
+    """ERC's `rho_t = (H_t(pi_theta) + eps) / (H_t(pi_old) + eps)`, per token (detached), from the `(B, T)`
+    full-vocabulary entropies TRL's `_get_per_token_logps_and_entropies` returns under the current and old policy."""
     return (entropies.detach() + eps) / (old_entropies + eps)
 
 
 @dataclass
 class EntropyRatioBand:
-    """Where each token's entropy ratio lies against ERC's band `(low, high)` (bool, detached, same shape).
-
-    Attributes:
-        keep: `low < rho < high` (the authors' strict comparisons): the tokens that keep their gradient.
-        below: `rho <= low`; above: `rho >= high`. A NaN ratio is in none of the three (and loses its gradient).
-    """
+    """Where each token's entropy ratio lies against ERC's band `(low, high)`: `keep` (`low < rho < high`, strict as
+    the authors'), `below` (`rho <= low`), `above` (`rho >= high`); a NaN ratio is in none (and loses its gradient)."""
 
     keep: torch.Tensor
     below: torch.Tensor
@@ -272,11 +207,6 @@ def entropy_ratio_band(
 
 
 def entropy_ratio_clip(per_token_loss: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """ERC's masked gradient: `torch.where(keep, L, sg(L))`. Every token keeps its loss value (so it still counts in
-    the loss's value and in the token-mean denominator); the tokens outside the band (`keep` False) give no gradient.
-
-    Args:
-        per_token_loss: the policy term's per-token loss `L`, `(B, T)` or `(B, 1)` (sequence level; broadcast).
-        keep: bool `(B, T)`, [`EntropyRatioBand.keep`] of [`entropy_ratio_band`].
-    """
+    """ERC's masked gradient `torch.where(keep, L, sg(L))`: every token keeps its loss value (and still counts in the
+    token-mean denominator); the tokens outside the band give no gradient."""
     return torch.where(keep, per_token_loss, per_token_loss.detach())

@@ -1,10 +1,7 @@
 """Dynamic sampling (`cegppo_exclude_zero_advantage_groups`, `cegppo_oversampling`) as functions of explicit arguments:
-the over-generation batch arithmetic, the over-generating loader, the choice of the training rows from the rewards,
-moving them between processes and marking the dropped ones.
-
-`CEGPPOTrainer._generate_and_score_completions` calls them in that order; what the training batch is made of and why
-it is exact: docs/method.md, "Dynamic sampling". The code that mirrors TRL 1.16 is marked so and pinned by
-`tests/test_dynamic_sampling.py` and `tests/test_edges.py`.
+the over-generation arithmetic and loader, the choice of the training rows, moving them between processes and marking
+the dropped ones. Why the training batch is exact: docs/method.md, "Dynamic sampling". Code that mirrors TRL 1.16 is
+marked so and pinned by `tests/test_dynamic_sampling.py` and `tests/test_edges.py`.
 """
 
 from __future__ import annotations
@@ -41,10 +38,8 @@ LEFT_PADDED_KEYS = ("prompt_ids", "prompt_mask")
 
 
 def over_generation(args) -> tuple[float, float]:
-    """(prompts per generation batch on all processes, rows per process and generation batch) with
-    `cegppo_oversampling` = k: TRL's `generation_batch_size / num_generations` and `per_device_train_batch_size x
-    steps_per_generation`, each times k. The one place this is computed: the config checks both are whole numbers,
-    the loader uses them."""
+    """(prompts per generation batch on all processes, rows per process and generation batch): TRL's two sizes times
+    `cegppo_oversampling`. The one place this is computed (the config checks both are whole, the loader uses them)."""
     k = args.cegppo_oversampling
     prompts = args.generation_batch_size * k / args.num_generations
     return prompts, args.per_device_train_batch_size * args.steps_per_generation * k
@@ -206,12 +201,10 @@ def old_policy_pass(
     args,
     old_entropies: bool = False,
 ) -> None:
-    """Select first, then compute: TRL 1.16 `_generate_and_score_completions`' old- and reference-log-prob passes
-    (the same inputs, chunk size, `no_grad`, `disable_gradient_checkpointing`, `use_adapter` for a PEFT reference)
-    run on `output`'s rows, the training rows, instead of on every generated row. `logps_of` is the trainer's
-    `_get_per_token_logps_and_entropies`; `old` is TRL's condition for old log-probs, `reference` its `beta != 0`;
-    the chunk size is `args.per_device_train_batch_size`, as TRL's in training. With `old_entropies`, the old policy's
-    per-token entropies come from the same forward, as `output["cegppo_old_entropies"]` (B, T)."""
+    """Select first, then compute: TRL 1.16 `_generate_and_score_completions`' old- and reference-log-prob passes (same
+    inputs, chunk size, `no_grad`, `disable_gradient_checkpointing`, `use_adapter` for a PEFT reference) on the
+    training rows only. `logps_of` is the trainer's `_get_per_token_logps_and_entropies`; `old` / `reference` are
+    TRL's conditions; with `old_entropies` the same forward gives `output["cegppo_old_entropies"]`."""
     input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
     attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
     kwargs = {key: output[key] for key in ("token_type_ids", "mm_token_type_ids") if key in output}

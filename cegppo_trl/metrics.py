@@ -1,35 +1,21 @@
-"""CE-GPPO's token metrics, beside `core.py`: which loss tokens fall in which set, the sums every `cegppo/` token
-metric is a ratio of, and how the sums recorded on the device become TRL's metric lists at `log`.
+"""CE-GPPO's token metrics, beside `core.py`: the sums every `cegppo/` token metric is a ratio of (pure functions of
+tensors, checked against per-token counts in `tests/test_metrics.py`), and `DeviceMetrics`, which keeps what the trainer
+records on the device and turns it into TRL's metric lists at `log`.
 
-Pure functions of tensors (no trainer, no process group): `CEGPPOTrainer` all-reduces the sums over processes and
-records them in a `DeviceMetrics`; `tests/test_metrics.py` checks every metric against a per-token count.
+TRL's own metrics describe the loss actually optimised: `policy_loss` (logged by TRL only with the entropy bonus on) is
+corrected to the CE-GPPO policy term (+ KL); `clip_ratio/*` are exactly CE-GPPO's beta1 / beta2 sets. With dynamic
+sampling the token means cover the kept rows only. Added under `cegppo/`:
 
-TRL's own metrics from the loss path describe the loss actually optimised: `policy_loss` (logged by TRL only with
-the entropy bonus on) is corrected to the CE-GPPO policy term (+ KL, as in TRL); `clip_ratio/*` count the tokens
-outside the clip range, which are exactly CE-GPPO's beta1 / beta2 sets (they still get gradient under CE-GPPO);
-`entropy`, `kl`, `entropy_coef` and `aux_loss` are unchanged by the correction. With dynamic sampling the token
-means cover the kept rows only (dropped rows have an empty loss mask).
-
-Metrics added under `cegppo/`:
-
-* `beta1`, `beta2`: the coefficients in force (they move only under the entropy controller).
-* `beta1_token_frac`, `beta2_token_frac`: fraction of loss tokens in the beta1 / beta2 set.
-* `beta1_grad_share`, `beta2_grad_share`: share of the total gradient weight `sum |d loss / d log pi|` carried
-  by each set (PPO-clip would give both 0).
-* `quadrant/{pos,neg}_{high,low}/{token_frac,grad_share,clip_frac,restored_grad_share}`: the paper's four token
-  quadrants (advantage sign x `pi_theta(y_t)` above / below `cegppo_low_prob_threshold`): token fraction, share of
-  gradient weight, fraction of the quadrant's tokens that were clipped, and the share of the total gradient
-  weight that CE-GPPO gave back to the quadrant's clipped tokens. Zero-advantage tokens belong to no quadrant.
-* `log_ratio_clamped_frac`: fraction of loss tokens whose `|log pi_theta - log pi_old|` exceeded 20 and was
-  clamped (should be 0; anything else points at broken old / sampler log-probs).
-* With `cegppo_exclude_zero_advantage_groups`: `informative_group_frac` (per generation batch, the fraction of
-  generated groups that are informative); per optimizer step `batch_fill` (the step's kept rows / the rows it
-  holds, 1.0 = as full as the paper's), and, of the generation batch it came from, `informative_groups` (informative
-  groups generated) and `groups_trained` (groups in the training batch: at most the training batch's prompts).
-* With `cegppo_entropy_ratio_clip`: `erc_low_frac`, `erc_high_frac`, the fraction of loss tokens whose entropy ratio
-  `rho` is `<= low` / `>= high` (entropy-ratio clipping takes their policy gradient away).
-* `sft_nll` (token-mean NLL of the SFT completions), `sft_token_frac` when `cegppo_sft_coef > 0`;
-  `entropy_error`, `entropy_integral` under the entropy controller.
+* `beta1`, `beta2` (in force); `beta1_token_frac`, `beta2_token_frac` (loss tokens in each clipped set);
+  `beta1_grad_share`, `beta2_grad_share` (each set's share of the gradient weight `sum |d loss / d log pi|`).
+* `quadrant/{pos,neg}_{high,low}/{token_frac,grad_share,clip_frac,restored_grad_share}`: advantage sign x
+  `pi_theta(y_t)` above / below `cegppo_low_prob_threshold` (zero-advantage tokens are in none): token fraction,
+  gradient share, clipped fraction of the quadrant, and the gradient share CE-GPPO gave back to its clipped tokens.
+* `log_ratio_clamped_frac`: loss tokens whose `|log pi_theta - log pi_old|` hit the clamp at 20 (should be 0).
+* dynamic sampling: `informative_group_frac` (per generation batch); per optimizer step `batch_fill` (kept rows /
+  rows), `informative_groups` and `groups_trained` (of the generation batch it came from).
+* `erc_low_frac`, `erc_high_frac` (entropy-ratio clipping: loss tokens with `rho <= low` / `>= high`); `sft_nll`,
+  `sft_token_frac` (SFT term); `entropy_error`, `entropy_integral` (entropy controller).
 """
 
 from __future__ import annotations
@@ -77,7 +63,6 @@ TOKEN_METRICS = {
     **{name: cell for quadrant in QUADRANTS for name, cell in _quadrant_metrics(quadrant).items()},
     "cegppo/log_ratio_clamped_frac": (("clamped", "tokens"), ("all", "tokens")),
 }
-TOKEN_METRIC_NAMES = tuple(TOKEN_METRICS)
 # Logged once per optimizer step under dynamic sampling: the step's fill, and its generation batch's group counts.
 STEP_FILL_METRICS = ("cegppo/batch_fill", "cegppo/informative_groups", "cegppo/groups_trained")
 
@@ -129,15 +114,15 @@ class Ratios:
     tokens: int
 
     @classmethod
-    def of_token_sets(cls, metrics: dict = TOKEN_METRICS) -> Ratios:
-        """The ratios of `metrics` (name -> numerator, denominator cells) over the flattened `token_set_sums`."""
+    def of_token_sets(cls) -> Ratios:
+        """The ratios of `TOKEN_METRICS` over the flattened `token_set_sums`."""
 
         def position(cell: tuple[str, str]) -> int:
             token_set, column = cell
             return TOKEN_SETS.index(token_set) * len(COLUMNS) + COLUMNS.index(column)
 
-        nums, dens = zip(*((position(num), position(den)) for num, den in metrics.values()))
-        return cls(tuple(metrics), nums, dens, position(("all", "tokens")))
+        nums, dens = zip(*((position(num), position(den)) for num, den in TOKEN_METRICS.values()))
+        return cls(tuple(TOKEN_METRICS), nums, dens, position(("all", "tokens")))
 
     @classmethod
     def of_pairs(cls, names: tuple[str, ...]) -> Ratios:

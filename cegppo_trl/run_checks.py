@@ -4,14 +4,13 @@ user of the library meets them too (`cegppo-train` prints each as one line, exit
 - `check_training_args`, from `CEGPPOConfig.__post_init__`: completion length, batch size, temperature, saving
   (`save_steps` 0, checkpoints inside a generation batch) and an `output_dir` that cannot be a directory;
 - in `CEGPPOTrainer.__init__`: `explain_model_load_errors` (a truncated weights file, an uncached Hub kernel offline),
-  `check_dataset_fills_a_generation_batch` and `require_a_reward` (a batch in which every reward is None).
+  `check_dataset_fills_a_generation_batch`, `warn_if_untested_trl`, and `RewardCoverageError` (a batch in which
+  every reward is None).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
-import inspect
 import os
 import warnings
 from collections.abc import Iterator
@@ -22,7 +21,7 @@ __all__ = [
     "check_dataset_fills_a_generation_batch",
     "check_training_args",
     "explain_model_load_errors",
-    "require_a_reward",
+    "warn_if_untested_trl",
 ]
 
 
@@ -110,51 +109,23 @@ def check_dataset_fills_a_generation_batch(train_dataset, args) -> None:
 
 
 class RewardCoverageError(ValueError):
-    """Every reward function returned None for every completion of a batch: nothing to learn from."""
+    """Every reward function returned None for every completion of a batch: nothing to learn from (TRL only warns,
+    trains on nothing and saves the model as a success). Raised by `CEGPPOTrainer._calculate_rewards`."""
 
 
-class _RewardCoverage:
-    """Which completions of the batch in progress some reward function rewarded (a value other than None)."""
-
-    def __init__(self, names: list[str]):
-        self.names, self.covered, self.calls = names, [], 0
-
-    def record(self, rewards) -> None:
-        if self.calls == 0:
-            self.covered = [False] * len(rewards)
-        self.covered = [c or r is not None for c, r in zip(self.covered, rewards, strict=False)]
-        self.calls = (self.calls + 1) % len(self.names)
-        if self.calls == 0 and self.covered and not any(self.covered):
-            raise RewardCoverageError(
-                f"reward_funcs: every reward function ({', '.join(self.names)}) returned None for all "
-                f"{len(self.covered)} completions of a batch, so there is nothing to learn from. A reward function "
-                "returns one float per completion (None only for one it does not apply to): fix it, or add one."
-            )
+# The TRL minor versions whose `GRPOTrainer._compute_loss` `CEGPPOTrainer` mirrors, checked by tests/test_trl_parity.py.
+TESTED_TRL_MINOR_VERSIONS = ("1.16",)
 
 
-class _CheckedReward:
-    """A reward function that reports what it returned to a `_RewardCoverage` (picklable, its name kept)."""
+def warn_if_untested_trl() -> None:
+    """Warn when the installed TRL is not a version the mirrored loss code was checked against."""
+    import trl
 
-    def __init__(self, func, coverage: _RewardCoverage):
-        functools.update_wrapper(self, func)
-        self.func, self.coverage = func, coverage
-
-    def __repr__(self) -> str:
-        return repr(self.func)
-
-    def __call__(self, *args, **kwargs):
-        rewards = self.func(*args, **kwargs)
-        self.coverage.record(rewards)
-        return rewards
-
-
-def require_a_reward(funcs: list) -> list:
-    """`funcs`, each wrapped so that a batch in which no function rewarded any completion raises
-    `RewardCoverageError`: TRL only warns, trains on nothing and saves the model as a success. TRL calls the functions
-    one after the other on the same batch, so the last call of a batch checks. Only lists of plain synchronous
-    functions are wrapped (a reward model always rewards; TRL runs async functions in its own loop)."""
-    plain = [callable(f) and not hasattr(f, "forward") and not inspect.iscoroutinefunction(f) for f in funcs]
-    if not funcs or not all(plain):
-        return funcs
-    coverage = _RewardCoverage([getattr(f, "__name__", repr(f)) for f in funcs])
-    return [_CheckedReward(f, coverage) for f in funcs]
+    if ".".join(trl.__version__.split(".")[:2]) not in TESTED_TRL_MINOR_VERSIONS:
+        warnings.warn(
+            f"cegppo_trl mirrors GRPOTrainer._compute_loss of TRL {TESTED_TRL_MINOR_VERSIONS} but TRL "
+            f"{trl.__version__} is installed; run tests/test_trl_parity.py before trusting the loss, or install "
+            f"trl=={TESTED_TRL_MINOR_VERSIONS[-1]}.*",
+            UserWarning,
+            stacklevel=3,
+        )

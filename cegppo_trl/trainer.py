@@ -2,9 +2,9 @@
 
 `_compute_loss` adds `aggregate(correction)` (`core.gradient_preserving_correction`, zero outside the clipped sets) to
 TRL's own loss from the same forward pass, on a copy of the micro-batch whose old log-probs are clamped.
-`_generate_and_score_completions` adds the authors' extras: dynamic sampling (`dynamic_sampling.py`) and the SFT mask.
-Metrics: `metrics.py`. Code that mirrors TRL 1.16 is marked "TRL 1.16" and pinned by tests; why the sum is CE-GPPO's
-loss exactly and which test covers which private TRL name: `docs/method.md`.
+`_generate_and_score_completions` adds dynamic sampling (`dynamic_sampling.py`) and the SFT mask. Metrics:
+`metrics.py`. Code that mirrors TRL 1.16 is marked "TRL 1.16" and pinned by tests; why the sum is CE-GPPO's loss
+exactly and which test covers which private TRL name: `docs/method.md`.
 """
 
 from __future__ import annotations
@@ -13,22 +13,18 @@ import dataclasses
 import json
 import math
 import os
-import textwrap
 import warnings
 from typing import NamedTuple
 
 import torch
-import trl
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
-from trl.trainer.utils import get_config_model_id
 
 from . import dynamic_sampling, metrics
-from .config import CEGPPOConfig, validate_cegppo_config
-from .controller import EntropyController, FixedBetas
+from .config import as_cegppo_config, validate_cegppo_config
+from .controller import EntropyController
 from .core import (
     ClipParams,
-    ClippedSets,
     cegppo_per_token_loss,
     clamp_old_log_probs,
     entropy_ratio_band,
@@ -36,20 +32,15 @@ from .core import (
     gradient_preserving_correction,
 )
 from .metrics import TOKEN_RATIOS, DeviceMetrics, StepSums, token_set_sums
-from .run_checks import check_dataset_fills_a_generation_batch, explain_model_load_errors, require_a_reward
+from .run_checks import (
+    RewardCoverageError,
+    check_dataset_fills_a_generation_batch,
+    explain_model_load_errors,
+    warn_if_untested_trl,
+)
 
 
 CONTROLLER_STATE_FILE = "cegppo_controller_state.json"
-# The TRL minor versions whose `GRPOTrainer._compute_loss` the mirrored code below was checked against.
-TESTED_TRL_MINOR_VERSIONS = ("1.16",)
-
-
-def _as_cegppo_config(args: GRPOConfig) -> CEGPPOConfig:
-    """Upgrade a plain `GRPOConfig` (drop-in use) to a `CEGPPOConfig` with the paper's CE-GPPO defaults."""
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init}
-    # GRPOConfig.__post_init__ derived generation_batch_size from steps_per_generation; passing both back is an error.
-    values["generation_batch_size"] = None
-    return CEGPPOConfig(**values)
 
 
 class _PolicyTermInputs(NamedTuple):
@@ -67,19 +58,14 @@ class _Forward(NamedTuple):
     logps: torch.Tensor  # (B, T) log pi_theta of the completion tokens
     entropies: torch.Tensor  # (B, T)
     clamped: torch.Tensor | None  # (B, T) tokens whose old log-prob was clamped, None without old log-probs
-    aux_loss: torch.Tensor | None  # MoE router loss, None for dense models
 
 
 class CEGPPOTrainer(GRPOTrainer):
     """[`~trl.GRPOTrainer`] with the CE-GPPO policy loss. Same constructor; pass a [`CEGPPOConfig`].
 
-    Replacing `GRPOTrainer` with `CEGPPOTrainer` in a working GRPO script is all a switch needs: a plain `GRPOConfig`
-    is accepted and upgraded to a `CEGPPOConfig` with the paper's `cegppo_beta1=0.5`, `cegppo_beta2=1.0` (a warning
-    says so). CE-GPPO only differs from GRPO off-policy: set `steps_per_generation` to a multiple of
-    `gradient_accumulation_steps` (the paper: 8x) or `num_iterations > 1`.
-
-    The metrics it logs (TRL's, corrected to the loss actually optimised, and its own under `cegppo/`) are listed in
-    `cegppo_trl/metrics.py`.
+    A plain `GRPOConfig` is upgraded to a `CEGPPOConfig` with the paper's `cegppo_beta1=0.5`, `cegppo_beta2=1.0` (a
+    warning says so). CE-GPPO only differs from GRPO off-policy: set `steps_per_generation` to a multiple of
+    `gradient_accumulation_steps` (the paper: 8x) or `num_iterations > 1`. Metrics: `cegppo_trl/metrics.py`.
     """
 
     _tag_names = ["trl", "grpo", "cegppo"]
@@ -95,47 +81,25 @@ class CEGPPOTrainer(GRPOTrainer):
         "title": "CE-GPPO: Coordinating Entropy via Gradient-Preserving Clipping Policy Optimization in "
         "Reinforcement Learning",
         "id": "2509.20712",
-        "citation": textwrap.dedent("""\
-            @inproceedings{su2026cegppo,
-                title        = {{CE-GPPO: Coordinating Entropy via Gradient-Preserving Clipping Policy Optimization in Reinforcement Learning}},
-                author       = {Zhenpeng Su and Leiyu Pan and Minxuan Lv and Yuntao Li and Wenping Hu and Fuzheng Zhang and Kun Gai and Guorui Zhou},
-                booktitle    = {Proceedings of ACL},
-                year         = 2026,
-                eprint       = {arXiv:2509.20712},
-            }"""),
+        "citation": """\
+@inproceedings{su2026cegppo,
+    title        = {{CE-GPPO: Coordinating Entropy via Gradient-Preserving Clipping Policy Optimization in Reinforcement Learning}},
+    author       = {Zhenpeng Su and Leiyu Pan and Minxuan Lv and Yuntao Li and Wenping Hu and Fuzheng Zhang and Kun Gai and Guorui Zhou},
+    booktitle    = {Proceedings of ACL},
+    year         = 2026,
+    eprint       = {arXiv:2509.20712},
+}""",
     }
 
     def __init__(self, model, reward_funcs=None, args: GRPOConfig | None = None, *pargs, **kwargs):
-        if args is None:
-            model_name = model if isinstance(model, str) else get_config_model_id(model.config)
-            args = CEGPPOConfig(f"{model_name.split('/')[-1]}-CEGPPO")
-        elif not isinstance(args, CEGPPOConfig):
-            if not isinstance(args, GRPOConfig):
-                raise TypeError(f"`args` must be a CEGPPOConfig (or a GRPOConfig), got {type(args).__name__}.")
-            warnings.warn(
-                "CEGPPOTrainer got a plain GRPOConfig; using CEGPPOConfig with the paper's cegppo_beta1=0.5, "
-                "cegppo_beta2=1.0. Pass a CEGPPOConfig to choose them.",
-                UserWarning,
-                stacklevel=2,
-            )
-            args = _as_cegppo_config(args)
-        if ".".join(trl.__version__.split(".")[:2]) not in TESTED_TRL_MINOR_VERSIONS:
-            warnings.warn(
-                f"cegppo_trl mirrors GRPOTrainer._compute_loss of TRL {TESTED_TRL_MINOR_VERSIONS} but TRL "
-                f"{trl.__version__} is installed; run tests/test_trl_parity.py before trusting the loss, or install "
-                f"trl=={TESTED_TRL_MINOR_VERSIONS[-1]}.*",
-                UserWarning,
-                stacklevel=2,
-            )
-        # Fields may have been changed after the config was built; check again before any work is done.
-        validate_cegppo_config(args)
+        args = as_cegppo_config(args, model)
+        warn_if_untested_trl()
+        validate_cegppo_config(args)  # fields may have been changed after the config was built
         with explain_model_load_errors(model):  # a truncated weights file, an uncached Hub kernel: one line each
             super().__init__(model, reward_funcs, args, *pargs, **kwargs)
         check_dataset_fills_a_generation_batch(self.train_dataset, args)
-        self.reward_funcs = require_a_reward(self.reward_funcs)  # TRL only warns when every reward is None
-        # The one owner of the betas in force: the entropy controller when it is on, else the config's values.
-        betas = EntropyController if args.cegppo_entropy_target is not None else FixedBetas
-        self._betas: EntropyController | FixedBetas = betas.from_config(args)
+        # The owner of the betas when the entropy controller is on; else they are the config's, constant.
+        self._controller = EntropyController.from_config(args) if args.cegppo_entropy_target is not None else None
         self._step_sums = StepSums(self.accelerator.reduce)  # the controller's and the batch fill's
         self._device_metrics = DeviceMetrics(self.accelerator.reduce)  # until `log`
         if args.cegppo_exclude_zero_advantage_groups:
@@ -149,18 +113,13 @@ class CEGPPOTrainer(GRPOTrainer):
         self._entropy_ratio_band = None if band is None else (float(band[0]), float(band[1]))
         if not self._has_old_log_probs:
             warnings.warn(
-                "CE-GPPO is inert with this configuration: steps_per_generation "
-                f"({args.steps_per_generation}) x num_iterations ({args.num_iterations}) divides "
-                f"gradient_accumulation_steps ({args.gradient_accumulation_steps}), so every update is on-policy, the "
-                "ratio is always 1, nothing is clipped and the loss equals GRPO's. The paper takes 8 optimizer steps "
-                "per generation batch: set steps_per_generation = 8 * gradient_accumulation_steps "
-                f"(= {8 * args.gradient_accumulation_steps}) or num_iterations > 1."
-                + (
-                    " cegppo_entropy_ratio_clip is inert too: without old log-probs there are no old entropies "
-                    "(the entropy ratio is 1)."
-                    if band is not None
-                    else ""
-                ),
+                f"CE-GPPO is inert with this configuration: steps_per_generation ({args.steps_per_generation}) x "
+                f"num_iterations ({args.num_iterations}) divides gradient_accumulation_steps "
+                f"({args.gradient_accumulation_steps}), so every update is on-policy: the ratio is always 1 and the "
+                "loss equals GRPO's"
+                + (", and cegppo_entropy_ratio_clip is inert too" if band is not None else "")
+                + ". The paper takes 8 optimizer steps per generation batch: set steps_per_generation = "
+                f"{8 * args.gradient_accumulation_steps} (8 x gradient_accumulation_steps) or num_iterations > 1.",
                 UserWarning,
                 stacklevel=2,
             )
@@ -168,12 +127,9 @@ class CEGPPOTrainer(GRPOTrainer):
     @property
     def clip_params(self) -> ClipParams:
         """The Eq. 8 scalars the next micro-batch uses: TRL's clip range and `delta`, and the betas in force."""
-        return ClipParams(self.epsilon_low, self.epsilon_high, self._betas.beta1, self._betas.beta2, self.args.delta)
-
-    @property
-    def _controller(self) -> EntropyController | None:
-        """The entropy controller, or None when `cegppo_entropy_target` is unset."""
-        return self._betas if isinstance(self._betas, EntropyController) else None
+        c = self._controller
+        betas = (c.beta1, c.beta2) if c is not None else (self.args.cegppo_beta1, self.args.cegppo_beta2)
+        return ClipParams(self.epsilon_low, self.epsilon_high, *map(float, betas), self.args.delta)
 
     # --- Generation: over-generate, select the rows to train on, then compute their old / reference log-probs
     def get_train_dataloader(self):
@@ -185,13 +141,19 @@ class CEGPPOTrainer(GRPOTrainer):
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         # TRL 1.16 hands them (all processes', (N, num_funcs)) only to `_generate_and_score_completions`: keep them.
-        self._rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        return self._rewards_per_func
+        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        if torch.isnan(rewards).all():  # TRL only warns, trains on nothing and saves the model as a success
+            raise RewardCoverageError(
+                f"reward_funcs: every reward function ({', '.join(self.reward_func_names)}) returned None for all "
+                f"{rewards.size(0)} completions of a batch, so there is nothing to learn from. A reward function "
+                "returns one float per completion (None only for one it does not apply to): fix it, or add one."
+            )
+        self._rewards_per_func = rewards
+        return rewards
 
     def _generate_and_score_completions(self, inputs):
         mode = "train" if self.model.training else "eval"
-        deferred = self._old_policy_pass_after_selection(mode)
-        self._deferring_old_policy_pass = deferred
+        deferred = self._deferring_old_policy_pass = self._old_policy_pass_after_selection(mode)
         # Entropy-ratio clipping: TRL's own old pass (when not deferred) keeps its entropies for the batch.
         erc = self._entropy_ratio_band is not None and self._has_old_log_probs
         self._capturing_old_entropies = erc and not deferred
@@ -205,10 +167,10 @@ class CEGPPOTrainer(GRPOTrainer):
         rewards = dynamic_sampling.total_rewards(rewards_per_func, self.reward_weights)  # all processes
         if deferred:  # TRL's placeholders (see `_get_per_token_logps_and_entropies`), computed again below
             output.pop("old_per_token_logps", None), output.pop("ref_per_token_logps", None)
-        selection = None
+        keep = None
         if self.args.cegppo_exclude_zero_advantage_groups:
             output, selection = self._select_training_rows(output, rewards, mode)
-            rewards = rewards[selection.local_rows.to(rewards.device)]
+            rewards, keep = rewards[selection.local_rows.to(rewards.device)], selection.local_keep
         else:  # this process's rows
             rewards = rewards.view(self.accelerator.num_processes, -1)[self.accelerator.process_index]
         if deferred:  # the training rows only, with TRL's attention mask (before dropped rows lose theirs)
@@ -216,7 +178,6 @@ class CEGPPOTrainer(GRPOTrainer):
                 output, self._get_per_token_logps_and_entropies, self.model, self.ref_model, self.accelerator,
                 old=self._has_old_log_probs, reference=self.beta != 0.0, args=self.args, old_entropies=erc,
             )  # fmt: skip
-        keep = None if selection is None else selection.local_keep
         if keep is not None:
             dynamic_sampling.mark_dropped_rows(output, keep, self.accelerator.gather)
         if self.args.cegppo_sft_coef > 0:
@@ -239,8 +200,9 @@ class CEGPPOTrainer(GRPOTrainer):
         output, selection = dynamic_sampling.take_training_rows(
             output, rewards, group_size, factor, self.accelerator, pad_token_id
         )
-        informative_frac = selection.informative.float().mean().unsqueeze(0)
-        self._device_metrics.record(mode, ("cegppo/informative_group_frac",), informative_frac)
+        self._device_metrics.record(
+            mode, ("cegppo/informative_group_frac",), selection.informative.float().mean()[None]
+        )
         if mode == "train":  # for the optimizer steps this batch feeds (`cegppo/informative_groups`, `groups_trained`)
             output.update(zip(dynamic_sampling.GROUP_COUNT_KEYS, selection.group_counts(group_size)))
         return output, selection
@@ -263,7 +225,7 @@ class CEGPPOTrainer(GRPOTrainer):
             clamped = None  # only afterwards: clamping them here bounds TRL's log-ratio and the correction's alike
             if inputs.get("old_per_token_logps") is not None:
                 inputs["old_per_token_logps"], clamped = clamp_old_log_probs(logps, inputs["old_per_token_logps"])
-            self._forward = _Forward(logps, entropies, clamped, aux_loss)
+            self._forward = _Forward(logps, entropies, clamped)
         return logps, entropies, aux_loss
 
     def _compute_loss(self, model, inputs):
@@ -305,10 +267,10 @@ class CEGPPOTrainer(GRPOTrainer):
             token_weight = is_ratio if token_weight is None else token_weight * is_ratio
         return _PolicyTermInputs(log_ratio, advantages, mask, token_weight)
 
-    def _aggregate_like_trl(self, per_token_loss: torch.Tensor, mask: torch.Tensor, inputs) -> torch.Tensor:
+    def _aggregate_like_trl(self, per_token_loss: torch.Tensor, mask: torch.Tensor, inputs, mode: str) -> torch.Tensor:
         """Reduce a per-token loss to the scalar TRL 1.16 would, for grpo / bnpo / dr_grpo / dapo / luspo."""
-        mode = "train" if self.model.training else "eval"
-        accumulation = self._accumulation(mode)
+        # TRL 1.16 divides grpo / bnpo / dr_grpo / luspo (and entropy bonus, aux loss) by this; dapo's normaliser too.
+        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
         if self.loss_type == "grpo":
             return ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean() / accumulation
         if self.loss_type == "bnpo":
@@ -320,10 +282,6 @@ class CEGPPOTrainer(GRPOTrainer):
         if self.loss_type == "luspo":
             return (per_token_loss * mask).sum(-1).mean() / accumulation
         raise ValueError(f"loss_type={self.loss_type!r} is not supported by CEGPPOTrainer.")
-
-    def _accumulation(self, mode: str) -> float:
-        # TRL 1.16 divides grpo / bnpo / dr_grpo / luspo (and entropy bonus, aux loss) by this; dapo's normaliser too.
-        return self.current_gradient_accumulation_steps if mode == "train" else 1.0
 
     def _token_mean_normalizer(self, num_tokens: torch.Tensor, mode: str) -> torch.Tensor:
         # TRL 1.16 dapo: the count spans the generation batch on all processes; rescale it to one accumulation window.
@@ -342,17 +300,31 @@ class CEGPPOTrainer(GRPOTrainer):
         correction, sets = gradient_preserving_correction(terms.log_ratio, terms.advantages, params)
         if terms.token_weight is not None:
             correction = correction * terms.token_weight
-        correction = self._aggregate_like_trl(correction, terms.mask, inputs)  # as TRL aggregates its loss
+        loss_delta = self._aggregate_like_trl(correction, terms.mask, inputs, mode)  # as TRL aggregates its loss
         if self._entropy_bonus_enabled:
-            self._correct_policy_loss_metric(mode, correction)
-        loss_delta = correction
+            # TRL 1.16 logs `policy_loss` (policy + KL term) only with the entropy bonus on, before the division by
+            # accumulation (dapo: normalised); the correction at that scale is added to it at `log`.
+            scale = self.current_gradient_accumulation_steps if mode == "train" and self.loss_type != "dapo" else 1.0
+            self._device_metrics.record_mean(mode, ("policy_loss",), (loss_delta.detach() * scale).unsqueeze(0))
         if self._entropy_ratio_band is not None and old_entropies is not None:
-            loss_delta = loss_delta + self._entropy_ratio_clip_loss(
-                inputs, terms, params, forward.entropies, old_entropies
-            )
+            # Entropy-ratio clipping (docs/method.md): `aggregate(entropy_ratio_clip(L, keep) - L)`, `L` the policy
+            # term's per-token loss with TRL's token weights: 0 in value, and on the tokens outside the band minus the
+            # gradient TRL's term and the correction give them.
+            band = entropy_ratio_band(forward.entropies, old_entropies, self._entropy_ratio_band)
+            erc_sums = metrics.erc_sums(band.below, band.above, terms.mask)
+            self._device_metrics.record_sums(mode, metrics.ERC_RATIOS, erc_sums)
+            policy_loss = cegppo_per_token_loss(terms.log_ratio, terms.advantages, params).per_token_loss
+            if terms.token_weight is not None:
+                policy_loss = policy_loss * terms.token_weight
+            erc = entropy_ratio_clip(policy_loss, band.keep) - policy_loss
+            loss_delta = loss_delta + self._aggregate_like_trl(erc, terms.mask, inputs, mode)
         if self.args.cegppo_sft_coef > 0:
             loss_delta = loss_delta + self._sft_loss(inputs, forward.logps, terms.mask, mode)
-        self._log_token_metrics(mode, terms, sets, forward.logps, forward.clamped)
+        sums = token_set_sums(
+            terms.mask, sets.grad_coef, terms.token_weight, sets.beta1_mask, sets.beta2_mask, terms.advantages,
+            forward.logps, self.args.cegppo_low_prob_threshold, forward.clamped,
+        )  # fmt: skip
+        self._device_metrics.record_sums(mode, TOKEN_RATIOS, sums)  # the shares are taken on the host, at `log`
         if mode == "train":
             if self.accelerator.sync_gradients:
                 self._metrics[mode]["cegppo/beta1"].append(params.beta1)
@@ -360,20 +332,6 @@ class CEGPPOTrainer(GRPOTrainer):
             if self._controller is not None or keep is not None:
                 self._accumulate_step(forward.entropies, terms.mask, keep, group_counts)
         return loss_delta
-
-    def _entropy_ratio_clip_loss(self, inputs, terms: _PolicyTermInputs, params, entropies, old_entropies):
-        """Entropy-ratio clipping (`docs/method.md`): `aggregate(entropy_ratio_clip(L, keep) - L)`, `L` the policy
-        term's per-token loss (Eq. 8 with the dual clip, times TRL's token weights). 0 in value; on the tokens outside
-        the band, minus the gradient TRL's term and the correction give them. Records `cegppo/erc_*`."""
-        band = entropy_ratio_band(entropies, old_entropies, self._entropy_ratio_band)
-        policy_loss = cegppo_per_token_loss(terms.log_ratio, terms.advantages, params).per_token_loss
-        if terms.token_weight is not None:
-            policy_loss = policy_loss * terms.token_weight
-        mode = "train" if self.model.training else "eval"
-        self._device_metrics.record_sums(
-            mode, metrics.ERC_RATIOS, metrics.erc_sums(band.below, band.above, terms.mask)
-        )
-        return self._aggregate_like_trl(entropy_ratio_clip(policy_loss, band.keep) - policy_loss, terms.mask, inputs)
 
     def _sft_loss(self, inputs, per_token_logps, mask, mode: str) -> torch.Tensor:
         """`cegppo_sft_coef` x token-mean NLL of the SFT completions (the authors' scripts), and its two metrics."""
@@ -385,25 +343,9 @@ class CEGPPOTrainer(GRPOTrainer):
 
     # --- Metrics: reduced over processes on the device, moved to the host once per `log` (`metrics.DeviceMetrics`)
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        self._flush_device_metrics("train" if self.model.training else "eval")
-        super().log(logs, start_time)  # TRL averages `_metrics` (skipping NaN), logs and clears them
-
-    def _flush_device_metrics(self, mode: str) -> None:
+        mode = "train" if self.model.training else "eval"
         self._device_metrics.flush(mode, self._metrics[mode])
-
-    def _correct_policy_loss_metric(self, mode: str, correction: torch.Tensor) -> None:
-        """Make TRL's `policy_loss` metric the CE-GPPO policy term (plus KL, as in TRL) instead of PPO-clip's: TRL 1.16
-        logs it only with the entropy bonus on, as `gather(policy_loss).nanmean()` of the aggregated policy + KL term
-        before the division by accumulation (dapo: normalised); the correction, at that scale, is added at `log`."""
-        scale = 1.0 if self.loss_type == "dapo" else self._accumulation(mode)
-        self._device_metrics.record_mean(mode, ("policy_loss",), (correction.detach().float() * scale).unsqueeze(0))
-
-    def _log_token_metrics(self, mode, terms: _PolicyTermInputs, sets: ClippedSets, per_token_logps, clamped) -> None:
-        sums = token_set_sums(
-            terms.mask, sets.grad_coef, terms.token_weight, sets.beta1_mask, sets.beta2_mask, terms.advantages,
-            per_token_logps, self.args.cegppo_low_prob_threshold, clamped,
-        )  # fmt: skip
-        self._device_metrics.record_sums(mode, TOKEN_RATIOS, sums)  # the shares are taken on the host, at `log`
+        super().log(logs, start_time)  # TRL averages `_metrics` (skipping NaN), logs and clears them
 
     # --- Optimizer-step sums: the entropy controller and the batch fill
     def _accumulate_step(self, entropies, mask, keep, group_counts) -> None:
@@ -430,20 +372,18 @@ class CEGPPOTrainer(GRPOTrainer):
             checkpoint_folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
             output_dir = os.path.join(self._get_output_dir(trial=trial), checkpoint_folder)
             with open(os.path.join(output_dir, CONTROLLER_STATE_FILE), "w") as f:
-                json.dump(self._controller.state_dict(), f, indent=2)
+                json.dump(dataclasses.asdict(self._controller), f, indent=2)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
         if self._controller is not None and checkpoint is not None:
             path = os.path.join(checkpoint, CONTROLLER_STATE_FILE)
-            if not os.path.exists(path):
-                # Restarting the controller from the config's betas on this process only would train the processes
-                # with different betas.
-                raise FileNotFoundError(
+            if not os.path.exists(path):  # restarting from the config's betas on this process only would train the
+                raise FileNotFoundError(  # processes with different betas
                     f"Resuming with the entropy controller on (cegppo_entropy_target={self.args.cegppo_entropy_target}) "
                     f"needs its state, {path}, which process {self.accelerator.process_index} cannot see. The main "
                     "process writes it into every checkpoint: on several nodes put output_dir on a file system all "
                     "nodes share, or copy the checkpoint folder to every node (docs/launch.md)."
                 )
             with open(path) as f:
-                self._betas = EntropyController.from_state_dict(json.load(f))
+                self._controller = EntropyController(**json.load(f))

@@ -9,7 +9,7 @@ rows, where a (process, micro-batch) pair left with no row contributes nothing (
 without a loss token) and still counts in the accumulation and the average over processes; dapo's token mean and the
 SFT term count the kept tokens of the training batch.
 
-`dynamic_sampling_worker.py` trains two optimizer steps (one generation batch, off-policy: both clipped sets are
+`training_worker.py` trains two optimizer steps (one generation batch, off-policy: both clipped sets are
 populated) with plain SGD, so that any change of scale moves the parameters, and records the generation batch before
 and after the selection and every micro-batch the loss saw. The test checks the selection against the rewards (which
 rows, in which order, on which process, with their prompts, completions, advantages and old log-probs), then replays
@@ -37,7 +37,7 @@ from launching import free_port, subprocess_env
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from dynamic_sampling_worker import make_config, make_dataset, position_reward  # noqa: E402
+from training_worker import make_config, make_dataset, position_reward  # noqa: E402
 from trl_batches import build, build_trainer, select_rows  # noqa: E402
 
 
@@ -85,7 +85,7 @@ def _scenarios(world: int, loss_types=LOSS_TYPES) -> list[dict]:
 def _launch(world: int, backend: str, scenarios: list[dict], model_dir: Path, out_dir: Path) -> None:
     scenarios_file = out_dir / "scenarios.json"
     scenarios_file.write_text(json.dumps(scenarios))
-    worker = [str(HERE / "dynamic_sampling_worker.py"), str(model_dir), str(out_dir), str(scenarios_file)]
+    worker = [str(HERE / "training_worker.py"), str(model_dir), str(out_dir), str(scenarios_file)]
     if world == 1:
         cmd = [sys.executable, *worker]
     elif backend == "ddp":
@@ -197,7 +197,7 @@ def _replay(model_dir: Path, scenario: dict, records: list[list[dict]], tmp_path
             batch["cegppo_num_sft_tokens"] = sft_tokens / num_steps
             reference.accelerator.gradient_state._set_sync_gradients(i == len(pairs) - 1)
             reference._compute_loss(model, batch).backward()
-            reference._flush_device_metrics("train")
+            reference._device_metrics.flush("train", reference._metrics["train"])
             tokens = batch["completion_mask"].sum().item()
             logged = reference._metrics["train"]
             for name in METRICS_SUMMED:

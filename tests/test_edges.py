@@ -10,11 +10,11 @@ import warnings
 
 import pytest
 import torch
-from conftest import contains_answer_reward, cpu_config, make_loss_batch
-from trl_batches import add_off_policy, current_logps, logged, loss_and_grad, tiny_moe
+import trl_batches
+from conftest import contains_answer_reward, make_loss_batch
+from trl_batches import add_off_policy, current_logps, logged, loss_and_grad, ready_for_loss, tiny_moe
 
 import cegppo_trl.trainer as trainer_module
-from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
 from cegppo_trl.core import LOG_RATIO_CLAMP, ClipParams, cegppo_per_token_loss
 
 
@@ -22,17 +22,12 @@ SUPPORTED = ["grpo", "bnpo", "dr_grpo", "dapo", "luspo"]
 
 
 def build(model, tokenizer, dataset, tmp_path, reward_funcs=contains_answer_reward, **overrides):
-    values = dict(gradient_accumulation_steps=2, steps_per_generation=4)
-    values.update(overrides)
-    args = cpu_config(CEGPPOConfig, tmp_path, **values)
+    values = dict(dict(gradient_accumulation_steps=2, steps_per_generation=4), **overrides)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer = CEGPPOTrainer(
-            model=model, reward_funcs=reward_funcs, args=args, train_dataset=dataset, processing_class=tokenizer
+        return ready_for_loss(
+            trl_batches.build(model, tokenizer, dataset, tmp_path, reward_funcs=reward_funcs, **values)
         )
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = values["gradient_accumulation_steps"]
-    return trainer
 
 
 def select_rows(inputs, rows):

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from trl_batches import build_trainer
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer, EntropyController
 from cegppo_trl.demo.toy import (
@@ -209,8 +210,8 @@ def test_controller_state_dict_roundtrip():
     controller = make_controller()
     for entropy in (0.7, 0.9, 1.3):
         controller.update(entropy)
-    state = json.loads(json.dumps(controller.state_dict()))  # what the checkpoint file holds
-    restored = EntropyController.from_state_dict(state)
+    state = json.loads(json.dumps(dataclasses.asdict(controller)))  # what the checkpoint file holds
+    restored = EntropyController(**state)
     assert restored == controller
     assert restored.num_updates == 3
     for entropy in (0.5, 1.1):
@@ -255,13 +256,7 @@ def test_trainer_controller_moves_betas_and_resumes_from_checkpoint(
     config = make_config(
         CEGPPOConfig, tmp_path / "run", max_steps=4, save_strategy="steps", save_steps=2, **controller_args
     )
-    trainer = CEGPPOTrainer(
-        model=tiny_model,
-        reward_funcs=reward_fn,
-        args=config,
-        train_dataset=arithmetic_dataset,
-        processing_class=tiny_tokenizer,
-    )
+    trainer = build_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, config, reward_funcs=reward_fn)
     trainer.train()
     history = trainer.state.log_history
     beta1 = [v for _, v in _values(history, "cegppo/beta1")]
@@ -278,17 +273,11 @@ def test_trainer_controller_moves_betas_and_resumes_from_checkpoint(
     assert saved["num_updates"] == 2 and saved["target"] == 7.0
     assert saved["beta1"] == pytest.approx(beta1[2])  # the betas in force at step 3
     final = json.loads((tmp_path / "run" / "checkpoint-4" / CONTROLLER_STATE_FILE).read_text())
-    assert final == trainer._controller.state_dict()
+    assert final == dataclasses.asdict(trainer._controller)
 
     # Resume from step 2 with a fresh trainer: the controller state comes back from the checkpoint file.
     config = make_config(CEGPPOConfig, tmp_path / "run", max_steps=4, save_strategy="no", **controller_args)
-    resumed = CEGPPOTrainer(
-        model=start_weights,
-        reward_funcs=reward_fn,
-        args=config,
-        train_dataset=arithmetic_dataset,
-        processing_class=tiny_tokenizer,
-    )
+    resumed = build_trainer(start_weights, tiny_tokenizer, arithmetic_dataset, config, reward_funcs=reward_fn)
     assert resumed._controller.num_updates == 0
     resumed.train(resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-2"))
     assert resumed._controller.num_updates == 4  # 2 restored + 2 new
@@ -303,13 +292,7 @@ def test_trainer_without_target_keeps_betas_and_writes_no_controller_file(
     from cegppo_trl.trainer import CONTROLLER_STATE_FILE
 
     config = make_config(CEGPPOConfig, tmp_path, max_steps=2, save_strategy="steps", save_steps=2, cegppo_beta1=0.75)
-    trainer = CEGPPOTrainer(
-        model=tiny_model,
-        reward_funcs=reward_fn,
-        args=config,
-        train_dataset=arithmetic_dataset,
-        processing_class=tiny_tokenizer,
-    )
+    trainer = build_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, config, reward_funcs=reward_fn)
     trainer.train()
     assert [v for _, v in _values(trainer.state.log_history, "cegppo/beta1")] == [0.75, 0.75]
     assert not (tmp_path / "checkpoint-2" / CONTROLLER_STATE_FILE).exists()

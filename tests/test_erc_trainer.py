@@ -3,7 +3,7 @@ shares no code with cegppo_trl) on one process in-process, and on one and two la
 through `trainer.train()`; the old entropies are the old policy's, from the old-log-prob pass; the metrics count the
 tokens outside the band; a wrong band fails the same checks.
 
-`erc_worker.py` trains two optimizer steps (one generation batch) with plain SGD and records every micro-batch the loss
+`training_worker.py` trains two optimizer steps (one generation batch) with plain SGD and records every micro-batch the loss
 saw; the test replays them through the oracle in float64 (forward, loss, SGD step, twice) and compares the updates.
 """
 
@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import contains_answer_reward, cpu_config, make_loss_batch
+from conftest import cpu_config, make_loss_batch
 from launching import free_port, subprocess_env
 from oracles import completion_log_probs_and_entropies, gppo_erc_per_token_loss
+from trl_batches import build, build_trainer, ready_for_loss
 
-from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
+from cegppo_trl import CEGPPOConfig
 from cegppo_trl.core import ClipParams
 
 
@@ -38,13 +39,7 @@ def _grads(model) -> torch.Tensor:
 def _build(model, tokenizer, dataset, tmp_path, **overrides):
     values = dict(steps_per_generation=1, temperature=TEMPERATURE, cegppo_entropy_ratio_clip=list(BAND))
     values.update(overrides)
-    args = cpu_config(CEGPPOConfig, tmp_path, **values)
-    trainer = CEGPPOTrainer(
-        model=model, reward_funcs=contains_answer_reward, args=args, train_dataset=dataset, processing_class=tokenizer
-    )
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = 1
-    return trainer
+    return ready_for_loss(build(model, tokenizer, dataset, tmp_path, **values), accumulation=1)
 
 
 def _off_policy_batch(oracle_model, tokenizer, seed, entropy_factor=None):
@@ -102,7 +97,7 @@ def test_trainer_gradient_equals_the_oracle_on_one_process(
     # The metrics: the tokens below / above the band, over the loss tokens.
     rho = (entropies + 1e-8) / (batch["cegppo_old_entropies"].double() + 1e-8)
     mask = batch["completion_mask"].bool()
-    trainer._flush_device_metrics("train")
+    trainer._device_metrics.flush("train", trainer._metrics["train"])
     logged = trainer._metrics["train"]
     below, above = (rho[mask] <= BAND[0]).double().mean().item(), (rho[mask] >= BAND[1]).double().mean().item()
     assert below > 0 and above > 0
@@ -176,10 +171,7 @@ def test_old_entropies_are_the_current_policys_from_the_old_log_prob_pass(
         CEGPPOConfig, tmp_path, beta=0.1, temperature=TEMPERATURE, cegppo_entropy_ratio_clip=list(BAND) if erc else None,
         **extra,
     )  # fmt: skip
-    trainer = CEGPPOTrainer(
-        model=str(tiny_checkpoint), reward_funcs=contains_answer_reward, args=args, train_dataset=arithmetic_dataset,
-        processing_class=tiny_tokenizer,
-    )  # fmt: skip
+    trainer = build_trainer(str(tiny_checkpoint), tiny_tokenizer, arithmetic_dataset, args)
     torch.manual_seed(0)
     with torch.no_grad():
         for parameter in trainer.model.parameters():
@@ -233,14 +225,15 @@ def _scenarios(world: int) -> list[dict]:
     out = []
     for name, s in SCENARIOS.items():
         kinds = s["kinds"][1] * world  # each process's share of prompts, the same mix
-        out.append({"name": name, "config": s["config"], "kinds": kinds})
+        config = dict(temperature=TEMPERATURE, learning_rate=LR, cegppo_entropy_ratio_clip=list(BAND), **s["config"])
+        out.append({"name": name, "config": config, "kinds": kinds})
     return out
 
 
 def _launch(world: int, scenarios: list[dict], model_dir: Path, out_dir: Path) -> None:
     scenarios_file = out_dir / "scenarios.json"
     scenarios_file.write_text(json.dumps(scenarios))
-    worker = [str(HERE / "erc_worker.py"), str(model_dir), str(out_dir), str(scenarios_file)]
+    worker = [str(HERE / "training_worker.py"), str(model_dir), str(out_dir), str(scenarios_file)]
     cmd = [sys.executable, *worker]
     if world > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world),

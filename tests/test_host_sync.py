@@ -92,6 +92,6 @@ def test_no_host_transfer_per_micro_batch_and_at_most_one_per_step(
         assert cegppo_count - trl_count <= allowed, (case, sync_gradients, cegppo_count, trl_count)
     # `log` moves every recorded CE-GPPO metric to the host at once.
     with counting_host_transfers() as counts:
-        cegppo._flush_device_metrics("train")
+        cegppo._device_metrics.flush("train", cegppo._metrics["train"])
     assert counts["calls"] == 1
     assert cegppo._metrics["train"]["cegppo/beta1_token_frac"]

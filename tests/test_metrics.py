@@ -11,7 +11,7 @@ import torch
 from cegppo_trl.metrics import (
     ERC_RATIOS,
     SFT_RATIOS,
-    TOKEN_METRIC_NAMES,
+    TOKEN_METRICS,
     TOKEN_RATIOS,
     DeviceMetrics,
     Ratios,
@@ -84,7 +84,7 @@ def test_every_token_metric_is_its_definition(seed, with_weight):
     sums = token_set_sums(mask, grad_coef, weight, beta1, beta2, advantages, logps, THRESHOLD, clamped)
     shares = dict(zip(TOKEN_RATIOS.names, TOKEN_RATIOS.shares(sums.double().tolist())))
     expected = _by_definition(*batch)
-    assert set(shares) == set(expected) == set(TOKEN_METRIC_NAMES)
+    assert set(shares) == set(expected) == set(TOKEN_METRICS)
     for name, value in expected.items():
         assert shares[name] == pytest.approx(value, rel=1e-5, abs=1e-7), name
     assert expected["cegppo/beta1_token_frac"] > 0 and expected["cegppo/quadrant/neg_low/clip_frac"] > 0

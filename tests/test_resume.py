@@ -183,18 +183,13 @@ def test_resume_without_the_controller_state_names_the_file_and_the_fix(
 ):
     """A process that cannot see `cegppo_controller_state.json` (a node without the shared output_dir) must not
     restart the controller from the config's betas while the other processes go on with the saved ones."""
-    from conftest import contains_answer_reward, cpu_config
+    from conftest import cpu_config
+    from trl_batches import build_trainer
 
-    from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
+    from cegppo_trl import CEGPPOConfig
 
     args = cpu_config(CEGPPOConfig, tmp_path / "out", cegppo_entropy_target=2.0)
-    trainer = CEGPPOTrainer(
-        model=tiny_model,
-        reward_funcs=contains_answer_reward,
-        args=args,
-        train_dataset=arithmetic_dataset,
-        processing_class=tiny_tokenizer,
-    )
+    trainer = build_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, args)
     checkpoint = tmp_path / "checkpoint-4"
     checkpoint.mkdir()
     with pytest.raises(FileNotFoundError, match=r"cegppo_controller_state\.json.*shared|share"):

@@ -236,17 +236,17 @@ def test_betas_in_force_have_one_owner(
     tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config, tmp_path
 ):
     from cegppo_trl import ClipParams
-    from cegppo_trl.controller import EntropyController, FixedBetas
+    from cegppo_trl.controller import EntropyController
 
     config = make_config(CEGPPOConfig, tmp_path / "fixed", cegppo_beta1=0.75, epsilon_high=0.28, delta=10.0)
     trainer = build_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, config, reward_funcs=reward_fn)
-    assert isinstance(trainer._betas, FixedBetas) and trainer._controller is None
+    assert trainer._controller is None
     assert trainer.clip_params == ClipParams(0.2, 0.28, 0.75, 1.0, 10.0)
     assert not hasattr(trainer, "cegppo_beta1") and not hasattr(trainer, "cegppo_beta2")
 
     config = make_config(CEGPPOConfig, tmp_path / "controlled", cegppo_entropy_target=7.0)
     trainer = build_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, config, reward_funcs=reward_fn)
-    assert isinstance(trainer._betas, EntropyController) and trainer._controller is trainer._betas
+    assert isinstance(trainer._controller, EntropyController)
     trainer._controller.update(1.0)  # entropy far below target: beta1 falls, beta2 rises
     params = trainer.clip_params
     assert (params.beta1, params.beta2) == (trainer._controller.beta1, trainer._controller.beta2)

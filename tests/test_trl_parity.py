@@ -68,7 +68,7 @@ def test_mirror_of_trl_policy_loss_matches_grpo_trainer(
         per_token = ppo_clip_per_token_loss(terms.log_ratio, terms.advantages, trainer.clip_params)
         if terms.token_weight is not None:
             per_token = per_token * terms.token_weight
-        return trainer._aggregate_like_trl(per_token, terms.mask, x)
+        return trainer._aggregate_like_trl(per_token, terms.mask, x, "train" if trainer.model.training else "eval")
 
     mirror_loss, mirror_grad = loss_and_grad(trainer, inputs, mirrored)
     assert torch.allclose(trl_loss, mirror_loss, rtol=1e-5, atol=1e-7), (trl_loss, mirror_loss)

@@ -50,7 +50,7 @@ def add_off_policy(trainer, inputs, seed=0, scale=0.4):
 
 def logged(trainer, mode="train"):
     """The trainer's per-micro-batch metric lists as `log` would average them (CE-GPPO's own wait on the device)."""
-    trainer._flush_device_metrics(mode)
+    trainer._device_metrics.flush(mode, trainer._metrics[mode])
     return trainer._metrics[mode]
 
 

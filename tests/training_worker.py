@@ -1,11 +1,12 @@
-"""Worker of tests/test_dynamic_sampling.py: train CEGPPOTrainer with dynamic sampling for two optimizer steps (one
-generation batch) per scenario and record the generation batch before and after the selection of the training rows,
-what each micro-batch saw, the metrics it logged, and the parameters.
+"""Worker of tests/test_dynamic_sampling.py and tests/test_erc_trainer.py: train CEGPPOTrainer for two optimizer steps
+(one generation batch) per scenario and record the generation batch (before and after the selection of the training
+rows, with dynamic sampling), every micro-batch the loss saw, the metrics it logged and the final parameters.
 
-Run as `python dynamic_sampling_worker.py MODEL_DIR OUT_DIR SCENARIOS_JSON` on one process, or under
-`torch.distributed.run --nproc_per_node 2` (DDP over gloo) or `accelerate launch` with a ZeRO / FSDP2 config on two. Rewards depend only on the prompt's `kind` and the row's
-position, never on the sampled text, so which groups are dropped is the same on every machine: a "flat" prompt's
-group scores 1.0 everywhere (dropped), a "varied" prompt's alternates 0 / 1 (kept, and its 1s get the SFT term).
+Run as `python training_worker.py MODEL_DIR OUT_DIR SCENARIOS_JSON` on one process, or under
+`torch.distributed.run --nproc_per_node 2` (DDP over gloo) or `accelerate launch` with a ZeRO / FSDP2 config on two.
+Rewards depend only on the prompt's `kind` and the row's position, never on the sampled text, so which groups are
+dropped is the same on every machine: a "flat" prompt's group scores 1.0 everywhere (dropped), a "varied" prompt's
+alternates 0 / 1 (kept, and its 1s get the SFT term).
 """
 
 import json
@@ -20,6 +21,29 @@ from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
 
 
 warnings.filterwarnings("ignore")
+OLD_LOGP_NOISE = 0.5  # spreads the ratios over every CE-GPPO branch (both clipped sets) from the first step on
+OLD_ENTROPY_NOISE = 0.1  # log-normal factor on the old entropies: ~60% of tokens leave (0.95, 1.05), on both sides
+BASE = dict(
+    use_cpu=True,
+    bf16=False,
+    report_to="none",
+    save_strategy="no",
+    logging_steps=1,
+    seed=0,
+    data_seed=0,
+    per_device_train_batch_size=4,
+    num_generations=4,
+    gradient_accumulation_steps=2,
+    steps_per_generation=4,  # two optimizer steps per generation batch: the second one is off-policy for real
+    max_steps=2,
+    max_completion_length=6,
+    temperature=1.0,
+    optim="sgd",  # plain SGD, constant lr, no clipping, no decay: the update is lr x gradient, so scale shows
+    learning_rate=2.0,
+    lr_scheduler_type="constant",
+    weight_decay=0.0,
+    max_grad_norm=0.0,
+)
 
 
 def position_reward(completions, kind, **kwargs):
@@ -41,11 +65,12 @@ def _log_probs(trainer, batch: dict) -> torch.Tensor:
 
 
 class RecordingTrainer(CEGPPOTrainer):
-    """Records the selection of the training rows, every micro-batch the loss saw and the metric lists at each log."""
+    """Records the generation batch and the selection of its training rows, every micro-batch the loss saw and the
+    metric lists at each log."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.recorded, self.logged, self.selections = [], [], []
+        self.generated, self.recorded, self.logged, self.selections = [], [], [], []
 
     def _select_training_rows(self, output, rewards, mode):
         generated = _cloned(output)
@@ -57,12 +82,18 @@ class RecordingTrainer(CEGPPOTrainer):
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
-        self.selections[-1]["trained"] = _cloned(output)
-        # Move the old log-probs away from the current ones so that both clipped sets (beta1, beta2) are populated
-        # from the first step on; the same values reach the loss under test and the reference (recorded below).
+        self.generated.append(_cloned(output))  # as the trainer computed it (old log-probs and entropies included)
+        if "cegppo_keep" in output:
+            self.selections[-1]["trained"] = self.generated[-1]
+        # Move the old log-probs (and entropies) away from the current ones; the same values reach the loss under test
+        # and the reference (recorded below).
         generator = torch.Generator().manual_seed(1000 + self.accelerator.process_index)
         old = output["old_per_token_logps"]
-        output["old_per_token_logps"] = old + 0.5 * torch.randn(old.shape, generator=generator)
+        output["old_per_token_logps"] = old + OLD_LOGP_NOISE * torch.randn(old.shape, generator=generator)
+        if "cegppo_old_entropies" in output:
+            entropies = output["cegppo_old_entropies"]
+            factor = torch.exp(OLD_ENTROPY_NOISE * torch.randn(entropies.shape, generator=generator))
+            output["cegppo_old_entropies"] = entropies * factor
         return output
 
     def _compute_loss(self, model, inputs):
@@ -71,7 +102,7 @@ class RecordingTrainer(CEGPPOTrainer):
 
     def log(self, logs, start_time=None):
         if "loss" in logs:
-            self._flush_device_metrics("train")  # what TRL's `log` is about to average
+            self._device_metrics.flush("train", self._metrics["train"])  # what TRL's `log` is about to average
             self.logged.append({name: list(values) for name, values in self._metrics["train"].items()})
         return super().log(logs, start_time)
 
@@ -82,31 +113,14 @@ def make_dataset(scenario: dict) -> Dataset:
 
 
 def make_config(output_dir: Path, scenario: dict, exclude: bool = True) -> CEGPPOConfig:
-    return CEGPPOConfig(
-        output_dir=str(output_dir),
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        save_strategy="no",
-        logging_steps=1,
-        seed=0,
-        data_seed=0,
-        per_device_train_batch_size=4,
-        num_generations=4,
-        gradient_accumulation_steps=2,
-        steps_per_generation=4,  # two optimizer steps per generation batch: both windows are checked
-        max_steps=2,
-        max_completion_length=6,
-        temperature=1.0,
-        optim="sgd",  # plain SGD, constant lr, no clipping, no decay: the update is lr x gradient, so scale shows
-        learning_rate=2.0,
-        lr_scheduler_type="constant",
-        weight_decay=0.0,
-        max_grad_norm=0.0,
-        cegppo_exclude_zero_advantage_groups=exclude,
-        cegppo_oversampling=scenario["oversampling"] if exclude else 1.0,
-        **scenario["config"],
-    )
+    """`BASE` with the scenario's `config`; a scenario with an `oversampling` is a dynamic-sampling one (`exclude`)."""
+    values = dict(BASE, output_dir=str(output_dir))
+    if "oversampling" in scenario:
+        values.update(
+            cegppo_exclude_zero_advantage_groups=exclude,
+            cegppo_oversampling=scenario["oversampling"] if exclude else 1.0,
+        )
+    return CEGPPOConfig(**dict(values, **scenario["config"]))
 
 
 def run(model_dir: str, out_dir: Path, scenario: dict) -> None:
@@ -120,11 +134,13 @@ def run(model_dir: str, out_dir: Path, scenario: dict) -> None:
     full_state = trainer.accelerator.get_state_dict(trainer.model_wrapped) or {}
     torch.save(
         {
+            "generated": trainer.generated,
             "recorded": trainer.recorded,
             "logged": trainer.logged,
             "selections": trainer.selections,
-            "final": {n: p.detach().float().clone() for n, p in full_state.items()},
+            "final": {n: p.detach().double().clone() for n, p in full_state.items()},
             "betas": [trainer.clip_params.beta1, trainer.clip_params.beta2],
+            "world": trainer.accelerator.num_processes,
         },
         out_dir / f"{scenario['name']}.rank{rank}.pt",
     )
