@@ -35,6 +35,7 @@ DEFAULTS = dict(toy_seeds=4, toy_steps=150, sft_steps=lm.DEFAULT_SFT_STEPS, seed
 #: `--quick`: every part and option on, at small sizes.
 QUICK = dict(toy_seeds=2, toy_steps=40, sft_steps=150, seeds=2, steps=16, prompts_per_step=8, num_generations=4,
              eval_size=64, eval_samples=1)  # fmt: skip
+CLIPPED_SETS = ("beta1_token_frac", "beta2_token_frac")
 FIRST_ORDER_LRS = (1e-3, 1e-4)  # the single-token check at two step sizes: its error must shrink with the step
 LM_LIMITS = (
     "What this part cannot show: whether CE-GPPO beats GRPO. The model has ~1M parameters and trains {steps} steps "
@@ -135,7 +136,6 @@ def _run(args: argparse.Namespace, sizes: dict) -> dict:
         "seed": args.seed, "problems": args.problems, "sizes": sizes, "machine": _machine(), "toy": toy,
         "warm_start": warm, "pairs": [{"seed": p["seed"], **{n: _no_history(p[n]) for n in ("cegppo", "grpo")}}
                                       for p in pairs],
-        "runs": [_no_history(pairs[0][name]) for name in ("cegppo", "grpo")],  # the saved models' runs
         "differences": differences, "plots": plots, "heldout": heldout, "timings": timings,
         "eval_commands": {n: lm.eval_command(p, data, sizes["eval_samples"], args.seed) for n, p in models.items()},
     }  # fmt: skip
@@ -183,16 +183,13 @@ def _toy_text(toy: dict, sizes: dict) -> str:
         cells = [_cell([r["entropy"][0] for r in rs]), _cell([r["mean_entropy"] for r in rs]),
                  _cell([r["entropy"][-1] for r in rs])] + [_cell([r[k] for r in rs], "+.3f") for k in
                  ("dH_beta1", "dH_beta2", "dH_unclipped")]  # fmt: skip
-        fractions = " / ".join(f"{100 * statistics.fmean(r[k] for r in rs):.2f}%" for k in CLIPPED)
+        fractions = " / ".join(f"{100 * statistics.fmean(r[k] for r in rs):.2f}%" for k in CLIPPED_SETS)
         lines.append(f"| ({setting[0]:g}, {setting[1]:g}) | {' | '.join(cells)} | {fractions} |")
     lines.append("\nWhat the toy shows (counted over its runs and seeds):")
     for f in toy["findings"]:
         count = ("yes" if f["holds"] else "no") if f["of"] == 1 else f"{f['holds']} of {f['of']}"
         lines.append(f"  * {f['finding']}: {count} ({f['numbers']})")
     return "\n".join(lines)
-
-
-CLIPPED = ("beta1_token_frac", "beta2_token_frac")
 
 
 def _cell(values, fmt=".3f") -> str:
@@ -212,8 +209,8 @@ def _warm_start(args, sizes: dict, out: str, eval_rows: list[dict]) -> dict:
         eval_samples=sizes["eval_samples"],
     )  # fmt: skip
     when = "cached" if warm["cached"] else f"{warm['seconds']:.0f} s"
-    print(f"[cegppo-demo] warm start ({when}): held-out accuracy {warm['accuracy']:.3f} sampled / "
-          f"{warm['greedy_accuracy']:.3f} greedy, entropy {warm['entropy']:.4f}", flush=True)  # fmt: skip
+    print(f"[cegppo-demo] warm start ({when}): held-out accuracy {warm['accuracy']:.3f}, entropy "
+          f"{warm['entropy']:.4f}", flush=True)  # fmt: skip
     return warm
 
 
@@ -225,7 +222,7 @@ def _lm_runs(args, sizes: dict, out: str, eval_rows: list[dict], warm: dict, tim
     for index in range(sizes["seeds"]):
         seed, first = args.seed + index, index == 0
         pair = {"seed": seed}
-        start_eval = {k: warm[k] for k in ("accuracy", "entropy", "greedy_accuracy")} if first else None
+        start_eval = {k: warm[k] for k in ("accuracy", "entropy")} if first else None
         for name, label, beta1, beta2 in runs:
             model, tokenizer = lm.load_tiny(f"{out}/warm_start")  # identical starting weights
             pair[name] = timed(
@@ -236,7 +233,7 @@ def _lm_runs(args, sizes: dict, out: str, eval_rows: list[dict], warm: dict, tim
                 learning_rate=args.learning_rate, num_generations=sizes["num_generations"],
                 per_device_train_batch_size=sizes["prompts_per_step"] * sizes["num_generations"],
             )  # fmt: skip
-            start_eval = {k: pair[name][f"start_{k}"] for k in ("accuracy", "entropy", "greedy_accuracy")}
+            start_eval = {k: pair[name][f"start_{k}"] for k in ("accuracy", "entropy")}
         pairs.append(pair)
     return pairs
 
@@ -261,7 +258,7 @@ def _lm_text(pairs: list[dict], warm: dict, differences: dict, sizes: dict) -> s
                                                                          "beta1_grad_share", "beta2_grad_share")}  # fmt: skip
     return "\n".join(lines) + (
         f"\n\nStart (the warm start, {warm['sft']['steps']} SFT steps): held-out accuracy {warm['accuracy']:.3f} "
-        f"sampled (T=1) / {warm['greedy_accuracy']:.3f} greedy, entropy {warm['entropy']:.4f} nats.\n\n"
+        f"(sampled, T=1), entropy {warm['entropy']:.4f} nats.\n\n"
         f"What this part shows: the trainer on a real model. Off-policy updates put {share['beta1_token_frac']:.2f}% "
         f"/ {share['beta2_token_frac']:.2f}% of CE-GPPO's tokens in the beta1 / beta2 sets, carrying "
         f"{share['beta1_grad_share']:.2f}% / {share['beta2_grad_share']:.2f}% of its gradient weight. CE-GPPO - GRPO "
