@@ -76,7 +76,7 @@ def test_bad_sizes_get_one_line_and_exit_2(capsys, tmp_path, monkeypatch):
     with pytest.raises(SystemExit) as exit_info:
         main(["--steps", "0", "--output-dir", "unused"])
     assert exit_info.value.code == 2
-    assert "--steps must be at least 1, got 0" in capsys.readouterr().err
+    assert "argument --steps: must be at least 1, got 0" in capsys.readouterr().err
     assert not Path("unused").exists()
 
 
@@ -175,7 +175,9 @@ def test_demo_end_to_end(quick_demo):
         assert [len(h) for h in histories] == [sizes["steps"]] * 2
         assert histories[0][0]["reward"] == histories[1][0]["reward"]  # the same first generation batch
         assert {e["cegppo/beta1"] for e in histories[0]} == {0.5} and {e["cegppo/beta1"] for e in histories[1]} == {0}
-        assert all(metric in e for e in histories[0] for metric in ("entropy", *lm.CLIPPED_SETS))  # reward: per generation
+        assert all(
+            metric in e for e in histories[0] for metric in ("entropy", *lm.CLIPPED_SETS)
+        )  # reward: per generation
         entropy = cegppo["end_entropy"] - grpo["end_entropy"]
         assert f"| {pair['seed']} | {cegppo['end_accuracy']:.3f} | {grpo['end_accuracy']:.3f} |" in printed
         assert f"| {entropy:+.4f} |" in printed
