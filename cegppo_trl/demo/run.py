@@ -1,15 +1,7 @@
-"""`cegppo-demo`: what CE-GPPO does to entropy where it is exact, then the same trainer on a tiny LM; CPU, offline.
-
-1. **The exact toy** (`toy.py`): tabular softmax policies trained with CE-GPPO's own loss in float64 for the
-   (beta1, beta2) settings of `toy.TOY_GRID` over several seeds: the first-order entropy prediction against the
-   measured change, and the paper's two directions, counted per seed. The same figures on every machine.
-2. **The tiny LM** (`lm.py`): one SFT warm start of the ~1M-parameter tiny model, then `CEGPPOTrainer` at
-   (beta1, beta2) and at (0, 0) (GRPO's gradient) from it with the same seed, data and budget, for several seeds:
-   held-out accuracy and entropy per seed and their CE-GPPO - GRPO differences with mean +- std.
-
-Writes ``results.md``, ``results.json``, ``toy_entropy.png``, ``cegppo_vs_grpo.png``, the warm start
-(``warm_start/``), the first seed's models (``runs/{cegppo,grpo}/final``) and the held-out problems
-(``heldout.jsonl``) for the printed `cegppo-eval` commands.
+"""`cegppo-demo` (README, *The offline demo*): the exact toy (`toy.py`: CE-GPPO's loss on tabular policies in
+float64, the same figures on every machine), then CE-GPPO vs GRPO from one SFT warm start of the tiny LM over several
+seeds (`lm.py`), with their differences' mean +- std. Writes ``results.md``, ``results.json``, the two figures, the
+warm start and the first seed's models and ``heldout.jsonl`` for the printed `cegppo-eval` commands; CPU, offline.
 """
 
 from __future__ import annotations
