@@ -208,7 +208,9 @@ def test_prompt_masking(tokenizer, model, tmp_path):
     examples = arithmetic_sft_examples(
         [{"problem": PROBLEM, "answer": "64"}, {"problem": "What is 1+2?", "answer": "3"}]
     )
-    args = SFTConfig(str(tmp_path), completion_only_loss=True, use_cpu=True, bf16=False, activation_checkpointing=False)
+    args = SFTConfig(
+        str(tmp_path), completion_only_loss=True, use_cpu=True, bf16=False, activation_checkpointing=False
+    )
     trainer = SFTTrainer(
         model=model, args=args, train_dataset=sft_dataset(tokenizer, examples), processing_class=tokenizer
     )
