@@ -245,7 +245,7 @@ def _load_columns(path_or_id: str, split: str | None, name: str | None) -> tuple
     loaded = datasets.load_dataset(path_or_id, name, split=split)
     if not isinstance(loaded, datasets.Dataset):
         raise ValueError(f"{path_or_id!r} gave {type(loaded).__name__}; pass a single split, e.g. split='train'.")
-    return {column: loaded[column] for column in loaded.column_names}, f"{path_or_id} (split {split!r})"
+    return loaded.to_dict(), f"{path_or_id} (split {split!r})"
 
 
 def _index_list(indices: Sequence[int]) -> str:
