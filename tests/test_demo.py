@@ -189,6 +189,7 @@ def test_demo_end_to_end(quick_demo):
     assert pairs[0]["cegppo"]["start_accuracy"] == summary["warm_start"]["accuracy"]
 
     # The first seed's models are saved with their prompt format; the printed commands evaluate them.
+    assert summary["runs"] == [pairs[0]["cegppo"], pairs[0]["grpo"]]
     assert f"cegppo-eval {DEMO_OUTPUT}/runs/cegppo/final" in printed  # the path as the user named it
     assert Path(summary["heldout"]).resolve() == (out / lm.HELDOUT_FILE).resolve()
     for name in ("cegppo", "grpo"):

@@ -32,7 +32,7 @@ def demo_run(quick_demo, monkeypatch):
 
 def _figures(summary):
     """The demo's held-out accuracy of each model it saved, keyed as `summary["eval_commands"]`."""
-    runs = {name: summary["pairs"][0][name] for name in ("cegppo", "grpo")}
+    runs = {os.path.basename(r["output_dir"]): r for r in summary["runs"]}
     return {"warm_start": summary["warm_start"]["accuracy"], **{n: r["end_accuracy"] for n, r in runs.items()}}
 
 

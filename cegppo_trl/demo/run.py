@@ -126,6 +126,7 @@ def _run(args: argparse.Namespace, sizes: dict) -> dict:
         "seed": args.seed, "problems": args.problems, "sizes": sizes, "machine": _machine(), "toy": toy,
         "warm_start": warm, "pairs": [{"seed": p["seed"], **{n: _no_history(p[n]) for n in ("cegppo", "grpo")}}
                                       for p in pairs],
+        "runs": [_no_history(pairs[0][name]) for name in ("cegppo", "grpo")],  # the saved models' runs
         "differences": differences, "plots": plots, "heldout": heldout, "timings": timings,
         "eval_commands": {n: lm.eval_command(p, data, sizes["eval_samples"], args.seed) for n, p in models.items()},
     }  # fmt: skip
