@@ -16,8 +16,6 @@ import warnings
 import torch
 
 from cegppo_trl.tiny_model import (
-    _as_pair,
-    _encode_example,
     arithmetic_sft_examples,
     build_tiny_model,
     build_tiny_tokenizer,
@@ -34,7 +32,15 @@ def hand_written_sft(model, tokenizer, examples, steps, batch_size=64, lr=3e-3, 
     to 10% of lr, batches drawn with replacement, token-mean cross-entropy over completion + eos."""
     from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
-    encoded = [_encode_example(tokenizer, *_as_pair(ex)) for ex in examples]
+    encoded = [
+        (
+            tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)[
+                "input_ids"
+            ],
+            tokenizer(completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id],
+        )
+        for prompt, completion in examples
+    ]
     ids = tokenizer.pad({"input_ids": [p + c for p, c in encoded]}, padding_side="right", return_tensors="pt")
     labels = tokenizer.pad(
         {"input_ids": [[-100] * len(p) + c for p, c in encoded]}, padding_side="right", return_tensors="pt"

@@ -24,11 +24,6 @@ from .model_source import can_be_hub_id  # the one Hub-id check of the package
 from .rewards.extract import normalize_gold
 
 
-__all__ = [
-    "BUILTIN_DATASETS", "DEFAULT_INSTRUCTION", "DatasetFormatError", "build_prompt", "load_builtin_rows",
-    "load_math_dataset", "make_arithmetic_rows", "resolve_instruction", "write_jsonl",
-]  # fmt: skip
-
 DEFAULT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 """Appended to every problem (the DeepSeek-R1 / CE-GPPO convention: final answer in ``\\boxed{}``)."""
 
@@ -50,7 +45,6 @@ BUILTIN_DATASETS = {
 """Names accepted by :func:`load_math_dataset` for the data shipped with the package."""
 
 _LOCAL_FORMATS = (".jsonl", ".json", ".parquet", ".csv")
-_MAX_LISTED_INDICES = 20
 
 
 class DatasetFormatError(ValueError):
@@ -200,8 +194,7 @@ _FILE_EXTENSION_RE = re.compile(r"\.(jsonl?|ndjson|csv|cvs|tsv|txt|parq\w*|pq|ar
 def _looks_like_path(path_or_id: str) -> bool:
     """A name that cannot be a Hub id, or that ends in a data file's extension (even a typo'd one), names a file."""
     return (
-        path_or_id.lower().endswith(_LOCAL_FORMATS)
-        or path_or_id.startswith((".", "/", "~"))
+        path_or_id.startswith((".", "/", "~"))
         or bool(_FILE_EXTENSION_RE.search(path_or_id))
         or not can_be_hub_id(path_or_id)
     )
@@ -252,13 +245,13 @@ def _load_columns(path_or_id: str, split: str | None, name: str | None) -> tuple
     loaded = datasets.load_dataset(path_or_id, name, split=split)
     if not isinstance(loaded, datasets.Dataset):
         raise ValueError(f"{path_or_id!r} gave {type(loaded).__name__}; pass a single split, e.g. split='train'.")
-    return {column: loaded[column] for column in loaded.column_names}, f"{path_or_id} (split {split!r})"
+    return loaded.to_dict(), f"{path_or_id} (split {split!r})"
 
 
 def _index_list(indices: Sequence[int]) -> str:
-    shown = ", ".join(str(i) for i in indices[:_MAX_LISTED_INDICES])
-    more = f", ... ({len(indices)} in total)" if len(indices) > _MAX_LISTED_INDICES else ""
-    return f"[{shown}{more}]"
+    """The first 20 indices, and the total when there are more."""
+    more = f", ... ({len(indices)} in total)" if len(indices) > 20 else ""
+    return f"[{', '.join(map(str, indices[:20]))}{more}]"
 
 
 def _column_values(columns: dict[str, list], column: str) -> list | None:
@@ -336,35 +329,24 @@ def load_math_dataset(
     drop_invalid: bool = False,
     keep_columns: bool = False,
 ):
-    """Load math problems as a ``datasets.Dataset`` with TRL's conversational ``prompt`` and a ``solution`` column.
+    """Load math problems as a ``datasets.Dataset`` with TRL's conversational ``prompt`` and a ``solution`` column
+    (the gold answer as a string; integer and float answers are converted, ``27.0`` -> ``"27"``).
 
     Args:
-        path_or_id: a local ``.jsonl`` / ``.json`` / ``.parquet`` / ``.csv`` file, ``"builtin:arithmetic"`` /
-            ``"builtin:arithmetic_eval"``, or a Hugging Face Hub data set id (loaded with
-            ``datasets.load_dataset``; needs network or a local cache).
-        split: split of a Hub data set. A local or built-in file is one split, so it is ignored there.
-        problem_column: column holding the problem; default: the first of ``problem``, ``question``, ``prompt``,
-            ``query``, ``input``. A conversational column (list of messages) gives its last user message.
-        answer_column: column holding the gold answer; default: the first of ``answer``, ``final_answer``,
-            ``ground_truth``, ``reference``, ``gold``, ``target``, ``reward_model.ground_truth``, ``solution``.
-            ``"a.b"`` reads key ``b`` of a dict column ``a``.
-        system_prompt: optional system message placed before the user message.
-        instruction: text appended to each problem (default: final answer in ``\\boxed{}``); a text containing
-            ``{problem}`` is a template; ``None`` keeps the problem as is.
-        name: configuration name of a Hub data set.
+        path_or_id: a local ``.jsonl`` / ``.json`` / ``.parquet`` / ``.csv`` file, a key of :data:`BUILTIN_DATASETS`,
+            or a Hub data set id (``datasets.load_dataset(path_or_id, name, split=split)``; `split` is ignored for a
+            local or built-in file, which is one split).
+        problem_column / answer_column: the columns to read; default: the first present of :data:`PROBLEM_COLUMNS` /
+            :data:`ANSWER_COLUMNS`. A conversational problem gives its last user message; ``"a.b"`` reads key ``b``
+            of a dict column ``a``.
+        system_prompt, instruction: as in :func:`build_prompt`.
         drop_invalid: drop unusable rows with a warning listing their indices, instead of raising.
-        keep_columns: keep the other columns of the source (an original ``prompt`` / ``solution`` column that is
-            replaced is kept as ``original_prompt`` / ``original_solution``).
-
-    Returns:
-        ``datasets.Dataset`` with ``prompt`` (``[{"role": "user", "content": ...}]``, optionally after a system
-        message) and ``solution`` (the gold answer as a string). Integer and float answers are converted to
-        strings (``27.0`` -> ``"27"``); answers that are ``None``, booleans, lists or dicts are errors.
+        keep_columns: keep the other source columns (a replaced ``prompt`` / ``solution`` as ``original_prompt`` /
+            ``original_solution``).
 
     Raises:
-        DatasetFormatError: missing columns (the message lists the columns found and the argument to pass), or
-            unusable rows (empty or missing problem or answer, wrong types), listed by 0-based row index, unless
-            ``drop_invalid=True``.
+        DatasetFormatError: a missing column (the message lists the columns found and the argument to pass), no rows,
+            or unusable rows (empty or missing problem or answer, wrong types) listed by 0-based index.
         ValueError: `instruction` has a placeholder other than ``{problem}``.
     """
     import datasets
@@ -428,8 +410,6 @@ def load_math_dataset(
 
 _NAMES = ("Ann", "Ben", "Sam", "Mia", "Tom", "Zoe")
 _ITEMS = ("apples", "pens", "cards", "coins", "books", "eggs")
-ARITHMETIC_SIZES = {"builtin:arithmetic": (3000, 0), "builtin:arithmetic_eval": (300, 1)}
-"""(rows, seed) of each shipped file; the eval file excludes every train problem."""
 
 
 def make_arithmetic_rows(n: int, seed: int = 0, exclude: Iterable[str] = ()) -> list[dict[str, str]]:
@@ -473,10 +453,9 @@ def make_arithmetic_rows(n: int, seed: int = 0, exclude: Iterable[str] = ()) -> 
 
 
 def _builtin_arithmetic() -> dict[str, list[dict[str, str]]]:
-    """The exact contents of the shipped files."""
-    train = make_arithmetic_rows(*ARITHMETIC_SIZES["builtin:arithmetic"])
-    seen = {row["problem"] for row in train}
-    held_out = make_arithmetic_rows(*ARITHMETIC_SIZES["builtin:arithmetic_eval"], exclude=seen)
+    """The exact contents of the shipped files: 3000 train rows (seed 0), 300 held-out rows (seed 1) excluding them."""
+    train = make_arithmetic_rows(3000, seed=0)
+    held_out = make_arithmetic_rows(300, seed=1, exclude={row["problem"] for row in train})
     return {"builtin:arithmetic": train, "builtin:arithmetic_eval": held_out}
 
 
@@ -490,10 +469,6 @@ def write_jsonl(rows: Iterable[dict], path: str | os.PathLike) -> str:
     return str(path)
 
 
-def _write_builtin_files() -> None:
+if __name__ == "__main__":  # regenerate the shipped files
     for builtin, rows in _builtin_arithmetic().items():
         print(f"wrote {len(rows)} rows to {write_jsonl(rows, BUILTIN_DATASETS[builtin])}")
-
-
-if __name__ == "__main__":
-    _write_builtin_files()

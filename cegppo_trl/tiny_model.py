@@ -7,7 +7,6 @@ tokens; ``<|endoftext|>`` is pad / bos (never added), ``<|im_end|>`` eos (ends t
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -21,6 +20,8 @@ from typing import Any
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
     PreTrainedModel,
     PreTrainedTokenizerFast,
     PrinterCallback,
@@ -30,41 +31,11 @@ from transformers import (
 )
 
 from .data import load_builtin_rows
-from .evaluation.generation import prompt_token_ids
-from .rewards.extract import completion_text
 
-
-__all__ = [
-    "PROMPT_INSTRUCTION",
-    "PAD_TOKEN",
-    "BOS_TOKEN",
-    "IM_START",
-    "IM_END",
-    "CHAT_TEMPLATE",
-    "DEFAULT_PROBLEMS",
-    "PROBLEM_SETS",
-    "format_user_message",
-    "build_tiny_tokenizer",
-    "build_tiny_model",
-    "save_tiny",
-    "load_tiny",
-    "load_rows",
-    "problem_indices",
-    "arithmetic_sft_examples",
-    "sft_dataset",
-    "sft_warmstart",
-    "warm_tiny",
-    "materialize_tiny",
-]
 
 #: Instruction appended (after one space) to every arithmetic problem in the user message.
 PROMPT_INSTRUCTION = "Put the final answer in \\boxed{}."
-
-PAD_TOKEN = "<|endoftext|>"
-BOS_TOKEN = PAD_TOKEN
-IM_START = "<|im_start|>"
-IM_END = "<|im_end|>"
-SPECIAL_TOKENS = [PAD_TOKEN, IM_START, IM_END]
+PAD_TOKEN, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 
 # Qwen2's pre-tokenisation regex (transformers/models/qwen2/tokenization_qwen2.py). transformers rebuilds a qwen2
 # tokenizer's pre-tokenizer from its own definition on load, so any other regex would not survive the round trip.
@@ -84,32 +55,27 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' }}{%- endif -%}"
 )
 
-_DEFAULT_VOCAB_SIZE = 400
-
 
 def format_user_message(problem: str) -> str:
     """The user message for an arithmetic problem: the problem, one space, then `PROMPT_INSTRUCTION`."""
     return f"{problem.strip()} {PROMPT_INSTRUCTION}"
 
 
-# --------------------------------------------------------------------------------------------------------------
-# Tokenizer
-# --------------------------------------------------------------------------------------------------------------
-
-
 def _default_corpus(seed: int = 0) -> list[str]:
     """Chat-formatted arithmetic dialogues ("What is a+b?" with +, -, *, operands up to 3 digits; "Ann has 3 apples
     and gets 4 more. ..." word problems) plus a little scaffolding text."""
     rng = random.Random(seed)
+
+    def dialogue(problem: str, answer: str) -> str:
+        return f"{IM_START}user\n{format_user_message(problem)}{IM_END}\n{IM_START}assistant\n{answer}{IM_END}\n"
+
     texts = []
     for _ in range(2000):
         a, b = rng.randint(0, 999), rng.randint(0, 999)
         op = rng.choice("+-*")
         res = {"+": a + b, "-": a - b, "*": a * b}[op]
-        expr = f"{a}{op}{b}"
-        user = format_user_message(f"What is {expr}?")
-        answer = f"{expr}={res}. \\boxed{{{res}}}" if rng.random() < 0.5 else f"\\boxed{{{res}}}"
-        texts.append(f"{IM_START}user\n{user}{IM_END}\n{IM_START}assistant\n{answer}{IM_END}\n")
+        answer = f"{a}{op}{b}={res}. \\boxed{{{res}}}" if rng.random() < 0.5 else f"\\boxed{{{res}}}"
+        texts.append(dialogue(f"What is {a}{op}{b}?", answer))
     names = ["Ann", "Sam", "Mia", "Tom", "Zoe", "Ben", "Eva", "Leo", "Max", "Ada"]
     items = ["apples", "cards", "books", "eggs", "pens", "coins", "marbles", "stickers", "cookies", "stamps"]
     for _ in range(600):  # simple word problems
@@ -119,17 +85,20 @@ def _default_corpus(seed: int = 0) -> list[str]:
             problem, res = f"{name} has {a} {item} and gets {b} more. How many {item} does {name} have now?", a + b
         else:
             problem, res = f"{name} has {a} {item} and gives away {b}. How many {item} are left?", a - b
-        user = format_user_message(problem)
-        texts.append(f"{IM_START}user\n{user}{IM_END}\n{IM_START}assistant\n\\boxed{{{res}}}{IM_END}\n")
-    texts += [
+        texts.append(dialogue(problem, f"\\boxed{{{res}}}"))
+    return texts + [
         f"{IM_START}system\nYou are a helpful assistant. Solve the problem step by step.{IM_END}\n",
         "The answer is \\boxed{42}. Compute the sum, difference or product of the numbers.",
         "Question: Calculate 7 times 6. Answer: 42. Let me think about it.",
     ]
-    return texts
 
 
-def _new_backend_tokenizer() -> Tokenizer:
+def build_tiny_tokenizer(corpus: Iterable[str] | None = None, vocab_size: int = 400) -> PreTrainedTokenizerFast:
+    """Train a small byte-level BPE tokenizer (Qwen2 pipeline, ChatML template) on `corpus`.
+
+    `corpus` defaults to chat-formatted arithmetic dialogues. All 256 byte symbols are in the vocabulary, so any
+    text encodes; digits are always single tokens. Deterministic: the same corpus gives the same vocabulary.
+    """
     tok = Tokenizer(models.BPE(unk_token=None, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False))
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence(
@@ -139,30 +108,17 @@ def _new_backend_tokenizer() -> Tokenizer:
         ]
     )
     tok.decoder = decoders.ByteLevel()
-    return tok
-
-
-def build_tiny_tokenizer(
-    corpus: Iterable[str] | None = None, vocab_size: int = _DEFAULT_VOCAB_SIZE
-) -> PreTrainedTokenizerFast:
-    """Train a small byte-level BPE tokenizer (Qwen2 pipeline, ChatML template) on `corpus`.
-
-    `corpus` defaults to chat-formatted arithmetic dialogues. All 256 byte symbols are in the vocabulary, so any
-    text encodes; digits are always single tokens. Deterministic: the same corpus gives the same vocabulary.
-    """
-    texts = list(corpus) if corpus is not None else _default_corpus()
-    tok = _new_backend_tokenizer()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=2,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=[PAD_TOKEN, IM_START, IM_END],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(texts, trainer=trainer)
-    tokenizer = PreTrainedTokenizerFast(
+    tok.train_from_iterator(list(corpus) if corpus is not None else _default_corpus(), trainer=trainer)
+    return PreTrainedTokenizerFast(
         tokenizer_object=tok,
-        bos_token=BOS_TOKEN,
+        bos_token=PAD_TOKEN,
         eos_token=IM_END,
         pad_token=PAD_TOKEN,
         unk_token=None,
@@ -173,12 +129,6 @@ def build_tiny_tokenizer(
         add_eos_token=False,
         clean_up_tokenization_spaces=False,
     )
-    return tokenizer
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Model
-# --------------------------------------------------------------------------------------------------------------
 
 
 def build_tiny_model(
@@ -194,63 +144,46 @@ def build_tiny_model(
 
     `overrides` are passed to `Qwen2Config` (e.g. ``intermediate_size=256``). Same seed -> same weights.
     """
-    cfg_kwargs: dict[str, Any] = dict(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=4 * hidden_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-        initializer_range=0.02,
-        rms_norm_eps=1e-6,
-        use_cache=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+    config = Qwen2Config(
+        **{
+            "vocab_size": len(tokenizer),
+            "hidden_size": hidden_size,
+            "intermediate_size": 4 * hidden_size,
+            "num_hidden_layers": num_layers,
+            "num_attention_heads": num_heads,
+            "num_key_value_heads": num_kv_heads,
+            "max_position_embeddings": 512,
+            "tie_word_embeddings": True,
+            "initializer_range": 0.02,
+            "rms_norm_eps": 1e-6,
+            "bos_token_id": tokenizer.bos_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+            "pad_token_id": tokenizer.pad_token_id,
+            **overrides,
+        }
     )
-    cfg_kwargs.update(overrides)
-    config = Qwen2Config(**cfg_kwargs)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config)
-    model = model.to(torch.float32)
-    ids = {f"{name}_token_id": getattr(tokenizer, f"{name}_token_id") for name in ("bos", "eos", "pad")}
-    model.generation_config.update(**ids)
-    return model
+        return Qwen2ForCausalLM(config).to(torch.float32)
 
 
 def save_tiny(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, path: str | os.PathLike) -> str:
-    """Save model + tokenizer to `path` (just `save_pretrained` on both); the directory reloads offline with
-    `AutoModelForCausalLM.from_pretrained(path)` / `AutoTokenizer.from_pretrained(path)` and can be passed to
-    `GRPOTrainer(model=path)`."""
-    path = os.fspath(path)
-    os.makedirs(path, exist_ok=True)
+    """`save_pretrained` of both into `path`: it reloads offline with the Auto classes (`load_tiny`) and can be
+    passed to `GRPOTrainer(model=path)`."""
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
-    return path
+    return os.fspath(path)
 
 
 def load_tiny(path: str | os.PathLike) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     """Reload a directory written by `save_tiny` through the Auto classes (local files only)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    return model, tokenizer
+    return model, AutoTokenizer.from_pretrained(path, local_files_only=True)
 
-
-# --------------------------------------------------------------------------------------------------------------
-# Data and SFT warm start
-# --------------------------------------------------------------------------------------------------------------
 
 #: The built-in problems the tiny model is warm-started on (and the demo trains and evaluates on): "sums" ("What is
 #: a+b?": short sequences) or "all" (also differences and one-line word problems).
-PROBLEM_SETS = {
-    "sums": re.compile(r"What is \d+\+\d+\?"),
-    "all": re.compile(r".*", re.DOTALL),
-}
+PROBLEM_SETS = {"sums": r"What is \d+\+\d+\?", "all": r".*"}
 DEFAULT_PROBLEMS = "sums"
 
 
@@ -259,17 +192,9 @@ def load_rows(
 ) -> list[dict[str, str]]:
     """The ``{"problem", "answer"}`` rows of a built-in data set that belong to `problems` (a key of
     `PROBLEM_SETS`), the first `n` of them (or all)."""
-    rows = load_builtin_rows(name)
-    rows = [rows[i] for i in problem_indices(rows, problems)]
-    return rows[:n] if n is not None else rows
-
-
-def problem_indices(rows: Sequence[dict], problems: str) -> list[int]:
-    """Indices of the `rows` whose problem belongs to `problems` (a key of `PROBLEM_SETS`)."""
     if problems not in PROBLEM_SETS:
         raise ValueError(f"problems must be one of {sorted(PROBLEM_SETS)}, got {problems!r}.")
-    pattern = PROBLEM_SETS[problems]
-    return [i for i, row in enumerate(rows) if pattern.fullmatch(str(row["problem"]))]
+    return [row for row in load_builtin_rows(name) if re.fullmatch(PROBLEM_SETS[problems], row["problem"])][:n]
 
 
 _EXPR_RE = re.compile(r"what\s+is\s+(-?\d+)\s*([+\-*])\s*(-?\d+)\s*\?", re.IGNORECASE)
@@ -281,63 +206,42 @@ def _equation(problem: str, answer: str) -> str | None:
     problem's two integers, in order) that equals the answer; None if there is no such expression."""
     m = _EXPR_RE.search(problem)
     if m:
-        return f"{m.group(1)}{m.group(2)}{m.group(3)}"
+        return "".join(m.groups())
     nums = _INT_RE.findall(problem)
     if len(nums) != 2 or not re.fullmatch(r"-?\d+", answer):
         return None
-    a, b, target = int(nums[0]), int(nums[1]), int(answer)
-    for op, value in (("+", a + b), ("-", a - b), ("*", a * b)):
-        if value == target:
-            return f"{a}{op}{b}"
-    return None
+    a, b = int(nums[0]), int(nums[1])
+    return next((f"{a}{op}{b}" for op, v in (("+", a + b), ("-", a - b), ("*", a * b)) if v == int(answer)), None)
 
 
-def arithmetic_sft_examples(rows: Iterable[dict], style: str = "equation") -> list[tuple[str, str]]:
+def arithmetic_sft_examples(rows: Iterable[dict]) -> list[tuple[str, str]]:
     """Turn ``{"problem": "What is 23+41?", "answer": "64"}`` rows into (user message, completion) pairs.
 
-    The user message is `format_user_message(problem)`. ``style="equation"`` (default): the equation, then the box,
-    ``"23+41=64. \\boxed{64}"``; for a word problem the equation is the first of a+b, a-b, a*b over its two integers
-    that equals the answer, and just the box when none does. ``style="boxed"``: only ``"\\boxed{64}"`` (it learns far
-    more slowly: docs/entropy_results.md).
+    The user message is `format_user_message(problem)`; the completion the equation, then the box,
+    ``"23+41=64. \\boxed{64}"``. For a word problem the equation is the first of a+b, a-b, a*b over its two integers
+    that equals the answer, and just the box when none does (a box alone learns far more slowly:
+    docs/entropy_results.md).
     """
-    if style not in ("equation", "boxed"):
-        raise ValueError(f"unknown style {style!r}")
     out = []
     for row in rows:
         problem, answer = str(row["problem"]), str(row["answer"]).strip()
-        completion = f"\\boxed{{{answer}}}"
-        eq = _equation(problem, answer) if style == "equation" else None
-        if eq is not None:
-            completion = f"{eq}={answer}. {completion}"
-        out.append((format_user_message(problem), completion))
+        eq = _equation(problem, answer)
+        out.append((format_user_message(problem), (f"{eq}={answer}. " if eq else "") + f"\\boxed{{{answer}}}"))
     return out
 
 
-def _as_pair(example: Any) -> tuple[Any, str]:
-    if not (isinstance(example, (tuple, list)) and len(example) == 2):
-        raise ValueError(f"examples are (user message, completion) pairs (arithmetic_sft_examples); got {example!r}")
-    return example[0], example[1]
-
-
-def _encode_example(tokenizer, prompt: Any, completion: Any) -> tuple[list[int], list[int]]:
-    """Prompt ids exactly as TRL's GRPOTrainer builds them, completion ids + eos."""
-    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-    completion_ids = tokenizer(completion_text(completion), add_special_tokens=False)["input_ids"]
-    return prompt_token_ids(tokenizer, messages), completion_ids + [tokenizer.eos_token_id]
-
-
 def sft_dataset(tokenizer, examples: Sequence[tuple[str, str]]):
-    """`examples` as the tokenized prompt-completion data set TRL's `SFTTrainer` takes (``input_ids``,
-    ``completion_mask``): the prompt exactly as TRL's GRPOTrainer builds it at RL time, then completion + eos."""
+    """`examples` as the prompt-completion data set TRL's `SFTTrainer` takes: the prompt the chat-templated user
+    message, as TRL's GRPOTrainer builds it at RL time; SFTTrainer appends eos to the completion."""
     from datasets import Dataset
 
-    if not examples:
-        raise ValueError("no examples")
-    encoded = [_encode_example(tokenizer, *_as_pair(example)) for example in examples]
+    if not examples or any(not (isinstance(e, (tuple, list)) and len(e) == 2) for e in examples):
+        raise ValueError(f"examples are (user message, completion) pairs (arithmetic_sft_examples); got {examples!r}")
+    prompts = [[{"role": "user", "content": prompt}] for prompt, _ in examples]
     return Dataset.from_dict(
         {
-            "input_ids": [prompt + completion for prompt, completion in encoded],
-            "completion_mask": [[0] * len(prompt) + [1] * len(completion) for prompt, completion in encoded],
+            "prompt": tokenizer.apply_chat_template(prompts, add_generation_prompt=True, tokenize=False),
+            "completion": [completion for _, completion in examples],
         }
     )
 
@@ -351,49 +255,42 @@ def sft_warmstart(
     lr: float = 3e-3,
     seed: int = 0,
     progress: bool = True,
-    warmup_steps: int | None = None,
-    weight_decay: float = 0.0,
-    max_grad_norm: float = 1.0,
-    num_threads: int | None = None,
 ) -> dict[str, float]:
-    """Supervised fine-tune `model` in place on (user prompt, completion) examples with TRL's `SFTTrainer`
-    (completion-only loss: the token mean of the cross-entropy over completion + eos), the prompt formatted as TRL's
-    GRPOTrainer formats it at RL time (`sft_dataset`), so that RL starts from the same format.
+    """Supervised fine-tune `model` in place on (user message, completion) pairs with TRL's `SFTTrainer`
+    (completion-only loss over completion + eos, the prompt as at RL time: `sft_dataset`).
 
     AdamW (betas 0.9 / 0.98), linear warm-up then cosine decay to 10% of `lr` (transformers' ``cosine_with_min_lr``),
-    `batch_size` examples per step in shuffled epochs; `num_threads`: torch's intra-op threads for the call (None:
-    unchanged). Deterministic for a given `seed`. Returns ``{"initial_loss" (first step), "final_loss" (the last
-    logged, a mean over the last tenth of the steps), "seconds", "steps", "examples"}``.
+    `batch_size` examples per step in shuffled epochs. Deterministic for a given `seed`. Returns
+    ``{"initial_loss" (first step), "final_loss" (the last logged, a mean over the last tenth of the steps),
+    "seconds", "steps", "examples"}``.
     """
+    import datasets
     from trl import SFTConfig, SFTTrainer
 
     dataset = sft_dataset(tokenizer, examples)
-    warmup = warmup_steps if warmup_steps is not None else max(1, min(50, steps // 10))
-    with tempfile.TemporaryDirectory() as output_dir, _torch_threads(num_threads), _no_dataset_bars():
-        args = SFTConfig(
-            output_dir=output_dir, max_steps=steps, per_device_train_batch_size=batch_size, learning_rate=lr,
-            lr_scheduler_type="cosine_with_min_lr", lr_scheduler_kwargs={"min_lr_rate": 0.1}, warmup_steps=warmup,
-            adam_beta2=0.98, weight_decay=weight_decay, max_grad_norm=max_grad_norm, seed=seed,
-            completion_only_loss=True, use_cpu=True, bf16=False, activation_checkpointing=False,
-            logging_steps=max(1, steps // 10), logging_first_step=True, report_to="none", save_strategy="no",
-            disable_tqdm=not progress,
-        )  # fmt: skip
-        trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
-        # The bar only: TRL would print every log line (the losses are returned instead).
-        trainer.remove_callback(ProgressCallback if progress else PrinterCallback)
-        if progress:
-            trainer.add_callback(_BarOnly())
-        start = time.perf_counter()
-        trainer.train()
-        seconds = time.perf_counter() - start
+    bars = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()  # SFTTrainer's preparation of a small in-memory data set
+    try:
+        with tempfile.TemporaryDirectory() as output_dir:
+            args = SFTConfig(
+                output_dir=output_dir, max_steps=steps, per_device_train_batch_size=batch_size, learning_rate=lr,
+                lr_scheduler_type="cosine_with_min_lr", lr_scheduler_kwargs={"min_lr_rate": 0.1},
+                warmup_steps=max(1, min(50, steps // 10)), adam_beta2=0.98, seed=seed, completion_only_loss=True,
+                use_cpu=True, bf16=False, activation_checkpointing=False, logging_steps=max(1, steps // 10),
+                logging_first_step=True, report_to="none", save_strategy="no", disable_tqdm=not progress,
+            )  # fmt: skip
+            trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+            trainer.remove_callback(PrinterCallback)  # the losses are returned, not printed
+            if trainer.pop_callback(ProgressCallback):
+                trainer.add_callback(_BarOnly())
+            start = time.perf_counter()
+            trainer.train()
+    finally:
+        if bars:
+            datasets.enable_progress_bars()
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
-    return {
-        "initial_loss": losses[0],
-        "final_loss": losses[-1],
-        "seconds": seconds,
-        "steps": steps,
-        "examples": len(dataset),
-    }
+    return {"initial_loss": losses[0], "final_loss": losses[-1], "seconds": time.perf_counter() - start,
+            "steps": steps, "examples": len(dataset)}  # fmt: skip
 
 
 class _BarOnly(ProgressCallback):
@@ -402,36 +299,6 @@ class _BarOnly(ProgressCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         pass
 
-
-@contextlib.contextmanager
-def _torch_threads(num_threads: int | None):
-    """torch's intra-op threads set to `num_threads` for the block (None: unchanged)."""
-    previous = torch.get_num_threads()
-    if num_threads is not None:
-        torch.set_num_threads(num_threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
-
-
-@contextlib.contextmanager
-def _no_dataset_bars():
-    """No datasets progress bars for SFTTrainer's preparation of a small in-memory data set."""
-    import datasets
-
-    was_shown = datasets.is_progress_bar_enabled()
-    datasets.disable_progress_bars()
-    try:
-        yield
-    finally:
-        if was_shown:
-            datasets.enable_progress_bars()
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Built, warm-started and cached: builtin:tiny and the demo's starting point
-# --------------------------------------------------------------------------------------------------------------
 
 BUILD_FILE = "tiny_build.json"
 
@@ -442,11 +309,7 @@ def warm_tiny(
     *,
     train_rows: Sequence[dict] | None = None,
     cache_dir: str | os.PathLike | None = None,
-    batch_size: int = 64,
-    lr: float = 3e-3,
-    model_kwargs: dict[str, Any] | None = None,
     progress: bool = False,
-    num_threads: int | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerFast, dict[str, Any]]:
     """Build the tokenizer and model and SFT the model for `sft_steps` steps on `train_rows` (default: the "sums" of
     ``builtin:arithmetic``). Returns ``(model, tokenizer, info)``; `info` has ``key`` (every input of the build),
@@ -455,38 +318,28 @@ def warm_tiny(
     With `cache_dir` the result is saved there (`save_tiny` plus ``tiny_build.json``), and a later call with the
     same inputs loads it instead of training again. Deterministic in its inputs.
     """
-    train_rows = list(train_rows) if train_rows is not None else load_rows("builtin:arithmetic")
-    examples = arithmetic_sft_examples(train_rows)
-    model_kwargs = dict(model_kwargs or {})
+    examples = arithmetic_sft_examples(train_rows if train_rows is not None else load_rows("builtin:arithmetic"))
     tokenizer = build_tiny_tokenizer()
+    digest = {"examples": json.dumps(examples), "tokenizer": tokenizer.backend_tokenizer.to_str()}
     key = {
         "seed": seed,
         "sft_steps": sft_steps,
-        "batch_size": batch_size,
-        "lr": lr,
-        "model_kwargs": model_kwargs,
-        "examples": hashlib.sha256(json.dumps(examples).encode()).hexdigest(),
-        "tokenizer": hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest(),
+        **{k: hashlib.sha256(v.encode()).hexdigest() for k, v in digest.items()},
     }
     path = os.fspath(cache_dir) if cache_dir is not None else None
-    build_path = os.path.join(path, BUILD_FILE) if path is not None else None
-    if build_path is not None and os.path.isfile(build_path):
-        with open(build_path) as f:
+    build_file = os.path.join(path, BUILD_FILE) if path is not None else ""
+    if os.path.isfile(build_file):
+        with open(build_file) as f:
             saved = json.load(f)
         if saved.get("key") == key:
-            model, tokenizer = load_tiny(path)
-            return model, tokenizer, {**saved["info"], "key": key, "cached": True, "path": path}
-
+            return *load_tiny(path), {**saved["info"], "key": key, "cached": True, "path": path}
     start = time.perf_counter()
-    model = build_tiny_model(tokenizer, seed=seed, **model_kwargs)
-    sft = sft_warmstart(
-        model, tokenizer, examples, steps=sft_steps, batch_size=batch_size, lr=lr, seed=seed, progress=progress,
-        num_threads=num_threads,
-    )  # fmt: skip
+    model = build_tiny_model(tokenizer, seed=seed)
+    sft = sft_warmstart(model, tokenizer, examples, steps=sft_steps, seed=seed, progress=progress)
     info = {"sft": sft, "seconds": time.perf_counter() - start, "num_parameters": model.num_parameters()}
-    if build_path is not None:
+    if path is not None:
         save_tiny(model, tokenizer, path)
-        with open(build_path, "w") as f:
+        with open(build_file, "w") as f:
             json.dump({"key": key, "info": info}, f, indent=2)
     return model, tokenizer, {**info, "key": key, "cached": False, "path": path}
 

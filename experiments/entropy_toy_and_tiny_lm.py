@@ -104,6 +104,7 @@ def run_lm_part(seeds: int, steps: int, work_dir: str, threads: int, eval_rows_n
     eval_rows = load_rows("builtin:arithmetic_eval", problems=PROBLEMS)[:eval_rows_n]
     _, _, info = warm_start(seed=0, sft_steps=sft_steps, progress=False, cache_dir=warm_dir, eval_rows=eval_rows,
                             train_rows=load_rows("builtin:arithmetic", problems=PROBLEMS))  # fmt: skip
+    info["greedy_accuracy"] = greedy_accuracy(warm_dir, eval_rows)
     print(f"warm start: sampled accuracy {info['accuracy']:.3f}, greedy {info['greedy_accuracy']:.3f}", flush=True)
     train_dataset = demo_train_dataset(PROBLEMS)
     for seed in range(seeds):
@@ -116,6 +117,8 @@ def run_lm_part(seeds: int, steps: int, work_dir: str, threads: int, eval_rows_n
                             output_dir=os.path.join(work_dir, "lm", os.path.basename(path)[:-5]), eval_rows=eval_rows,
                             progress=False, logging_steps=1, train_dataset=train_dataset, **LM_RL_SETTINGS)  # fmt: skip
             history = result.pop("log_history")
+            result["start_greedy_accuracy"] = info["greedy_accuracy"]
+            result["end_greedy_accuracy"] = greedy_accuracy(result["final_dir"], eval_rows)
             result["series"] = {m: [[h["step"], h[m]] for h in history if isinstance(h.get(m), (int, float))]
                                 for m in LM_SERIES}  # fmt: skip
             _json(os.path.join("lm_runs", os.path.basename(path)), result, indent=None)
@@ -123,6 +126,18 @@ def run_lm_part(seeds: int, steps: int, work_dir: str, threads: int, eval_rows_n
     meta = {"seeds": seeds, "steps": steps, "eval_rows": eval_rows_n, "threads": threads, "sft_steps": sft_steps,
             "warm_start": info, "seconds_this_invocation": time.perf_counter() - start}  # fmt: skip
     _json("lm_meta.json", meta)
+
+
+def greedy_accuracy(model_dir: str, rows: list[dict]) -> float:
+    """Held-out greedy accuracy of a saved model with the demo's prompt (the demo itself reports sampled accuracy)."""
+    from cegppo_trl.data import build_prompt
+    from cegppo_trl.demo.lm import DEMO_INSTRUCTION, MAX_NEW_TOKENS, load_tiny
+    from cegppo_trl.evaluation import evaluate_completions, generate_completions
+
+    model, tokenizer = load_tiny(model_dir)
+    prompts = [build_prompt(row["problem"], instruction=DEMO_INSTRUCTION) for row in rows]
+    completions = generate_completions(model, tokenizer, prompts, 1, temperature=0.0, max_new_tokens=MAX_NEW_TOKENS)
+    return float(evaluate_completions(completions, [row["answer"] for row in rows])["avg@1"])
 
 
 def _figure(panels, name, suptitle):

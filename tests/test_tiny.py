@@ -12,15 +12,17 @@ from cegppo_trl.rewards import extract_answer
 from cegppo_trl.tiny_model import (
     CHAT_TEMPLATE,
     PROMPT_INSTRUCTION,
-    _encode_example,
     arithmetic_sft_examples,
     build_tiny_model,
     build_tiny_tokenizer,
     format_user_message,
     save_tiny,
+    sft_dataset,
     sft_warmstart,
 )
 
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # a busy 2-core machine runs one thread faster
 
 PROBLEM = "What is 23+41?"
 TEXTS = [
@@ -48,6 +50,10 @@ def saved_dir(tmp_path_factory, model, tokenizer):
 def _chat_ids(tok, problem=PROBLEM):
     msgs = [{"role": "user", "content": format_user_message(problem)}]
     return tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+
+
+def _completion_ids(tok, completion):
+    return tok(completion, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
 
 
 # ---------------------------------------------------------------------------------------------- tokenizer
@@ -190,46 +196,48 @@ def test_arithmetic_sft_examples():
     assert ex[1] == (f"{rows[1]['problem']} {PROMPT_INSTRUCTION}", "49-27=22. \\boxed{22}")
     assert ex[2][1] == "2*3=6. \\boxed{6}"
     assert ex[3][1] == "\\boxed{3.5}"  # no integer equation fits: boxed only
-    assert [c for _, c in arithmetic_sft_examples(rows, style="boxed")] == [
-        "\\boxed{64}",
-        "\\boxed{22}",
-        "\\boxed{6}",
-        "\\boxed{3.5}",
-    ]
     assert extract_answer(ex[0][1]) == "64" and extract_answer("no box") is None
-    with pytest.raises(ValueError):
-        arithmetic_sft_examples(rows, style="cot")
 
 
-def test_prompt_masking(tokenizer):
-    """Prompt ids are exactly TRL's chat-template prompt; only completion + eos are in SFTTrainer's completion mask."""
-    from cegppo_trl.tiny_model import sft_dataset
+def test_prompt_masking(tokenizer, model, tmp_path):
+    """SFTTrainer trains on TRL's GRPOTrainer prompt ids, then completion + eos; only completion + eos have labels."""
+    from trl import SFTConfig, SFTTrainer
 
-    prompt, completion = arithmetic_sft_examples([{"problem": PROBLEM, "answer": "64"}])[0]
-    p, c = _encode_example(tokenizer, prompt, completion)
-    assert p == _chat_ids(tokenizer)
-    assert c[-1] == tokenizer.eos_token_id
-    assert tokenizer.decode(c, skip_special_tokens=True) == completion
-    short = arithmetic_sft_examples([{"problem": "What is 1+2?", "answer": "3"}])[0]
-    dataset = sft_dataset(tokenizer, [(prompt, completion), short])
-    assert dataset[0]["input_ids"] == p + c
-    assert dataset[0]["completion_mask"] == [0] * len(p) + [1] * len(c)
-    assert sum(dataset[1]["completion_mask"]) == len(_encode_example(tokenizer, *short)[1])
-    with pytest.raises(ValueError, match="no examples"):
+    from cegppo_trl.evaluation.generation import prompt_token_ids
+
+    examples = arithmetic_sft_examples(
+        [{"problem": PROBLEM, "answer": "64"}, {"problem": "What is 1+2?", "answer": "3"}]
+    )
+    args = SFTConfig(
+        str(tmp_path), completion_only_loss=True, use_cpu=True, bf16=False, activation_checkpointing=False
+    )
+    trainer = SFTTrainer(
+        model=model, args=args, train_dataset=sft_dataset(tokenizer, examples), processing_class=tokenizer
+    )
+    for (prompt, completion), row in zip(examples, trainer.train_dataset):
+        p, c = (
+            prompt_token_ids(tokenizer, [{"role": "user", "content": prompt}]),
+            _completion_ids(tokenizer, completion),
+        )
+        assert row["input_ids"] == p + c and row["labels"] == [-100] * len(p) + c
+    assert p == _chat_ids(tokenizer, "What is 1+2?")
+    with pytest.raises(ValueError, match="pairs"):
         sft_dataset(tokenizer, [])
 
 
 def test_sft_warmstart_lowers_loss_and_prompt_loss_is_ignored(tokenizer):
-    # num_threads=1: on a busy 2-core machine two intra-op threads are several times slower.
     rows = make_arithmetic_rows(256, seed=0)
     examples = arithmetic_sft_examples(rows)
     m = build_tiny_model(tokenizer, seed=0)
-    stats = sft_warmstart(m, tokenizer, examples, steps=30, batch_size=32, progress=False, num_threads=1)
+    stats = sft_warmstart(m, tokenizer, examples, steps=30, batch_size=32, progress=False)
     assert set(stats) >= {"initial_loss", "final_loss", "seconds", "steps", "examples"}
     assert stats["initial_loss"] > 5.0  # ~ln(vocab) at random init
     assert stats["final_loss"] < stats["initial_loss"] - 2.0
     # The prompt is not trained on: its loss stays high while the completion loss dropped.
-    p, c = _encode_example(tokenizer, *arithmetic_sft_examples(rows[:1])[0])
+    p, c = (
+        _chat_ids(tokenizer, rows[0]["problem"]),
+        _completion_ids(tokenizer, arithmetic_sft_examples(rows[:1])[0][1]),
+    )
     ids = torch.tensor([p + c])
     m.eval()
     with torch.no_grad():
@@ -242,7 +250,7 @@ def test_sft_warmstart_lowers_loss_and_prompt_loss_is_ignored(tokenizer):
 def test_sft_is_deterministic_and_takes_pairs(tokenizer):
     rows = make_arithmetic_rows(8, seed=5)
     examples = arithmetic_sft_examples(rows)
-    kw = dict(steps=3, batch_size=4, progress=False, num_threads=1)
+    kw = dict(steps=3, batch_size=4, progress=False)
     m1, m2 = build_tiny_model(tokenizer, seed=0), build_tiny_model(tokenizer, seed=0)
     s1 = sft_warmstart(m1, tokenizer, examples, **kw)
     s2 = sft_warmstart(m2, tokenizer, [list(pair) for pair in examples], **kw)  # lists as pairs: the same run

@@ -12,27 +12,20 @@ import shlex
 import time
 from typing import Any
 
+from transformers import PrinterCallback, ProgressCallback
+
 from ..data import build_prompt, load_builtin_rows, load_math_dataset
-from ..evaluation import evaluate_completions, generate_completions, generate_with_entropy
+from ..evaluation import evaluate_completions, generate_with_entropy
 from ..prompt_settings import save_eval_settings
-from ..tiny_model import (
-    DEFAULT_PROBLEMS,
-    PROMPT_INSTRUCTION,
-    load_rows,
-    load_tiny,
-    problem_indices,
-    save_tiny,
-    warm_tiny,
-)
+from ..tiny_model import DEFAULT_PROBLEMS, PROMPT_INSTRUCTION, load_rows, load_tiny, save_tiny, warm_tiny
 
 
 #: The user message the tiny model is SFT-trained on: "What is 3+4? Put the final answer in \boxed{}."
 DEMO_INSTRUCTION = "{problem} " + PROMPT_INSTRUCTION
 HELDOUT_FILE = "heldout.jsonl"  # the held-out rows of a demo run, for `cegppo-eval --datasets`
 DEFAULT_SFT_STEPS, DEFAULT_RL_STEPS, DEFAULT_EVAL_SAMPLES = 300, 48, 8  # why: docs/entropy_results.md, section 4
-PLOT_METRICS = ("reward", "entropy") + tuple(f"cegppo/{k}" for k in ("beta1_token_frac", "beta2_token_frac",
-                                                                     "beta1_grad_share", "beta2_grad_share"))  # fmt: skip
-CLIPPED_SETS = PLOT_METRICS[2:]
+CLIPPED_SETS = tuple(f"cegppo/{k}" for k in ("beta1_token_frac", "beta2_token_frac", "beta1_grad_share",
+                                               "beta2_grad_share"))  # fmt: skip
 MAX_NEW_TOKENS = 20  # the warm-started answer "49+27=76. \boxed{76}" + eos is 16 tokens
 
 #: CEGPPOConfig values of every demo run; `run_rl(**config_overrides)` replaces any of them. Off-policy as in the
@@ -48,27 +41,30 @@ RL_DEFAULTS: dict[str, Any] = dict(
 
 def demo_train_dataset(problems: str = DEFAULT_PROBLEMS):
     """``builtin:arithmetic`` restricted to `problems`, as a TRL data set with the warm start's user message."""
-    dataset = load_math_dataset("builtin:arithmetic", instruction=DEMO_INSTRUCTION)
-    keep = problem_indices(load_builtin_rows("builtin:arithmetic"), problems)
-    return dataset if len(keep) == len(dataset) else dataset.select(keep)
+    wanted = {row["problem"] for row in load_rows("builtin:arithmetic", problems=problems)}
+    keep = [i for i, row in enumerate(load_builtin_rows("builtin:arithmetic")) if row["problem"] in wanted]
+    return load_math_dataset("builtin:arithmetic", instruction=DEMO_INSTRUCTION).select(keep)
 
 
 def evaluate_policy(model, tokenizer, rows, *, seed: int = 0, samples_per_row: int = 1) -> dict[str, float]:
     """On ``{"problem", "answer"}`` rows: ``accuracy`` (avg@`samples_per_row`, sampling at temperature 1 as RL
-    does), ``entropy`` (token mean, nats, along those samples, eos included as TRL's metric) and
-    ``greedy_accuracy``. `cegppo-eval`'s code path, so `eval_command` gives the same accuracy again."""
+    does) and ``entropy`` (token mean, nats, along those samples, eos included as TRL's metric). `cegppo-eval`'s code
+    path, so `eval_command` gives the same accuracy again."""
     if not rows:
         raise ValueError("no held-out rows")
     prompts = [build_prompt(str(row["problem"]).strip(), instruction=DEMO_INSTRUCTION) for row in rows]
     solutions = [str(row["answer"]).strip() for row in rows]
-    generation = dict(max_new_tokens=MAX_NEW_TOKENS, top_p=1.0, seed=seed)  # RL's sampling: no top-p / top-k cut
-    sampled, entropy = generate_with_entropy(model, tokenizer, prompts, samples_per_row, temperature=1.0, **generation)
-    greedy = generate_completions(model, tokenizer, prompts, 1, temperature=0.0, **generation)
-    return {
-        "accuracy": float(evaluate_completions(sampled, solutions)[f"avg@{samples_per_row}"]),
-        "entropy": entropy,
-        "greedy_accuracy": float(evaluate_completions(greedy, solutions)["avg@1"]),
-    }
+    sampled, entropy = generate_with_entropy(  # RL's sampling: T=1, no top-p / top-k cut
+        model,
+        tokenizer,
+        prompts,
+        samples_per_row,
+        temperature=1.0,
+        max_new_tokens=MAX_NEW_TOKENS,
+        top_p=1.0,
+        seed=seed,
+    )
+    return {"accuracy": float(evaluate_completions(sampled, solutions)[f"avg@{samples_per_row}"]), "entropy": entropy}
 
 
 def save_settings(path: str | os.PathLike) -> None:
@@ -87,47 +83,36 @@ def eval_command(model_dir: str, data_path: str, samples_per_row: int, seed: int
 
 
 def warm_start(seed=0, sft_steps=DEFAULT_SFT_STEPS, progress=True, *, cache_dir=None, train_rows=None, eval_rows=None,
-               eval_samples=DEFAULT_EVAL_SAMPLES, num_threads=None, evaluate=True):  # fmt: skip
+               eval_samples=DEFAULT_EVAL_SAMPLES):  # fmt: skip
     """`tiny_model.warm_tiny` (build, SFT with TRL's SFTTrainer; cached in `cache_dir`, saved there with its prompt
     format) plus its held-out figures (`evaluate_policy` on `eval_rows`, default the held-out sums). Returns
     ``(model, tokenizer, info)``: ``sft``, ``cached``, ``seconds`` and the figures."""
     start = time.perf_counter()
-    model, tokenizer, build = warm_tiny(
-        seed, sft_steps, train_rows=train_rows, cache_dir=cache_dir, progress=progress, num_threads=num_threads
-    )
+    model, tokenizer, build = warm_tiny(seed, sft_steps, train_rows=train_rows, cache_dir=cache_dir, progress=progress)
     if cache_dir is not None:
         save_settings(cache_dir)
-    info = {"sft": build["sft"], "cached": build["cached"], "num_parameters": build["num_parameters"]}
-    if evaluate:
-        rows = list(eval_rows) if eval_rows is not None else load_rows("builtin:arithmetic_eval")
-        info.update(evaluate_policy(model, tokenizer, rows, seed=seed, samples_per_row=eval_samples))
+    rows = list(eval_rows) if eval_rows is not None else load_rows("builtin:arithmetic_eval")
+    info = {k: build[k] for k in ("sft", "cached", "num_parameters")}
+    info.update(evaluate_policy(model, tokenizer, rows, seed=seed, samples_per_row=eval_samples))
     return model, tokenizer, {**info, "seconds": time.perf_counter() - start}
 
 
-def _progress_callback(desc: str):
-    from tqdm.auto import tqdm
-    from transformers import TrainerCallback
+class _Progress(ProgressCallback):
+    """transformers' bar named after the run; postfix: reward, entropy and the clipped sets' token fractions
+    (clip_lo / clip_hi) instead of a printed dict per log."""
 
-    class _Progress(TrainerCallback):
-        """One bar per run; postfix: reward, entropy and the clipped sets' token fractions (clip_lo / clip_hi)."""
+    def __init__(self, desc: str):
+        super().__init__()
+        self.desc = desc
 
-        bar = None
+    def on_train_begin(self, args, state, control, **kwargs):
+        super().on_train_begin(args, state, control, **kwargs)
+        self.training_bar.set_description(self.desc)
 
-        def on_train_begin(self, args, state, control, **kwargs):
-            self.bar = tqdm(total=state.max_steps, desc=desc, unit="step", dynamic_ncols=True)
-
-        def on_step_end(self, args, state, control, **kwargs):
-            self.bar.update(state.global_step - self.bar.n)
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            names = {"reward": "reward", "entropy": "entropy", "clip_lo": CLIPPED_SETS[0], "clip_hi": CLIPPED_SETS[1]}
-            shown = {k: (logs or {}).get(v) for k, v in names.items()}
-            self.bar.set_postfix({k: f"{v:.3g}" for k, v in shown.items() if isinstance(v, (int, float))})
-
-        def on_train_end(self, args, state, control, **kwargs):
-            self.bar.close()
-
-    return _Progress()
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        names = {"reward": "reward", "entropy": "entropy", "clip_lo": CLIPPED_SETS[0], "clip_hi": CLIPPED_SETS[1]}
+        shown = {k: (logs or {}).get(v) for k, v in names.items()}
+        self.training_bar.set_postfix({k: f"{v:.3g}" for k, v in shown.items() if isinstance(v, (int, float))})
 
 
 def _mean(history, metric: str, last: float = 1.0) -> float | None:
@@ -144,8 +129,8 @@ def run_rl(model, tokenizer, *, beta1, beta2, seed, max_steps, output_dir, train
     `max_steps` steps; beta1 = beta2 = 0 is GRPO's gradient. Every other keyword is a `CEGPPOConfig` field replacing
     `RL_DEFAULTS`. `start_eval` (the start's `evaluate_policy` figures) saves evaluating the start again.
 
-    Returns ``label``, the arguments, ``seconds``, ``log_history``, held-out ``start_*`` / ``end_*`` accuracy, entropy
-    and greedy accuracy, the training reward over the last 10% of the logs (``end_reward``), the clipped sets' mean
+    Returns ``label``, the arguments, ``seconds``, ``log_history``, held-out ``start_*`` / ``end_*`` accuracy and
+    entropy, the training reward over the last 10% of the logs (``end_reward``), the clipped sets' mean
     token fractions and gradient shares, ``output_dir`` (with ``trainer_state.json``) and ``final_dir`` (with
     `save_final`: the model with its prompt format in ``output_dir/final``, else None).
     """
@@ -164,13 +149,10 @@ def run_rl(model, tokenizer, *, beta1, beta2, seed, max_steps, output_dir, train
     dataset = train_dataset if train_dataset is not None else demo_train_dataset()
     trainer = CEGPPOTrainer(model=model, reward_funcs=[math_reward], args=args, train_dataset=dataset,
                             processing_class=tokenizer)  # fmt: skip
-    from transformers.trainer_callback import PrinterCallback, ProgressCallback
-
-    for callback in (PrinterCallback, ProgressCallback):  # ours instead of a printed dict per log
-        trainer.remove_callback(callback)
     label = label or f"beta1={beta1:g}, beta2={beta2:g}"
+    trainer.remove_callback(PrinterCallback)
     if progress:
-        trainer.add_callback(_progress_callback(label))
+        trainer.add_callback(_Progress(label))
     start = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - start

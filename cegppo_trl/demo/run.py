@@ -1,15 +1,7 @@
-"""`cegppo-demo`: what CE-GPPO does to entropy where it is exact, then the same trainer on a tiny LM; CPU, offline.
-
-1. **The exact toy** (`toy.py`): tabular softmax policies trained with CE-GPPO's own loss in float64 for the
-   (beta1, beta2) settings of `toy.TOY_GRID` over several seeds: the first-order entropy prediction against the
-   measured change, and the paper's two directions, counted per seed. The same figures on every machine.
-2. **The tiny LM** (`lm.py`): one SFT warm start of the ~1M-parameter tiny model, then `CEGPPOTrainer` at
-   (beta1, beta2) and at (0, 0) (GRPO's gradient) from it with the same seed, data and budget, for several seeds:
-   held-out accuracy and entropy per seed and their CE-GPPO - GRPO differences with mean +- std.
-
-Writes ``results.md``, ``results.json``, ``toy_entropy.png``, ``cegppo_vs_grpo.png``, the warm start
-(``warm_start/``), the first seed's models (``runs/{cegppo,grpo}/final``) and the held-out problems
-(``heldout.jsonl``) for the printed `cegppo-eval` commands.
+"""`cegppo-demo` (README, *The offline demo*): the exact toy (`toy.py`: CE-GPPO's loss on tabular policies in
+float64, the same figures on every machine), then CE-GPPO vs GRPO from one SFT warm start of the tiny LM over several
+seeds (`lm.py`), with their differences' mean +- std. Writes ``results.md``, ``results.json``, the two figures, the
+warm start and the first seed's models and ``heldout.jsonl`` for the printed `cegppo-eval` commands; CPU, offline.
 """
 
 from __future__ import annotations
@@ -29,10 +21,7 @@ from ..tiny_model import DEFAULT_PROBLEMS, PROBLEM_SETS
 from . import lm
 
 
-#: The demo's sizes, each a flag of the same name (why these: docs/entropy_results.md, section 4).
-DEFAULTS = dict(toy_seeds=4, toy_steps=150, sft_steps=lm.DEFAULT_SFT_STEPS, seeds=3, steps=lm.DEFAULT_RL_STEPS,
-                prompts_per_step=16, num_generations=8, eval_size=None, eval_samples=lm.DEFAULT_EVAL_SAMPLES)  # fmt: skip
-#: `--quick`: every part and option on, at small sizes.
+#: `--quick`: every part and option on, at small sizes (the full sizes, and why: docs/entropy_results.md, section 4).
 QUICK = dict(toy_seeds=2, toy_steps=40, sft_steps=150, seeds=2, steps=16, prompts_per_step=8, num_generations=4,
              eval_size=64, eval_samples=1)  # fmt: skip
 FIRST_ORDER_LRS = (1e-3, 1e-4)  # the single-token check at two step sizes: its error must shrink with the step
@@ -45,48 +34,50 @@ LM_LIMITS = (
 )
 
 
+def _count(text: str) -> int:
+    """A size: an integer of at least 1."""
+    if int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    return int(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cegppo-demo",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="What CE-GPPO does to entropy on an exact toy, then CE-GPPO vs GRPO on a tiny arithmetic model "
         "over several seeds: CPU only, nothing downloaded.",
     )
     add = parser.add_argument
     add("--output-dir", default="cegppo-demo-output", help="where results, figures and models go")
     add("--seed", type=int, default=0, help="first seed: the warm start, the toy's and the LM runs' seeds count up")
-    add("--seeds", type=int, help=f"LM seeds, each a CE-GPPO and a GRPO run (default {DEFAULTS['seeds']})")
-    add("--toy-seeds", type=int, help=f"seeds of the toy grid (default {DEFAULTS['toy_seeds']})")
-    add("--toy-steps", type=int, help=f"RL steps per toy run (default {DEFAULTS['toy_steps']})")
-    add("--steps", type=int, help=f"RL optimizer steps per LM run (default {lm.DEFAULT_RL_STEPS})")
-    add("--sft-steps", type=int, help=f"SFT warm-start steps (default {lm.DEFAULT_SFT_STEPS})")
-    add("--beta1", type=float, default=0.5, help="CE-GPPO beta1 (paper, 1.5B: 0.5)")
-    add("--beta2", type=float, default=1.0, help="CE-GPPO beta2 (paper: 1)")
+    add("--seeds", type=_count, default=3, help="LM seeds, each a CE-GPPO and a GRPO run")
+    add("--toy-seeds", type=_count, default=4, help="seeds of the toy grid")
+    add("--toy-steps", type=_count, default=150, help="RL steps per toy run")
+    add("--steps", type=_count, default=lm.DEFAULT_RL_STEPS, help="RL optimizer steps per LM run")
+    add("--sft-steps", type=_count, default=lm.DEFAULT_SFT_STEPS, help="SFT warm-start steps")
+    add("--beta1", type=float, default=0.5, help="CE-GPPO beta1 (the paper's, 1.5B)")
+    add("--beta2", type=float, default=1.0, help="CE-GPPO beta2 (the paper's)")
     add("--learning-rate", type=float, default=lm.RL_DEFAULTS["learning_rate"], help="RL learning rate")
-    add("--prompts-per-step", type=int, help="prompts per optimizer step (default 16)")
-    add("--num-generations", type=int, help="completions per prompt (default 8)")
+    add("--prompts-per-step", type=_count, default=16, help="prompts per optimizer step")
+    add("--num-generations", type=_count, default=8, help="completions per prompt")
     add("--problems", choices=sorted(PROBLEM_SETS), default=DEFAULT_PROBLEMS,
         help="built-in problems: 'sums' (What is a+b?) or 'all' (also a-b, word problems)")  # fmt: skip
-    add("--eval-size", type=int, help="held-out problems evaluated (default: all)")
-    add("--eval-samples", type=int, help=f"samples per held-out problem (default {lm.DEFAULT_EVAL_SAMPLES})")
+    add("--eval-size", type=_count, help="held-out problems evaluated (None: all)")
+    add("--eval-samples", type=_count, default=lm.DEFAULT_EVAL_SAMPLES, help="samples per held-out problem")
     add("--quick", action="store_true", help=f"a smoke run (defaults become {QUICK}); explicit flags still win")
-    add("--threads", type=int, default=0, help="torch intra-op threads (default 0: torch's default, one per core)")
+    add("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default, one per core)")
     add("--no-progress", action="store_true", help="no progress bars")
     return parser
 
 
-def _sizes(args: argparse.Namespace) -> dict:
-    base = {**DEFAULTS, **(QUICK if args.quick else {})}
-    sizes = {k: (getattr(args, k) if getattr(args, k) is not None else v) for k, v in base.items()}
-    for name, value in sizes.items():
-        if value is not None and value < 1:
-            build_parser().error(f"--{name.replace('_', '-')} must be at least 1, got {value}")
-    return sizes
-
-
 def main(argv=None) -> int:
     """Console entry point `cegppo-demo`: the summary goes to ``results.json``."""
-    args = build_parser().parse_args(argv)
-    sizes = _sizes(args)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.quick:  # smaller defaults; explicit flags still win
+        parser.set_defaults(**QUICK)
+        args = parser.parse_args(argv)
     for name in ("HF_HUB_OFFLINE", "HF_HUB_DISABLE_TELEMETRY"):  # everything is built locally: no Hub access
         os.environ.setdefault(name, "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -96,7 +87,7 @@ def main(argv=None) -> int:
     constants.HF_HUB_OFFLINE = constants.HF_HUB_DISABLE_TELEMETRY = True
     torch.set_num_threads(args.threads or torch.get_num_threads())
     hf_logging.disable_progress_bar()  # "Loading weights" bars; ours stay
-    _run(args, sizes)
+    _run(args, {name: getattr(args, name) for name in QUICK})
     return 0
 
 
@@ -172,32 +163,14 @@ def _toy_text(toy: dict, sizes: dict) -> str:
         f"A tabular softmax policy ({c['num_states']} prompts, answers of {c['seq_len']} tokens over "
         f"{c['num_actions']} actions, only the first token rewarded) trained with CE-GPPO's loss (core.py), "
         f"{c['num_minibatches']} mini-batches x {c['num_epochs']} epochs per RL step (off-policy after the first), "
-        f"{c['steps']} steps, {sizes['toy_seeds']} seeds per (beta1, beta2). dH: the first-order entropy change "
-        "carried by each set of tokens, summed over a run; mean +- std over seeds.\n",
-        "| (beta1, beta2) | entropy start | entropy over the run | entropy end | dH beta1 set | dH beta2 set "
-        "| dH unclipped | clipped tokens beta1 / beta2 set |",
-        "|" + "---|" * 8,
+        f"{c['steps']} steps, {sizes['toy_seeds']} seeds per (beta1, beta2); dH: the first-order entropy change "
+        "carried by a set of tokens. Per setting: toy_entropy.png and results.json.\n",
+        "What the toy shows (counted over its runs and seeds):",
     ]
-    for setting in dict.fromkeys((r["beta1"], r["beta2"]) for r in toy["runs"]):
-        rs = [r for r in toy["runs"] if (r["beta1"], r["beta2"]) == setting]
-        cells = [_cell([r["entropy"][0] for r in rs]), _cell([r["mean_entropy"] for r in rs]),
-                 _cell([r["entropy"][-1] for r in rs])] + [_cell([r[k] for r in rs], "+.3f") for k in
-                 ("dH_beta1", "dH_beta2", "dH_unclipped")]  # fmt: skip
-        fractions = " / ".join(f"{100 * statistics.fmean(r[k] for r in rs):.2f}%" for k in CLIPPED)
-        lines.append(f"| ({setting[0]:g}, {setting[1]:g}) | {' | '.join(cells)} | {fractions} |")
-    lines.append("\nWhat the toy shows (counted over its runs and seeds):")
     for f in toy["findings"]:
         count = ("yes" if f["holds"] else "no") if f["of"] == 1 else f"{f['holds']} of {f['of']}"
         lines.append(f"  * {f['finding']}: {count} ({f['numbers']})")
     return "\n".join(lines)
-
-
-CLIPPED = ("beta1_token_frac", "beta2_token_frac")
-
-
-def _cell(values, fmt=".3f") -> str:
-    spread = _spread(values)
-    return f"{spread['mean']:{fmt}} +- {spread['std']:.3f}"
 
 
 def _spread(values) -> dict:
@@ -212,8 +185,8 @@ def _warm_start(args, sizes: dict, out: str, eval_rows: list[dict]) -> dict:
         eval_samples=sizes["eval_samples"],
     )  # fmt: skip
     when = "cached" if warm["cached"] else f"{warm['seconds']:.0f} s"
-    print(f"[cegppo-demo] warm start ({when}): held-out accuracy {warm['accuracy']:.3f} sampled / "
-          f"{warm['greedy_accuracy']:.3f} greedy, entropy {warm['entropy']:.4f}", flush=True)  # fmt: skip
+    print(f"[cegppo-demo] warm start ({when}): held-out accuracy {warm['accuracy']:.3f}, entropy "
+          f"{warm['entropy']:.4f}", flush=True)  # fmt: skip
     return warm
 
 
@@ -225,7 +198,7 @@ def _lm_runs(args, sizes: dict, out: str, eval_rows: list[dict], warm: dict, tim
     for index in range(sizes["seeds"]):
         seed, first = args.seed + index, index == 0
         pair = {"seed": seed}
-        start_eval = {k: warm[k] for k in ("accuracy", "entropy", "greedy_accuracy")} if first else None
+        start_eval = {k: warm[k] for k in ("accuracy", "entropy")} if first else None
         for name, label, beta1, beta2 in runs:
             model, tokenizer = lm.load_tiny(f"{out}/warm_start")  # identical starting weights
             pair[name] = timed(
@@ -236,7 +209,7 @@ def _lm_runs(args, sizes: dict, out: str, eval_rows: list[dict], warm: dict, tim
                 learning_rate=args.learning_rate, num_generations=sizes["num_generations"],
                 per_device_train_batch_size=sizes["prompts_per_step"] * sizes["num_generations"],
             )  # fmt: skip
-            start_eval = {k: pair[name][f"start_{k}"] for k in ("accuracy", "entropy", "greedy_accuracy")}
+            start_eval = {k: pair[name][f"start_{k}"] for k in ("accuracy", "entropy")}
         pairs.append(pair)
     return pairs
 
@@ -261,7 +234,7 @@ def _lm_text(pairs: list[dict], warm: dict, differences: dict, sizes: dict) -> s
                                                                          "beta1_grad_share", "beta2_grad_share")}  # fmt: skip
     return "\n".join(lines) + (
         f"\n\nStart (the warm start, {warm['sft']['steps']} SFT steps): held-out accuracy {warm['accuracy']:.3f} "
-        f"sampled (T=1) / {warm['greedy_accuracy']:.3f} greedy, entropy {warm['entropy']:.4f} nats.\n\n"
+        f"(sampled, T=1), entropy {warm['entropy']:.4f} nats.\n\n"
         f"What this part shows: the trainer on a real model. Off-policy updates put {share['beta1_token_frac']:.2f}% "
         f"/ {share['beta2_token_frac']:.2f}% of CE-GPPO's tokens in the beta1 / beta2 sets, carrying "
         f"{share['beta1_grad_share']:.2f}% / {share['beta2_grad_share']:.2f}% of its gradient weight. CE-GPPO - GRPO "

@@ -134,7 +134,9 @@ def run_toy(beta1: float, beta2: float, seed: int = 0, config: ToyConfig | None 
     only on `seed`, so every setting of the grid starts from the same policy."""
     config = config or ToyConfig()
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tabular updates are tiny: intra-op threads only add contention
+    torch.set_num_threads(
+        1
+    )  # tabular updates are tiny: intra-op threads only add contention (20x slower on 2 busy cores)
     try:
         return _run_toy(beta1, beta2, seed, config)
     finally:
@@ -255,7 +257,7 @@ def toy_findings(runs: list[dict], checks: list[dict]) -> list[dict]:
     with_b1, with_b2 = [r["dH_beta1"] for r in runs if r["beta1"] > 0], [r["dH_beta2"] for r in runs if r["beta2"] > 0]
 
     def vs(a, b):
-        return " vs ".join(f"{_setting(x)} {statistics.fmean(h[(*x, s)] for s in seeds):.3f}" for x in (a, b))
+        return " vs ".join(f"({x[0]:g}, {x[1]:g}) {statistics.fmean(h[(*x, s)] for s in seeds):.3f}" for x in (a, b))
 
     findings = [
         ("one step changes entropy by the first-order prediction -eta*F*A*s_a, the error shrinking with the step",
@@ -273,7 +275,3 @@ def toy_findings(runs: list[dict], checks: list[dict]) -> list[dict]:
          vs((1.0, 1.0), (1.0, 0.5)) + "; " + vs((0.0, 1.0), (0.0, 0.0))),
     ]  # fmt: skip
     return [dict(zip(("finding", "holds", "of", "numbers"), finding)) for finding in findings]
-
-
-def _setting(betas) -> str:
-    return f"({betas[0]:g}, {betas[1]:g})"
