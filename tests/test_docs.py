@@ -16,11 +16,15 @@
 """
 
 import ast
+import contextlib
 import functools
+import io
 import re
+import runpy
 import shlex
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -289,8 +293,19 @@ def test_pytest_commands_name_real_paths(item):
 
 @functools.cache
 def _help_text(script: str) -> str:
-    """`python <script> --help`, once per script for the whole session (the docs name some scripts many times)."""
-    return _run([sys.executable, script, "--help"], cwd=ROOT).stdout
+    """`python <script> --help`, run in this process (torch and TRL are imported already: a fresh interpreter spent
+    seconds importing them again), once per script for the whole session (the docs name some scripts many times)."""
+    out = io.StringIO()
+    saved_path, saved_argv = list(sys.path), sys.argv
+    sys.argv = [script, "--help"]
+    sys.path.insert(0, str((ROOT / script).parent))  # as `python script` puts its folder first
+    try:
+        with contextlib.redirect_stdout(out), warnings.catch_warnings(), pytest.raises(SystemExit) as exit_info:
+            runpy.run_path(str(ROOT / script), run_name="__main__")
+    finally:
+        sys.path[:], sys.argv = saved_path, saved_argv
+    assert exit_info.value.code in (0, None), f"python {script} --help exited {exit_info.value.code}"
+    return out.getvalue()
 
 
 @pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "script"], ids=lambda c: _id(c))
@@ -303,6 +318,22 @@ def test_scripts_answer_help(item):
     for word in argv[2:]:
         if word.startswith("--"):
             assert word.split("=")[0] in text, f"{argv[1]} has no flag {word}"
+
+
+def _console(name: str, args: list[str], cwd: Path, monkeypatch, capsys) -> str:
+    """The console command `name` (pyproject's entry point) as its script calls it, in this process, in `cwd`: the
+    docs' commands check our code; the console scripts' own start is tested where it matters (test_signals.py,
+    test_train_cli_messages.py). Returns its stdout."""
+    import pkgutil
+    import tomllib
+
+    entry = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"][name]
+    monkeypatch.chdir(cwd)
+    monkeypatch.setattr(sys, "argv", [name, *args])
+    status = pkgutil.resolve_name(entry)()
+    out = capsys.readouterr()
+    assert status in (0, None), f"`{shlex.join([name, *args])}` failed ({status})\n{out.out[-3000:]}{out.err[-6000:]}"
+    return out.out
 
 
 def _replace(argv: list[str], stand_ins: dict[str, str]) -> list[str]:
@@ -416,7 +447,7 @@ def test_demo_commands(item, quick_demo, tmp_path):
 @pytest.mark.parametrize(
     "item", _slow_if([c for c in SHELL_COMMANDS if classify(c[1]) == "cegppo-eval"], _on_demo), ids=lambda c: _id(c)
 )
-def test_eval_commands(item, stand_ins, tmp_path, request):
+def test_eval_commands(item, stand_ins, tmp_path, request, monkeypatch, capsys):
     """Hub ids and placeholders become the tiny checkpoint; `cegppo-demo-output/...` is the shared quick demo's output.
     A command the demo printed is checked to be one (tests/test_demo_eval.py runs each printed command and checks that
     it reproduces the demo's held-out figure); any other command on the demo's output runs here and must reproduce
@@ -439,8 +470,7 @@ def test_eval_commands(item, stand_ins, tmp_path, request):
         for flag, value in (("--max-problems", "3"), ("--k", "2"), ("--max-new-tokens", "8")):
             cmd = _set_flag(cmd, flag, value)
     cmd = _set_flag(cmd, "--output", str(tmp_path / "eval.json"))
-    proc = _run([str(BIN / "cegppo-eval"), *cmd], cwd=cwd)
-    assert "avg@" in proc.stdout
+    assert "avg@" in _console("cegppo-eval", cmd, cwd, monkeypatch, capsys)
     if on_demo:
         model = Path(cmd[0]).parts  # e.g. cegppo-demo-output/runs/cegppo/final
         figure = summary["warm_start"]["accuracy"]

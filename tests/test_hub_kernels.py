@@ -50,22 +50,16 @@ ASK_FOR_KERNELS = (
 )
 
 
-def _argv(out: Path, *extra: str) -> list[str]:
-    return [
-        "--config",
-        str(TINY_RECIPE),
-        "--tiny_sft_steps",
-        "0",
-        "--max_steps",
-        "1",
-        "--output_dir",
-        str(out),
-        *extra,
-    ]
+def _argv(out: Path, model: Path, *extra: str) -> list[str]:
+    """The tiny recipe for one step, on the session's tiny model (conftest.py)."""
+    model_flags = ["--model_name_or_path", str(model), "--max_steps", "1"]
+    return ["--config", str(TINY_RECIPE), *model_flags, "--output_dir", str(out), *extra]
 
 
-def test_an_uncached_hub_kernel_offline_is_one_line_with_the_fix(offline_kernel_loader, tmp_path, capsys):
-    assert main(_argv(tmp_path / "out", *ASK_FOR_KERNELS)) == 2
+def test_an_uncached_hub_kernel_offline_is_one_line_with_the_fix(
+    offline_kernel_loader, tiny_checkpoint, tmp_path, capsys
+):
+    assert main(_argv(tmp_path / "out", tiny_checkpoint, *ASK_FOR_KERNELS)) == 2
     err = capsys.readouterr().err
     lines = [line for line in err.strip().splitlines() if line.startswith("cegppo-train")]
     assert "Traceback" not in err and len(lines) == 1 and err.strip().splitlines()[-1] == lines[0], err
@@ -75,12 +69,12 @@ def test_an_uncached_hub_kernel_offline_is_one_line_with_the_fix(offline_kernel_
 
 
 @pytest.mark.parametrize("fix", ["environment", "model_init_kwargs"])
-def test_each_fix_the_message_gives_trains(offline_kernel_loader, fix, tmp_path, monkeypatch):
+def test_each_fix_the_message_gives_trains(offline_kernel_loader, tiny_checkpoint, fix, tmp_path, monkeypatch):
     extra = []
     if fix == "environment":
         monkeypatch.setenv("USE_HUB_KERNELS", "0")
     else:
         extra = ["--model_init_kwargs", json.dumps({"use_kernels": False})]
     out = tmp_path / "out"
-    assert main(_argv(out, *extra)) == 0
+    assert main(_argv(out, tiny_checkpoint, *extra)) == 0
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 1

@@ -13,6 +13,7 @@ import re
 import shlex
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -31,37 +32,37 @@ from signal_runs import (
 from cegppo_trl.scripts.stopping import REPEAT_S, StopRequest
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory) -> Path:
-    """`builtin:tiny` as the runs below would build it (random weights), built once in this process: the runs then
-    load it like any local model."""
-    from cegppo_trl.tiny_model import materialize_tiny
-
-    return Path(materialize_tiny(tmp_path_factory.mktemp("tiny") / "tiny-init", seed=0, sft_steps=0))
+@pytest.fixture
+def tiny_dir(tiny_checkpoint) -> Path:
+    """The session's tiny model (conftest.py), which the runs load like any local model."""
+    return tiny_checkpoint
 
 
 STOP_WITHIN_S = 60  # signal to exit on a shared, loaded 2-core machine (about 5 s idle)
 
 
-def _resume_one_more_step(cwd: Path, stderr: str, last: Path) -> None:
-    """Run the printed resume command for one step more: it resumes from `last` and ends one step later."""
+def _resume_one_more_step(cwd: Path, stderr: str, last: Path, monkeypatch) -> None:
+    """Run the printed resume command for one step more, through the console function in this process (the stop
+    itself needed a process of its own): it resumes from `last` and ends one step later."""
+    from cegppo_trl.scripts.train import main
+
     command = next(line.strip() for line in stderr.splitlines() if line.strip().startswith("cegppo-train "))
     argv = shlex.split(command)[1:]
     assert argv[-2:] == ["--resume_from_checkpoint", str(last)]
     steps = int(last.name.split("-")[1]) + 1
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STOP_")}
-    env.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONPATH=str(cwd))
-    proc = subprocess.run(
-        [CEGPPO_TRAIN, *argv, "--max_steps", str(steps)], cwd=cwd, env=env, capture_output=True, text=True,
-        timeout=600,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    monkeypatch.chdir(cwd)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the rewards' module (signal_moments) is imported from cwd
+    monkeypatch.delitem(sys.modules, "signal_moments", raising=False)
+    try:
+        assert main([*argv, "--max_steps", str(steps)]) == 0
+    finally:
+        sys.modules.pop("signal_moments", None)
     out = last.parent
     state = json.loads((out / "trainer_state.json").read_text())
     assert state["global_step"] == steps and (out / "model.safetensors").is_file()
 
 
-def test_sigterm_during_a_step_exits_143_with_a_loadable_checkpoint_that_resumes(tiny_dir, tmp_path):
+def test_sigterm_during_a_step_exits_143_with_a_loadable_checkpoint_that_resumes(tiny_dir, tmp_path, monkeypatch):
     out = tmp_path / "run"
     proc, argv = start_run(tmp_path, out, tiny_dir, "SIGTERM", "step")
     result = stop_run(proc, tmp_path, out, "SIGTERM", "step")
@@ -71,7 +72,19 @@ def test_sigterm_during_a_step_exits_143_with_a_loadable_checkpoint_that_resumes
     assert "interrupted (SIGTERM)" in result["stderr"]
     assert not (out / "model.safetensors").exists()  # a stopped run is not saved as a finished one
     loads(last)
-    _resume_one_more_step(tmp_path, result["stderr"], last)
+    _resume_one_more_step(tmp_path, result["stderr"], last, monkeypatch)
+
+
+def _wait_for_the_sigterm_handler(proc: subprocess.Popen, timeout: float = 60) -> None:
+    """Until the process catches SIGTERM (Linux: bit 15 of SigCgt in /proc/PID/status), or fail."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        status = Path(f"/proc/{proc.pid}/status").read_text()
+        caught = int(re.search(r"^SigCgt:\s*([0-9a-f]+)", status, re.M)[1], 16)
+        if caught >> (signal.SIGTERM - 1) & 1:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"no SIGTERM handler within {timeout} s (exit status {proc.poll()})")
 
 
 def test_sigint_during_the_imports_prints_the_ctrl_c_message(tmp_path):
@@ -79,7 +92,7 @@ def test_sigint_during_the_imports_prints_the_ctrl_c_message(tmp_path):
         [CEGPPO_TRAIN, "--config", str(TINY_RECIPE), "--output_dir", str(tmp_path / "run")], cwd=tmp_path,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=_sigint_default,
     )  # fmt: skip
-    time.sleep(3.0)  # the handlers are in place after ~0.7 s (TrlParser's module); torch and TRL take ~10 s to import
+    _wait_for_the_sigterm_handler(proc)  # installed with the SIGINT one, before torch and TRL are imported
     os.killpg(proc.pid, signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr
@@ -125,7 +138,9 @@ def test_an_ignored_sigint_stays_ignored():
 @pytest.mark.slow
 @pytest.mark.parametrize("moment", ["grading", "checkpoint"])
 @pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
-def test_a_signal_while_grading_or_writing_a_checkpoint_stops_cleanly(tiny_dir, tmp_path, signal_name, moment):
+def test_a_signal_while_grading_or_writing_a_checkpoint_stops_cleanly(
+    tiny_dir, tmp_path, signal_name, moment, monkeypatch
+):
     out = tmp_path / "run"
     proc, argv = start_run(tmp_path, out, tiny_dir, signal_name, moment)
     result = stop_run(proc, tmp_path, out, signal_name, moment)
@@ -135,7 +150,7 @@ def test_a_signal_while_grading_or_writing_a_checkpoint_stops_cleanly(tiny_dir, 
         assert complete_checkpoints(out)[-1] == 2 and last.name == "checkpoint-2"
     assert all((p / "trainer_state.json").is_file() for p in out.glob("checkpoint-*")), "an incomplete checkpoint"
     loads(last)
-    _resume_one_more_step(tmp_path, result["stderr"], last)
+    _resume_one_more_step(tmp_path, result["stderr"], last, monkeypatch)
 
 
 @pytest.mark.slow

@@ -18,9 +18,7 @@ import time
 from collections.abc import Sequence
 
 
-EXIT_STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143}
 REPEAT_S = 3.0
-_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
 
 
 class StopRequest:
@@ -34,8 +32,13 @@ class StopRequest:
         self.deferred = self.started = self.stopped_early = False
         self.announce = True
         self._previous: dict[int, object] = {}
-        if install and threading.current_thread() is threading.main_thread():  # signal.signal's own condition
-            for signum in EXIT_STATUS:
+        if install:
+            self.install()
+
+    def install(self) -> None:
+        """Handle SIGINT and SIGTERM (from the main thread only: `signal.signal`'s own condition)."""
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
                 if signal.getsignal(signum) is not signal.SIG_IGN:
                     self._previous[signum] = signal.signal(signum, self._handle)
 
@@ -63,11 +66,12 @@ class StopRequest:
 
     @property
     def exit_status(self) -> int:
-        return EXIT_STATUS.get(self.signum, 130)
+        """128 + the signal's number, as a shell reports it: 130 (SIGINT, also a KeyboardInterrupt), 143 (SIGTERM)."""
+        return 128 + (self.signum or signal.SIGINT)
 
     @property
     def name(self) -> str:
-        return _NAMES.get(self.signum, "Ctrl-C")
+        return "SIGTERM" if self.signum == signal.SIGTERM else "Ctrl-C"
 
 
 def stop_on_signal_callback(request: StopRequest, accelerator):
@@ -97,35 +101,34 @@ def stop_on_signal_callback(request: StopRequest, accelerator):
     return StopOnSignal()
 
 
-def last_complete_checkpoint(output_dir: str) -> str | None:
-    """transformers' `get_last_checkpoint`, passing over checkpoints without ``trainer_state.json`` (the Trainer's last
-    file: one without it was being written when a run stopped)."""
+def last_complete_checkpoint(output_dir: str, complete: bool = True) -> str | None:
+    """transformers' `get_last_checkpoint`, passing over (`complete`) checkpoints without ``trainer_state.json`` (the
+    Trainer's last file: one without it was being written when a run stopped)."""
     from transformers.trainer import TRAINER_STATE_NAME
     from transformers.trainer_utils import sort_checkpoints
 
     found = sort_checkpoints(output_dir) if os.path.isdir(output_dir) else []
-    complete = [path for path in found if os.path.isfile(os.path.join(path, TRAINER_STATE_NAME))]
-    return complete[-1] if complete else None
+    found = [path for path in found if not complete or os.path.isfile(os.path.join(path, TRAINER_STATE_NAME))]
+    return found[-1] if found else None
 
 
 def interrupted_message(argv: Sequence[str], training_args, prog: str, signal_name: str) -> str:
     """What a stopped run prints: the last complete checkpoint and the command that resumes from it."""
-    first = f"{prog}: interrupted ({signal_name})."
+    lines = [f"{prog}: interrupted ({signal_name})."]
     if training_args is None:
-        return first
-    from transformers.trainer_utils import get_last_checkpoint
-
+        return lines[0]
     output_dir = training_args.output_dir
-    last = last_complete_checkpoint(output_dir)
-    newest = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+    last, newest = last_complete_checkpoint(output_dir), last_complete_checkpoint(output_dir, complete=False)
     incomplete = [f"{newest} was being written when the run stopped and is incomplete."] if newest != last else []
+    if last is None and training_args.save_strategy == "no":
+        lines.append(
+            "This run saves no checkpoints (save_strategy: no), so it cannot be resumed; run the same command to "
+            "start over (with --save_strategy steps --save_steps N to resume next time)."
+        )
+    elif last is None:
+        lines.append(f"No checkpoint was saved in {output_dir} yet; run the same command to start over.")
     if last is None:
-        if training_args.save_strategy == "no":
-            start_over = "This run saves no checkpoints (save_strategy: no), so it cannot be resumed; run the same "
-            start_over += "command to start over (with --save_strategy steps --save_steps N to resume next time)."
-        else:
-            start_over = f"No checkpoint was saved in {output_dir} yet; run the same command to start over."
-        return "\n".join([first, start_over, *incomplete])
+        return "\n".join([*lines, *incomplete])
     flag = f"--resume_from_checkpoint {shlex.quote(last)}"
     kept, skip = [], False
     for arg in argv:  # the command as given, less an earlier --resume_from_checkpoint
@@ -133,6 +136,6 @@ def interrupted_message(argv: Sequence[str], training_args, prog: str, signal_na
         kept += [] if skip or resume else [arg]
         skip = resume and "=" not in arg
     return "\n".join(
-        [first, f"Last checkpoint saved: {last}", *incomplete]
+        [*lines, f"Last checkpoint saved: {last}", *incomplete]
         + [f"To resume from it, run the same command with {flag} added, e.g.:", f"  {prog} {shlex.join(kept)} {flag}"]
     )

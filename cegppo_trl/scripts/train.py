@@ -180,30 +180,29 @@ def load_datasets(script_args: CEGPPOScriptArguments, training_args):
     return train, load_math_dataset(name, split=script_args.dataset_test_split, name=config, **columns)
 
 
-def save_prompt_and_sampling(path: str, script_args: CEGPPOScriptArguments, args) -> None:
-    """The prompt format and sampling of training, next to the model in `path`, for `cegppo-eval`."""
-    from ..prompt_settings import save_eval_settings
-
-    save_eval_settings(path, instruction=script_args.instruction, system_prompt=script_args.system_prompt,
-                       temperature=args.temperature, top_p=args.top_p, top_k=args.top_k or 0,
-                       max_new_tokens=args.max_completion_length)  # fmt: skip
-
-
 def prompt_and_sampling_callback(script_args: CEGPPOScriptArguments):
-    """A `TrainerCallback` that writes `save_prompt_and_sampling` into every ``checkpoint-N`` the trainer saves."""
+    """A `TrainerCallback` that writes the prompt format and sampling of training (for `cegppo-eval`) into every
+    ``checkpoint-N`` the trainer saves; `train` calls its `write` for the final model."""
     from transformers import TrainerCallback
     from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+    from ..prompt_settings import save_eval_settings
+
     class SavePromptAndSampling(TrainerCallback):
+        def write(self, path, args):
+            save_eval_settings(path, instruction=script_args.instruction, system_prompt=script_args.system_prompt,
+                               temperature=args.temperature, top_p=args.top_p, top_k=args.top_k or 0,
+                               max_new_tokens=args.max_completion_length)  # fmt: skip
+
         def on_save(self, args, state, control, **kwargs):
             path = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
             if args.should_save and os.path.isdir(path):
-                save_prompt_and_sampling(path, script_args, args)
+                self.write(path, args)
 
     return SavePromptAndSampling()
 
 
-def build_trainer(script_args: CEGPPOScriptArguments, training_args, model_args):
+def build_trainer(script_args: CEGPPOScriptArguments, training_args, model_args, callbacks: list):
     """TRL's `main` up to the trainer: rewards, model options, data, `CEGPPOTrainer`."""
     if training_args.enable_jit_checkpoint:
         raise ValueError(
@@ -223,30 +222,26 @@ def build_trainer(script_args: CEGPPOScriptArguments, training_args, model_args)
 
     return CEGPPOTrainer(model=model, reward_funcs=reward_funcs, args=training_args, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, quantization_config=get_quantization_config(model_args),
-                         peft_config=get_peft_config(model_args),
-                         callbacks=[prompt_and_sampling_callback(script_args)])  # fmt: skip
+                         peft_config=get_peft_config(model_args), callbacks=callbacks)  # fmt: skip
 
 
-def checkpoint_to_resume(training_args) -> str | None:
-    """open-r1's auto-resume: `--resume_from_checkpoint`, else the last complete checkpoint in `output_dir`."""
+def train(script_args: CEGPPOScriptArguments, training_args, model_args, stop: StopRequest) -> bool:
+    """TRL's `main` with open-r1's auto-resume (`--resume_from_checkpoint`, else the last complete checkpoint in
+    `output_dir`): train, then save the model, its prompt settings, `trainer_state.json` and a model card. Returns
+    True when a signal stopped training early; then only the checkpoints are saved."""
     from transformers.trainer import TRAINER_STATE_NAME
 
-    given = training_args.resume_from_checkpoint
-    if given is not None and not os.path.isfile(os.path.join(given, TRAINER_STATE_NAME)):
-        raise ValueError(f"--resume_from_checkpoint {given}: not a complete checkpoint (no {TRAINER_STATE_NAME}).")
-    return given or last_complete_checkpoint(training_args.output_dir)
-
-
-def train(script_args: CEGPPOScriptArguments, training_args, model_args, stop: StopRequest | None = None) -> bool:
-    """TRL's `main`: train, then save the model, its prompt settings, `trainer_state.json` and a model card.
-    Returns True when a signal stopped training early; then only the checkpoints are saved."""
     from ..model_source import can_be_hub_id
 
-    checkpoint = checkpoint_to_resume(training_args)
-    trainer = build_trainer(script_args, training_args, model_args)
-    stop = stop or StopRequest(install=False)
+    checkpoint = training_args.resume_from_checkpoint
+    if checkpoint is not None and not os.path.isfile(os.path.join(checkpoint, TRAINER_STATE_NAME)):
+        raise ValueError(
+            f"--resume_from_checkpoint {checkpoint}: not a complete checkpoint (no {TRAINER_STATE_NAME})."
+        )
+    settings = prompt_and_sampling_callback(script_args)
+    trainer = build_trainer(script_args, training_args, model_args, [settings])
     trainer.add_callback(stop_on_signal_callback(stop, trainer.accelerator))
-    if checkpoint and training_args.resume_from_checkpoint is None:
+    if checkpoint is None and (checkpoint := last_complete_checkpoint(training_args.output_dir)):
         trainer.accelerator.print(f"Resuming from {checkpoint}, the last checkpoint in {training_args.output_dir}.")
     trainer.train(resume_from_checkpoint=checkpoint)
     stopped = stop.stopped_early and trainer.state.global_step < trainer.state.max_steps
@@ -254,7 +249,7 @@ def train(script_args: CEGPPOScriptArguments, training_args, model_args, stop: S
         trainer.accelerator.print("Training completed.")
         trainer.save_model(training_args.output_dir)
         if trainer.args.should_save:
-            save_prompt_and_sampling(training_args.output_dir, script_args, trainer.args)
+            settings.write(training_args.output_dir, trainer.args)
         trainer.save_state()
         name = script_args.dataset_name
         dataset = name if can_be_hub_id(name) and not os.path.exists(name) else None
@@ -271,19 +266,20 @@ def train(script_args: CEGPPOScriptArguments, training_args, model_args, stop: S
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point `cegppo-train` (and `examples/train_cegppo.py`). The signal handlers come first, so a
     Ctrl-C during the imports gets the message too; a wrong input is one line and exit status 2."""
-    stop = StopRequest()
+    stop, training_args = StopRequest(install=False), None
     argv = list(sys.argv[1:] if argv is None else argv)
-    training_args = None
     try:
+        stop.install()  # inside the try: a signal from here on is the message, never a traceback
         from ..hub_kernels import HubKernelUnavailableError
         from ..model_source import UnreadableWeightsError
         from ..run_checks import RewardCoverageError
 
-        failure = None
         try:
             script_args, training_args, model_args = make_parser().parse_args_and_config(argv)
             stop.announce = training_args.process_index == 0
-            stopped = train(script_args, training_args, model_args, stop)
+            if not train(script_args, training_args, model_args, stop):
+                return 0
+            failure = None
         except (ValueError, FileNotFoundError, HubKernelUnavailableError, UnreadableWeightsError) as error:
             if stop.started and not isinstance(error, RewardCoverageError):
                 raise  # raised while training: a fault, with its traceback
@@ -292,8 +288,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             gc.collect()  # the trainer the traceback held: its progress bar closes before the message, not after
             print(failure, file=sys.stderr)
             return 2
-        if not stopped:
-            return 0
     except KeyboardInterrupt:
         pass
     finally:
