@@ -25,13 +25,12 @@ rows, a process keeping none, and a micro-batch left empty on every process.
 
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from launching import free_port, subprocess_env
+from launching import free_port, run_launched
 
 
 HERE = Path(__file__).resolve().parent
@@ -100,8 +99,7 @@ def _launch(world: int, backend: str, scenarios: list[dict], model_dir: Path, ou
             "--num_processes", str(world), "--mixed_precision", "no", "--main_process_port", str(free_port()),
             *worker,
         ]  # fmt: skip
-    proc = subprocess.run(cmd, env=subprocess_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert proc.returncode == 0, f"worker failed ({proc.returncode})\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    run_launched(cmd, timeout=TIMEOUT_S)
 
 
 def _kept_rows(batch: dict) -> list[int]:

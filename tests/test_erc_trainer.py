@@ -10,14 +10,13 @@ saw; the test replays them through the oracle in float64 (forward, loss, SGD ste
 import copy
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import cpu_config, make_loss_batch
-from launching import free_port, subprocess_env
+from launching import free_port, run_launched
 from oracles import completion_log_probs_and_entropies, gppo_erc_per_token_loss
 from trl_batches import build, build_trainer, ready_for_loss
 
@@ -238,8 +237,7 @@ def _launch(world: int, scenarios: list[dict], model_dir: Path, out_dir: Path) -
     if world > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world),
                "--master_port", str(free_port()), *worker]  # fmt: skip
-    proc = subprocess.run(cmd, env=subprocess_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert proc.returncode == 0, f"worker failed ({proc.returncode})\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    run_launched(cmd, timeout=TIMEOUT_S)
 
 
 def _params(config: dict) -> ClipParams:

@@ -7,12 +7,11 @@ Runs are 4 optimizer steps of 8 completions per process; nothing is downloaded (
 DeepSpeed run compiles a small communication op with g++/ninja (about 25 s, cached afterwards).
 """
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from launching import assert_trained_full_model, check_logs, free_port, subprocess_env
+from launching import assert_trained_full_model, check_logs, free_port, run_launched
 
 
 pytestmark = pytest.mark.slow  # trains, on one and on two processes
@@ -21,16 +20,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "train_cegppo.py"
 RECIPE = ROOT / "recipes" / "tiny" / "cegppo" / "config_cpu.yaml"
 TIMEOUT_S = 900  # generous: the machine is shared; a normal run takes well under a minute
-
-
-def _run(cmd: list[str]) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
-    if proc.returncode != 0:
-        pytest.fail(
-            f"command failed ({proc.returncode}): {' '.join(cmd)}\n--- stdout ---\n{proc.stdout[-4000:]}\n"
-            f"--- stderr ---\n{proc.stderr[-8000:]}"
-        )
-    return proc
 
 
 def _launch(output_dir: Path, accelerate_config: str, *extra: str, processes: int = 2):
@@ -42,7 +31,7 @@ def _launch(output_dir: Path, accelerate_config: str, *extra: str, processes: in
         "--mixed_precision", "no",  # the trainer runs with bf16=False on CPU; the configs say bf16 for GPUs
         "--main_process_port", str(free_port()),
     ]  # fmt: skip
-    return _run([*launcher, *train_args])
+    return run_launched([*launcher, *train_args], cwd=ROOT, timeout=TIMEOUT_S, clean=output_dir)
 
 
 def test_single_process_builtin_tiny(tiny_recipe_run):

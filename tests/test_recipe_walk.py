@@ -46,7 +46,6 @@ fast.
 import json
 import re
 import shlex
-import subprocess
 import sys
 import time
 import warnings
@@ -55,7 +54,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from launching import STEP_METRICS, free_port, subprocess_env
+from launching import STEP_METRICS, free_port, run_launched
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -334,14 +333,8 @@ def _launch(recipe: Path, config: str, processes: int, model_dir: Path, data_fil
     launcher += [*LAUNCHER_OVERRIDES, str(SCRIPT), "--config", str(recipe)]
     cmd = [*launcher, *override_args(model_dir, output_dir, data_file)]
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
-    seconds = time.perf_counter() - start
-    if proc.returncode != 0:
-        pytest.fail(
-            f"command failed ({proc.returncode}): {shlex.join(cmd)}\n--- stdout ---\n{proc.stdout[-4000:]}\n"
-            f"--- stderr ---\n{proc.stderr[-8000:]}"
-        )
-    return seconds
+    run_launched(cmd, cwd=ROOT, timeout=TIMEOUT_S, clean=output_dir)
+    return time.perf_counter() - start
 
 
 def _check_logs(output_dir: Path, values: dict, processes: int):

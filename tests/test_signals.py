@@ -105,6 +105,9 @@ def test_a_repeated_signal_is_a_relay_then_a_second_request_stops_at_once():
     """torchrun relays the signal a terminal already sent each worker: a repeat within REPEAT_S is the same request;
     a later one stops at once (KeyboardInterrupt). Before training (not deferred) the first one stops at once."""
     previous = signal.getsignal(signal.SIGTERM)
+    # As a terminal starts pytest: a background job of a non-interactive shell starts with SIGINT ignored, and a
+    # StopRequest then leaves it ignored (its own rule, tested by the SIGINT runs).
+    previous_sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
     stop = StopRequest()
     try:
         with pytest.raises(KeyboardInterrupt):
@@ -120,6 +123,7 @@ def test_a_repeated_signal_is_a_relay_then_a_second_request_stops_at_once():
             os.kill(os.getpid(), signal.SIGINT)
     finally:
         stop.restore()
+        signal.signal(signal.SIGINT, previous_sigint)
     assert signal.getsignal(signal.SIGTERM) == previous
 
 
