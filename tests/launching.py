@@ -57,8 +57,7 @@ def run_launched(cmd, cwd=None, timeout: float = 1800, clean: Path | None = None
 
     A multi-process launch whose worker died by SIGABRT or SIGSEGV, with no worker failing in Python, is run once
     more, with a warning that carries the first run's stderr: a rank of a two-process ZeRO-3 launch died once by
-    SIGABRT on a CI machine (about 1 in 40 such launches there; never in 19 repeats on another), its message lost in
-    progress bars. A second such death, or any Python error, fails the test. `clean` (the run's output_dir) is
+    SIGABRT on a CI machine (never in 19 repeats on another), its message lost in progress bars. A second such death, or any Python error, fails the test. `clean` (the run's output_dir) is
     removed before the second run, so that it starts over rather than resuming.
     """
     cmd = [str(a) for a in cmd]
