@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 from trl.trainer.utils import get_config_model_id
 
-from .run_checks import check_training_args
 from .vllm_support import warn_if_config_uses_untested_vllm
 
 
@@ -143,7 +142,53 @@ class CEGPPOConfig(GRPOConfig):
     def __post_init__(self):
         super().__post_init__()
         validate_cegppo_config(self)
-        check_training_args(self)  # TRL's fields that TRL leaves unchecked (cegppo_trl.run_checks)
+        check_training_args(self)  # TRL's fields that TRL leaves unchecked
+
+
+def check_training_args(args) -> None:
+    """Refuse `GRPOConfig` values that TRL accepts and that train on nothing, save nothing or fail later in another
+    library's words (`ValueError` naming the flag and the fix); warn once about checkpoints that do not resume the same
+    run."""
+    if args.max_completion_length is not None and args.max_completion_length < 1:
+        raise ValueError(
+            f"--max_completion_length {args.max_completion_length}: the longest completion, in tokens, must be at "
+            "least 1 (the paper's recipes use 8192; the tiny recipe 16)."
+        )
+    if args.per_device_train_batch_size < 1:
+        raise ValueError(
+            f"--per_device_train_batch_size {args.per_device_train_batch_size}: completions per process and "
+            "micro-batch must be at least 1."
+        )
+    if args.temperature <= 0:
+        raise ValueError(
+            f"--temperature {args.temperature}: CE-GPPO learns from the differences between the num_generations "
+            "completions of a prompt, so the sampling temperature must be > 0 (the paper: 1.0)."
+        )
+    if args.save_strategy == "steps" and args.save_steps <= 0:
+        raise ValueError(
+            f"--save_steps {args.save_steps:g} with --save_strategy steps would save no checkpoint: set save_steps to "
+            "a number of optimizer steps (a multiple of the steps per generation batch), or --save_strategy no."
+        )
+    per_generation = args.steps_per_generation * args.num_iterations  # micro-batches fed by one generation batch
+    if args.save_strategy == "steps" and args.save_steps >= 1:
+        if (args.save_steps * args.gradient_accumulation_steps) % per_generation:
+            steps = per_generation / args.gradient_accumulation_steps
+            warnings.warn(
+                f"save_steps {args.save_steps:g} is not a multiple of the {steps:g} "
+                "optimizer steps per generation batch (steps_per_generation x num_iterations / "
+                "gradient_accumulation_steps): a run resumed from a checkpoint inside a generation batch generates "
+                "fresh completions there, so it is not the uninterrupted run.",
+                UserWarning,
+                stacklevel=3,
+            )
+
+
+def over_generation(args) -> tuple[float, float]:
+    """(prompts per generation batch on all processes, rows per process and generation batch): TRL's two sizes times
+    `cegppo_oversampling`. The one place this is computed (the config checks both are whole, the loader uses them)."""
+    k = args.cegppo_oversampling
+    prompts = args.generation_batch_size * k / args.num_generations
+    return prompts, args.per_device_train_batch_size * args.steps_per_generation * k
 
 
 def as_cegppo_config(args, model) -> CEGPPOConfig:
@@ -292,8 +337,6 @@ def _validate_oversampling(args) -> None:
         "every group is trained on, so the extra groups would be generated for nothing. Set "
         "cegppo_exclude_zero_advantage_groups=True, or cegppo_oversampling=1.0.",
     )
-    from .dynamic_sampling import over_generation  # the one place the over-generation sizes are computed
-
     prompts, rows = over_generation(args)
     _require(
         prompts == int(prompts) and rows == int(rows),

@@ -1,7 +1,7 @@
 """Dynamic sampling (`cegppo_exclude_zero_advantage_groups`, `cegppo_oversampling`) as functions of explicit arguments:
-the over-generation arithmetic and loader, the choice of the training rows, moving them between processes and marking
-the dropped ones. Why the training batch is exact: docs/method.md, "Dynamic sampling". Code that mirrors TRL 1.16 is
-marked so and pinned by `tests/test_dynamic_sampling.py` and `tests/test_edges.py`.
+the choice of the training rows, moving them between processes, marking the dropped ones, and its refusals (the loader
+and the old-policy pass it needs mirror TRL: `trl_mirror.py`). Why the training batch is exact: docs/method.md,
+"Dynamic sampling".
 """
 
 from __future__ import annotations
@@ -11,11 +11,9 @@ from dataclasses import dataclass
 
 import torch
 from accelerate.utils import gather_object
-from datasets import IterableDataset
-from trl.models.utils import disable_gradient_checkpointing
-from trl.trainer.utils import RepeatSampler, repeat_iterable_dataset, use_adapter
 
 from .core import equal_reward_groups
+from .trl_mirror import LEFT_PADDED_KEYS, loss_mask, pad_value
 
 
 # Batch keys TRL 1.16 attaches for vision-language models; they are not indexed by completion row, so rows cannot be
@@ -33,54 +31,6 @@ MULTIMODAL_KEYS = (
 # Scalars put in the training batch for the optimizer steps it feeds (0-dim tensors: TRL's shuffle and split hand them
 # to every micro-batch): the generation batch's informative groups, and those in the training batch.
 GROUP_COUNT_KEYS = ("cegppo_informative_groups", "cegppo_groups_trained")
-# Per-row keys TRL 1.16 pads on the left (the prompt side); the others with a sequence dimension are right-padded.
-LEFT_PADDED_KEYS = ("prompt_ids", "prompt_mask")
-
-
-def over_generation(args) -> tuple[float, float]:
-    """(prompts per generation batch on all processes, rows per process and generation batch): TRL's two sizes times
-    `cegppo_oversampling`. The one place this is computed (the config checks both are whole, the loader uses them)."""
-    k = args.cegppo_oversampling
-    prompts = args.generation_batch_size * k / args.num_generations
-    return prompts, args.per_device_train_batch_size * args.steps_per_generation * k
-
-
-def over_generating_loader(get_dataloader: Callable, dataset, args, num_generations: int, num_iterations: int):
-    """TRL 1.16's `get_train_dataloader` and `_get_train_sampler` with `over_generation(args)` prompts per
-    generation batch: one loader batch is one process's share of the generation batch, `cegppo_oversampling` times
-    the rows it trains on. `get_dataloader` is the trainer's (transformers') `_get_dataloader`."""
-    prompts, rows = over_generation(args)
-    if isinstance(dataset, IterableDataset):
-        if args.shuffle_dataset:
-            dataset = dataset.shuffle(seed=args.seed)
-        dataset = repeat_iterable_dataset(
-            dataset,
-            mini_repeat_count=num_generations,
-            batch_size=round(prompts),
-            repeat_count=num_iterations * args.steps_per_generation,
-        )
-
-    def sampler(data) -> RepeatSampler:
-        return RepeatSampler(
-            data_source=data,
-            mini_repeat_count=num_generations,
-            batch_size=round(prompts),
-            repeat_count=num_iterations * args.steps_per_generation,
-            shuffle=args.shuffle_dataset,
-            seed=args.seed,
-        )
-
-    return get_dataloader(
-        dataset=dataset, description="Training", batch_size=round(rows), sampler_fn=sampler, is_training=True
-    )
-
-
-def total_rewards(rewards_per_func: torch.Tensor, reward_weights: torch.Tensor) -> torch.Tensor:
-    """Total reward exactly as TRL 1.16 computes it for "sum_then_normalize" and for its logged `reward`:
-    `reward_weights`-weighted nansum over reward functions, NaN where every function returned None."""
-    rewards = (rewards_per_func * reward_weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
-    rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
-    return rewards
 
 
 @dataclass(frozen=True)
@@ -159,13 +109,6 @@ def refuse_multimodal_rows(output: dict) -> None:
         )
 
 
-def pad_value(key: str, pad_token_id: int) -> int:
-    """TRL 1.16's padding value of each per-row key: the pad token for token ids, 1 for `tool_mask`, else 0."""
-    if key in ("prompt_ids", "completion_ids"):
-        return pad_token_id
-    return 1 if key == "tool_mask" else 0
-
-
 def take_rows(output: dict, rows: torch.Tensor, accelerator, pad_token_id: int) -> dict:
     """The batch made of generation-batch rows `rows` (indices over all processes, in process order).
 
@@ -188,47 +131,6 @@ def take_rows(output: dict, rows: torch.Tensor, accelerator, pad_token_id: int) 
         else:
             taken[key] = value
     return taken
-
-
-def old_policy_pass(
-    output: dict,
-    logps_of: Callable,
-    model,
-    ref_model,
-    accelerator,
-    old: bool,
-    reference: bool,
-    args,
-    old_entropies: bool = False,
-) -> None:
-    """Select first, then compute: TRL 1.16 `_generate_and_score_completions`' old- and reference-log-prob passes (same
-    inputs, chunk size, `no_grad`, `disable_gradient_checkpointing`, `use_adapter` for a PEFT reference) on the
-    training rows only. `logps_of` is the trainer's `_get_per_token_logps_and_entropies`; `old` / `reference` are
-    TRL's conditions; with `old_entropies` the same forward gives `output["cegppo_old_entropies"]`."""
-    input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
-    attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
-    kwargs = {key: output[key] for key in ("token_type_ids", "mm_token_type_ids") if key in output}
-    kwargs.update(logits_to_keep=output["completion_ids"].size(1), batch_size=args.per_device_train_batch_size)
-    with torch.no_grad(), disable_gradient_checkpointing(model, args.gradient_checkpointing_kwargs):
-        if old or old_entropies:
-            logps, entropies, _ = logps_of(model, input_ids, attention_mask, compute_entropy=old_entropies, **kwargs)
-            if old:
-                output["old_per_token_logps"] = logps
-            if old_entropies:
-                output["cegppo_old_entropies"] = entropies
-        if reference and ref_model is not None:
-            output["ref_per_token_logps"], _, _ = logps_of(ref_model, input_ids, attention_mask, **kwargs)
-        elif reference:  # PEFT: the base model (a new adapter) or the initial adapter "ref"
-            unwrapped = accelerator.unwrap_model(model)
-            with use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None):
-                output["ref_per_token_logps"], _, _ = logps_of(model, input_ids, attention_mask, **kwargs)
-
-
-def loss_mask(batch: dict) -> torch.Tensor:
-    """The tokens the loss covers, as TRL 1.16 builds them: `completion_mask`, times `tool_mask` when present (tool
-    output tokens of multi-turn rollouts are not the policy's)."""
-    mask = batch["completion_mask"]
-    return mask if "tool_mask" not in batch else mask * batch["tool_mask"]
 
 
 def mark_dropped_rows(output: dict, keep: torch.Tensor, gather: Callable) -> None:

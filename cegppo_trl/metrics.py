@@ -1,11 +1,12 @@
 """CE-GPPO's token metrics, beside `core.py`: the sums every `cegppo/` token metric is a ratio of (pure functions of
 tensors, checked against per-token counts in `tests/test_metrics.py`), and `DeviceMetrics`, which keeps what the trainer
-records on the device and turns it into TRL's metric lists at `log`.
+records (on the device, or host floats) and turns it into TRL's metric lists at `log`: the trainer's one metric path.
 
-TRL's own metrics describe the loss actually optimised: `policy_loss` (logged by TRL only with the entropy bonus on) is
-corrected to the CE-GPPO policy term (+ KL); `clip_ratio/*` are exactly CE-GPPO's beta1 / beta2 sets. With dynamic
-sampling the token means cover the kept rows only. Added under `cegppo/`:
+TRL's own metrics are TRL's: `policy_loss` (logged by TRL only with the entropy bonus on) is its PPO-clip term (+ KL);
+`clip_ratio/*` are exactly CE-GPPO's beta1 / beta2 sets. With dynamic sampling the token means cover the kept rows only.
+Added under `cegppo/`:
 
+* `policy_loss`: the CE-GPPO policy term (Eq. 8, without KL), at the scale TRL logs its `policy_loss`, every micro-batch.
 * `beta1`, `beta2` (in force); `beta1_token_frac`, `beta2_token_frac` (loss tokens in each clipped set);
   `beta1_grad_share`, `beta2_grad_share` (each set's share of the gradient weight `sum |d loss / d log pi|`).
 * `quadrant/{pos,neg}_{high,low}/{token_frac,grad_share,clip_frac,restored_grad_share}`: advantage sign x
@@ -21,10 +22,10 @@ sampling the token means cover the kept rows only. Added under `cegppo/`:
 from __future__ import annotations
 
 import math
-import warnings
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import islice
 
 import torch
 
@@ -195,15 +196,17 @@ def step_sums(entropies: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor | 
 
 class DeviceMetrics:
     """Metric values kept on the device until `log`: one host transfer per log, none per micro-batch. `reduce` is
-    `accelerator.reduce`: values are totalled (or averaged) over processes on the device when recorded."""
+    `accelerator.reduce`: values are totalled (or averaged) over processes on the device when recorded. Values already
+    on the host (the betas, the controller's state) take the same path without a transfer."""
 
     def __init__(self, reduce: Callable):
         self._reduce = reduce
         self._pending = {"train": defaultdict(list), "eval": defaultdict(list)}
 
-    def record(self, mode: str, names: tuple[str, ...] | Ratios, values: torch.Tensor) -> None:
-        """One value per name (`values`, on the device), or the sums `names` takes its ratios of."""
-        self._pending[mode][names].append(values.detach().float())
+    def record(self, mode: str, names: tuple[str, ...] | Ratios, values: torch.Tensor | tuple[float, ...]) -> None:
+        """One value per name (`values`, on the device, or host floats), or the sums `names` takes its ratios of."""
+        on_device = isinstance(values, torch.Tensor)
+        self._pending[mode][names].append(values.detach().float() if on_device else [float(v) for v in values])
 
     def record_sums(self, mode: str, ratios: Ratios, sums: torch.Tensor) -> None:
         """This process's sums, totalled over processes (one all-reduce); `ratios` divides them at `flush`."""
@@ -214,39 +217,21 @@ class DeviceMetrics:
         self.record(mode, names, self._reduce(values.detach().float(), reduction="mean"))
 
     def flush(self, mode: str, metrics: dict[str, list[float]]) -> None:
-        """Move the recorded values to the host in one transfer and append them to `metrics` (TRL's per-mode lists).
-
-        `policy_loss` holds CE-GPPO's correction of TRL's metric of the same name, one value per micro-batch: it is
-        added to TRL's last values (TRL 1.16 appends one per `_compute_loss` call with the entropy bonus on).
-        """
+        """Move the recorded values to the host in one transfer and append them to `metrics` (TRL's per-mode lists)."""
         pending = list(self._pending[mode].items())
         self._pending[mode].clear()
-        if not pending:
-            return
-        flat = torch.cat([torch.stack(values).flatten() for _, values in pending]).tolist()
-        position = 0
+        on_device = [torch.stack(values).flatten() for _, values in pending if isinstance(values[0], torch.Tensor)]
+        flat = iter(torch.cat(on_device).tolist() if on_device else [])
         for key, values in pending:
-            width = values[0].numel()
-            block = flat[position : position + len(values) * width]
-            position += len(block)
+            width = len(values[0])
+            block = (
+                [v for row in values for v in row]
+                if isinstance(values[0], list)
+                else list(islice(flat, width * len(values)))
+            )
             names = key
             if isinstance(key, Ratios):  # sums recorded per micro-batch: one share per name and micro-batch
                 names = key.names
                 block = [share for j in range(len(values)) for share in key.shares(block[j * width : (j + 1) * width])]
             for i, name in enumerate(names):
-                _extend(metrics[name], name, block[i :: len(names)])
-
-
-def _extend(trl_values: list[float], name: str, column: list[float]) -> None:
-    if name != "policy_loss":
-        trl_values.extend(column)
-    elif len(trl_values) >= len(column):  # the last ones: TRL's entries of the same micro-batches
-        start = len(trl_values) - len(column)
-        trl_values[start:] = [trl + delta for trl, delta in zip(trl_values[start:], column)]
-    else:
-        warnings.warn(
-            "TRL logged `policy_loss` a different number of times than CE-GPPO corrected it; the logged value is "
-            "TRL's PPO-clip term. Check the installed TRL version (tests/test_edges.py).",
-            UserWarning,
-            stacklevel=3,
-        )
+                metrics[name].extend(block[i :: len(names)])

@@ -1,9 +1,8 @@
 """Checks of a training run that TRL and transformers leave silent, or report late in other words, made where a Python
 user of the library meets them too (`cegppo-train` prints each as one line, exit status 2):
 
-- `check_training_args`, from `CEGPPOConfig.__post_init__`: completion length, batch size, temperature, saving
-  (`save_steps` 0, checkpoints inside a generation batch) and an `output_dir` that cannot be a directory;
-- in `CEGPPOTrainer.__init__`: `explain_model_load_errors` (a truncated weights file, an uncached Hub kernel offline),
+- `check_writable_path`: `cegppo-eval --output`, and in `CEGPPOTrainer.__init__` an `output_dir` that cannot be one;
+- in `CEGPPOTrainer.__init__` too: `explain_model_load_errors` (a truncated weights file, an uncached Hub kernel offline),
   `check_dataset_fills_a_generation_batch`, `warn_if_untested_trl`, and `RewardCoverageError` (a batch in which
   every reward is None).
 """
@@ -12,72 +11,43 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 import warnings
 from collections.abc import Iterator
+
+from .config import over_generation
 
 
 __all__ = [
     "RewardCoverageError",
     "check_dataset_fills_a_generation_batch",
-    "check_training_args",
+    "check_writable_path",
     "explain_model_load_errors",
     "warn_if_untested_trl",
 ]
 
 
-def check_training_args(args) -> None:
-    """Refuse `GRPOConfig` values that TRL accepts and that train on nothing, save nothing or fail later in another
-    library's words (`ValueError` naming the flag and the fix); warn once about checkpoints that do not resume the same
-    run."""
-    if args.max_completion_length is not None and args.max_completion_length < 1:
-        raise ValueError(
-            f"--max_completion_length {args.max_completion_length}: the longest completion, in tokens, must be at "
-            "least 1 (the paper's recipes use 8192; the tiny recipe 16)."
-        )
-    if args.per_device_train_batch_size < 1:
-        raise ValueError(
-            f"--per_device_train_batch_size {args.per_device_train_batch_size}: completions per process and "
-            "micro-batch must be at least 1."
-        )
-    if args.temperature <= 0:
-        raise ValueError(
-            f"--temperature {args.temperature}: CE-GPPO learns from the differences between the num_generations "
-            "completions of a prompt, so the sampling temperature must be > 0 (the paper: 1.0)."
-        )
-    if args.save_strategy == "steps" and args.save_steps <= 0:
-        raise ValueError(
-            f"--save_steps {args.save_steps:g} with --save_strategy steps would save no checkpoint: set save_steps to "
-            "a number of optimizer steps (a multiple of the steps per generation batch), or --save_strategy no."
-        )
-    per_generation = args.steps_per_generation * args.num_iterations  # micro-batches fed by one generation batch
-    if args.save_strategy == "steps" and args.save_steps >= 1:
-        if (args.save_steps * args.gradient_accumulation_steps) % per_generation:
-            steps = per_generation / args.gradient_accumulation_steps
-            warnings.warn(
-                f"save_steps {args.save_steps:g} is not a multiple of the {steps:g} "
-                "optimizer steps per generation batch (steps_per_generation x num_iterations / "
-                "gradient_accumulation_steps): a run resumed from a checkpoint inside a generation batch generates "
-                "fresh completions there, so it is not the uninterrupted run.",
-                UserWarning,
-                stacklevel=3,
-            )
-    _check_output_dir(args.output_dir)
-
-
-def _check_output_dir(output_dir: str | None) -> None:
-    """`output_dir` must be a directory that can be created and written to: a file on its path, or a folder that is
-    not writable, would fail after the model has loaded (or at the first checkpoint)."""
-    if not output_dir:
-        return
-    path = os.path.abspath(os.path.expanduser(output_dir))
-    existing = path
-    while not os.path.exists(existing):
+def check_writable_path(path, flag: str, folder: bool) -> None:
+    """The one writable-path check of `cegppo-train --output_dir` / `CEGPPOTrainer` (`folder`) and `cegppo-eval
+    --output` (a file): nothing on the path is a file where a folder goes, and the nearest existing folder takes a new
+    file. Made before any model loads, so that a bad path costs seconds, not a run; writes nothing that stays."""
+    path = os.path.abspath(os.path.expanduser(os.fspath(path)))
+    if not folder and os.path.isdir(path):
+        raise ValueError(f"{flag} {path!r} is a directory; pass the path of the JSON report, e.g. {path}/eval.json.")
+    existing = path if folder else os.path.dirname(path)
+    while not os.path.exists(existing):  # the missing folders are created on the first write
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing):
         where = "is a file" if existing == path else f"is under the file {existing}"
-        raise ValueError(f"--output_dir {output_dir} {where}; pass a directory path.")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"--output_dir {output_dir}: {existing} is not writable; pass a directory you can write to.")
+        raise ValueError(f"{flag} {path!r} {where}; pass a path in a writable folder.")
+    try:
+        with tempfile.TemporaryFile(dir=existing):  # as root too: /proc takes no new files, whoever asks
+            pass
+    except OSError as error:
+        raise ValueError(
+            f"{flag} {path!r} cannot be written ({error.strerror or error} in {existing}); nothing was run. Pass "
+            f"{flag} a path in a writable folder."
+        ) from None
 
 
 @contextlib.contextmanager
@@ -96,8 +66,6 @@ def check_dataset_fills_a_generation_batch(train_dataset, args) -> None:
     and end as if it had trained."""
     if train_dataset is None or not hasattr(train_dataset, "__len__"):
         return
-    from .dynamic_sampling import over_generation  # the one place the generation batch's prompts are computed
-
     oversampling, needed = args.cegppo_oversampling, int(over_generation(args)[0])
     if len(train_dataset) < needed:
         times = f" x cegppo_oversampling {oversampling:g}" if oversampling != 1 else ""

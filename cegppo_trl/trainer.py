@@ -3,8 +3,9 @@
 `_compute_loss` adds `aggregate(correction)` (`core.gradient_preserving_correction`, zero outside the clipped sets) to
 TRL's own loss from the same forward pass, on a copy of the micro-batch whose old log-probs are clamped.
 `_generate_and_score_completions` adds dynamic sampling (`dynamic_sampling.py`) and the SFT mask. Metrics:
-`metrics.py`. Code that mirrors TRL 1.16 is marked "TRL 1.16" and pinned by tests; why the sum is CE-GPPO's loss
-exactly and which test covers which private TRL name: `docs/method.md`.
+`metrics.py`. What TRL's methods pass only among themselves is caught in one `_Interception`; TRL's logic that CE-GPPO
+repeats is in `trl_mirror.py`. Why the sum is CE-GPPO's loss exactly and which test covers which private TRL name:
+`docs/method.md`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 
-from . import dynamic_sampling, metrics
+from . import dynamic_sampling, metrics, trl_mirror
 from .config import as_cegppo_config, validate_cegppo_config
 from .controller import EntropyController
 from .core import (
@@ -35,6 +36,7 @@ from .metrics import TOKEN_RATIOS, DeviceMetrics, StepSums, token_set_sums
 from .run_checks import (
     RewardCoverageError,
     check_dataset_fills_a_generation_batch,
+    check_writable_path,
     explain_model_load_errors,
     warn_if_untested_trl,
 )
@@ -43,21 +45,33 @@ from .run_checks import (
 CONTROLLER_STATE_FILE = "cegppo_controller_state.json"
 
 
-class _PolicyTermInputs(NamedTuple):
-    """Per-token tensors TRL's PPO-clip term is built from, recomputed exactly as TRL does (TRL 1.16)."""
-
-    log_ratio: torch.Tensor  # (B, T) token level or (B, 1) sequence level
-    advantages: torch.Tensor  # (B, 1) or (B, T)
-    mask: torch.Tensor  # (B, T) completion mask x tool mask
-    token_weight: torch.Tensor | None  # off-policy mask x entropy mask x vLLM IS ratio, or None
-
-
 class _Forward(NamedTuple):
     """What TRL's `_compute_loss` computed in its forward pass, reused by the correction (no second forward)."""
 
     logps: torch.Tensor  # (B, T) log pi_theta of the completion tokens
     entropies: torch.Tensor  # (B, T)
     clamped: torch.Tensor | None  # (B, T) tokens whose old log-prob was clamped, None without old log-probs
+
+
+@dataclasses.dataclass
+class _Interception:
+    """What this trainer's overrides do and catch during one call of TRL's (`CEGPPOTrainer._intercepting`): values TRL
+    1.16 passes only between its own methods. Set on entry, cleared on exit; the caller reads what was caught."""
+
+    trainer: CEGPPOTrainer
+    defer_old_pass: bool = False  # TRL's old / reference passes get placeholders (select first, then compute)
+    keep_old_entropies: bool = False  # TRL's next old pass keeps its entropies (entropy-ratio clipping)
+    loss_inputs: dict | None = None  # the micro-batch `_compute_loss` works on: its old log-probs get clamped
+    rewards_per_func: torch.Tensor | None = None  # caught from `_calculate_rewards`, (N, num_funcs) all processes
+    old_entropies: torch.Tensor | None = None  # caught from TRL's old pass
+    forward: _Forward | None = None  # caught from `_compute_loss`'s forward pass (no second one)
+
+    def __enter__(self) -> _Interception:
+        self.trainer._interception = self
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.trainer._interception = None
 
 
 class CEGPPOTrainer(GRPOTrainer):
@@ -69,13 +83,7 @@ class CEGPPOTrainer(GRPOTrainer):
     """
 
     _tag_names = ["trl", "grpo", "cegppo"]
-    # Values TRL 1.16 passes only between its own methods, held for the one call that needs them:
-    _rewards_per_func: torch.Tensor | None = None  # `_calculate_rewards` -> `_generate_and_score_completions`
-    _deferring_old_policy_pass = False  # TRL's old / reference pass is skipped (select first, then compute)
-    _capturing_old_entropies = False  # TRL's old pass is next, and must keep its entropies (entropy-ratio clipping)
-    _old_entropies: torch.Tensor | None = None  # what it kept -> `_generate_and_score_completions`
-    _loss_inputs: dict | None = None  # the micro-batch `_compute_loss` is working on
-    _forward: _Forward | None = None  # and its forward pass (`_get_per_token_logps_and_entropies`)
+    _interception: _Interception | None = None  # the one TRL call in progress that the overrides act on
     _name = "CE-GPPO"
     _paper = {
         "title": "CE-GPPO: Coordinating Entropy via Gradient-Preserving Clipping Policy Optimization in "
@@ -95,6 +103,7 @@ class CEGPPOTrainer(GRPOTrainer):
         args = as_cegppo_config(args, model)
         warn_if_untested_trl()
         validate_cegppo_config(args)  # fields may have been changed after the config was built
+        check_writable_path(args.output_dir, "--output_dir", folder=True)  # before the model loads
         with explain_model_load_errors(model):  # a truncated weights file, an uncached Hub kernel: one line each
             super().__init__(model, reward_funcs, args, *pargs, **kwargs)
         check_dataset_fills_a_generation_batch(self.train_dataset, args)
@@ -104,10 +113,7 @@ class CEGPPOTrainer(GRPOTrainer):
         self._device_metrics = DeviceMetrics(self.accelerator.reduce)  # until `log`
         if args.cegppo_exclude_zero_advantage_groups:
             dynamic_sampling.refuse_router_aux_loss(self.aux_loss_enabled)
-        # TRL 1.16 `_generate_and_score_completions`: old log-probs exist only when this condition holds; otherwise the
-        # loss uses `per_token_logps.detach()`, r == 1 and CE-GPPO is GRPO.
-        generate_every = args.steps_per_generation * args.num_iterations
-        self._has_old_log_probs = args.gradient_accumulation_steps % generate_every != 0
+        self._has_old_log_probs = trl_mirror.has_old_log_probs(args)
         # Entropy-ratio clipping's band (None: off). The old entropies exist exactly when the old log-probs do.
         band = args.cegppo_entropy_ratio_clip
         self._entropy_ratio_band = None if band is None else (float(band[0]), float(band[1]))
@@ -135,7 +141,7 @@ class CEGPPOTrainer(GRPOTrainer):
     def get_train_dataloader(self):
         if self.args.cegppo_oversampling == 1:
             return super().get_train_dataloader()
-        return dynamic_sampling.over_generating_loader(
+        return trl_mirror.over_generating_loader(
             self._get_dataloader, self.train_dataset, self.args, self.num_generations, self.num_iterations
         )
 
@@ -148,23 +154,20 @@ class CEGPPOTrainer(GRPOTrainer):
                 f"{rewards.size(0)} completions of a batch, so there is nothing to learn from. A reward function "
                 "returns one float per completion (None only for one it does not apply to): fix it, or add one."
             )
-        self._rewards_per_func = rewards
+        if self._interception is not None:
+            self._interception.rewards_per_func = rewards
         return rewards
 
     def _generate_and_score_completions(self, inputs):
         mode = "train" if self.model.training else "eval"
-        deferred = self._deferring_old_policy_pass = self._old_policy_pass_after_selection(mode)
+        deferred = self._old_policy_pass_after_selection(mode)
         # Entropy-ratio clipping: TRL's own old pass (when not deferred) keeps its entropies for the batch.
         erc = self._entropy_ratio_band is not None and self._has_old_log_probs
-        self._capturing_old_entropies = erc and not deferred
-        try:
+        with _Interception(self, defer_old_pass=deferred, keep_old_entropies=erc and not deferred) as caught:
             output = super()._generate_and_score_completions(inputs)
-        finally:
-            self._deferring_old_policy_pass = self._capturing_old_entropies = False
-        if self._old_entropies is not None:  # per row, like `old_per_token_logps`: they travel with their rows
-            output["cegppo_old_entropies"], self._old_entropies = self._old_entropies, None
-        rewards_per_func, self._rewards_per_func = self._rewards_per_func, None
-        rewards = dynamic_sampling.total_rewards(rewards_per_func, self.reward_weights)  # all processes
+        if caught.old_entropies is not None:  # per row, like `old_per_token_logps`: they travel with their rows
+            output["cegppo_old_entropies"] = caught.old_entropies
+        rewards = trl_mirror.total_rewards(caught.rewards_per_func, self.reward_weights)  # all processes
         if deferred:  # TRL's placeholders (see `_get_per_token_logps_and_entropies`), computed again below
             output.pop("old_per_token_logps", None), output.pop("ref_per_token_logps", None)
         keep = None
@@ -174,10 +177,8 @@ class CEGPPOTrainer(GRPOTrainer):
         else:  # this process's rows
             rewards = rewards.view(self.accelerator.num_processes, -1)[self.accelerator.process_index]
         if deferred:  # the training rows only, with TRL's attention mask (before dropped rows lose theirs)
-            dynamic_sampling.old_policy_pass(
-                output, self._get_per_token_logps_and_entropies, self.model, self.ref_model, self.accelerator,
-                old=self._has_old_log_probs, reference=self.beta != 0.0, args=self.args, old_entropies=erc,
-            )  # fmt: skip
+            logps_of, reference = self._get_per_token_logps_and_entropies, self.beta != 0.0
+            trl_mirror.old_policy_pass(output, logps_of, self, self._has_old_log_probs, reference, old_entropies=erc)
         if keep is not None:
             dynamic_sampling.mark_dropped_rows(output, keep, self.accelerator.gather)
         if self.args.cegppo_sft_coef > 0:
@@ -187,7 +188,7 @@ class CEGPPOTrainer(GRPOTrainer):
 
     def _old_policy_pass_after_selection(self, mode: str) -> bool:
         """Select first, then compute: with over-generation, TRL's old- and reference-log-prob passes are skipped
-        while it generates and run on the training rows only (`dynamic_sampling.old_policy_pass`). Not with vLLM's
+        while it generates and run on the training rows only (`trl_mirror.old_policy_pass`). Not with vLLM's
         importance-sampling correction, which TRL 1.16 computes inside generation from every generated row's."""
         vllm_is = self.use_vllm and self.vllm_importance_sampling_correction
         return mode == "train" and self.args.cegppo_oversampling > 1 and not vllm_is
@@ -209,23 +210,23 @@ class CEGPPOTrainer(GRPOTrainer):
 
     # --- Loss
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *pargs, **kwargs):
-        if self._deferring_old_policy_pass:  # TRL's old / reference pass while it generates: run later on fewer rows
+        caught = self._interception or _Interception(self)
+        if caught.defer_old_pass:  # TRL's old / reference pass while it generates: run later on fewer rows
             return torch.full((input_ids.size(0), logits_to_keep), math.nan, device=input_ids.device), None, None
-        if self._capturing_old_entropies:  # TRL 1.16's old pass, its first forward while it generates: the same
-            self._capturing_old_entropies = False  # forward gives the old policy's entropies (no second one)
-            logps, self._old_entropies, aux_loss = super()._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, logits_to_keep, *pargs, **dict(kwargs, compute_entropy=True)
-            )
-            return logps, self._old_entropies, aux_loss  # TRL 1.16 discards this pass's entropies
+        old_pass = caught.keep_old_entropies  # TRL 1.16's old pass, its first forward while it generates: the same
+        caught.keep_old_entropies = False  # forward gives the old policy's entropies (no second one)
         logps, entropies, aux_loss = super()._get_per_token_logps_and_entropies(
-            model, input_ids, attention_mask, logits_to_keep, *pargs, **kwargs
-        )
-        inputs = self._loss_inputs
+            model, input_ids, attention_mask, logits_to_keep, *pargs, **dict(kwargs, compute_entropy=True)
+            if old_pass else kwargs
+        )  # fmt: skip
+        if old_pass:
+            caught.old_entropies = entropies  # TRL 1.16 discards this pass's entropies
+        inputs = caught.loss_inputs
         if inputs is not None:  # TRL 1.16's `_compute_loss` calls this once, at its top, and reads the old log-probs
             clamped = None  # only afterwards: clamping them here bounds TRL's log-ratio and the correction's alike
             if inputs.get("old_per_token_logps") is not None:
                 inputs["old_per_token_logps"], clamped = clamp_old_log_probs(logps, inputs["old_per_token_logps"])
-            self._forward = _Forward(logps, entropies, clamped)
+            caught.forward = _Forward(logps, entropies, clamped)
         return logps, entropies, aux_loss
 
     def _compute_loss(self, model, inputs):
@@ -234,78 +235,26 @@ class CEGPPOTrainer(GRPOTrainer):
         keep = inputs.pop("cegppo_keep", None)  # dropped rows already have an empty loss mask
         group_counts = dynamic_sampling.pop_group_counts(inputs)
         old_entropies = inputs.pop("cegppo_old_entropies", None)  # entropy-ratio clipping's H(pi_old)
-        self._loss_inputs, self._forward = inputs, None
-        try:
+        with _Interception(self, loss_inputs=inputs) as caught:
             loss = super()._compute_loss(model, inputs)  # TRL's PPO-clip loss + KL + entropy bonus + aux loss
-        finally:
-            self._loss_inputs = None
-        return loss + self._cegppo_loss_delta(inputs, self._forward, keep, group_counts, old_entropies)
-
-    def _policy_term_inputs(self, inputs, per_token_logps, entropies) -> _PolicyTermInputs:
-        """Rebuild the ratio and the per-token multipliers exactly as TRL 1.16's `_compute_loss` does."""
-        mask = dynamic_sampling.loss_mask(inputs)
-        advantages = inputs["advantages"]
-        if advantages.dim() == 1:
-            advantages = advantages.unsqueeze(1)
-        old_per_token_logps = inputs.get("old_per_token_logps")
-        if old_per_token_logps is None:
-            old_per_token_logps = per_token_logps.detach()
-        log_ratio = per_token_logps - old_per_token_logps
-        if self.importance_sampling_level == "sequence":
-            log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
-        token_weight = None
-        if self.off_policy_mask_threshold is not None:
-            sampling_per_token_logps = inputs.get("sampling_per_token_logps", old_per_token_logps)
-            token_weight = self.get_off_policy_mask(
-                advantages, per_token_logps, sampling_per_token_logps, mask, self.off_policy_mask_threshold
-            )
-        if self.top_entropy_quantile < 1.0:
-            entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
-            token_weight = entropy_mask if token_weight is None else token_weight * entropy_mask
-        if self.use_vllm and self.vllm_importance_sampling_correction:
-            is_ratio = inputs["importance_sampling_ratio"]
-            token_weight = is_ratio if token_weight is None else token_weight * is_ratio
-        return _PolicyTermInputs(log_ratio, advantages, mask, token_weight)
-
-    def _aggregate_like_trl(self, per_token_loss: torch.Tensor, mask: torch.Tensor, inputs, mode: str) -> torch.Tensor:
-        """Reduce a per-token loss to the scalar TRL 1.16 would, for grpo / bnpo / dr_grpo / dapo / luspo."""
-        # TRL 1.16 divides grpo / bnpo / dr_grpo / luspo (and entropy bonus, aux loss) by this; dapo's normaliser too.
-        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
-        if self.loss_type == "grpo":
-            return ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean() / accumulation
-        if self.loss_type == "bnpo":
-            return (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0) / accumulation
-        if self.loss_type == "dr_grpo":
-            return (per_token_loss * mask).sum() / (per_token_loss.size(0) * self.max_completion_length) / accumulation
-        if self.loss_type == "dapo":
-            return (per_token_loss * mask).sum() / self._token_mean_normalizer(inputs["num_items_in_batch"], mode)
-        if self.loss_type == "luspo":
-            return (per_token_loss * mask).sum(-1).mean() / accumulation
-        raise ValueError(f"loss_type={self.loss_type!r} is not supported by CEGPPOTrainer.")
-
-    def _token_mean_normalizer(self, num_tokens: torch.Tensor, mode: str) -> torch.Tensor:
-        # TRL 1.16 dapo: the count spans the generation batch on all processes; rescale it to one accumulation window.
-        normalizer = num_tokens.clamp(min=1.0) / self.accelerator.num_processes
-        if mode == "train":
-            normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
-        return normalizer
+        return loss + self._cegppo_loss_delta(inputs, caught.forward, keep, group_counts, old_entropies)
 
     def _cegppo_loss_delta(self, inputs, forward: _Forward, keep=None, group_counts=None, old_entropies=None):
         """Everything CE-GPPO adds to TRL's loss for one micro-batch: the correction (plus entropy-ratio clipping and
         the SFT term), their metrics and the step's sums (controller, batch fill). No host transfer.
         `benchmarks/bench_scaling.py` times this method as CE-GPPO's own cost."""
         mode = "train" if self.model.training else "eval"
-        terms = self._policy_term_inputs(inputs, forward.logps, forward.entropies)
+        terms = trl_mirror.policy_term_inputs(self, inputs, forward.logps, forward.entropies)
         params = self.clip_params
         correction, sets = gradient_preserving_correction(terms.log_ratio, terms.advantages, params)
+        policy_loss = cegppo_per_token_loss(terms.log_ratio, terms.advantages, params).per_token_loss
         if terms.token_weight is not None:
-            correction = correction * terms.token_weight
-        loss_delta = self._aggregate_like_trl(correction, terms.mask, inputs, mode)  # as TRL aggregates its loss
-        if self._entropy_bonus_enabled:
-            # TRL 1.16 logs `policy_loss` (policy + KL term) only with the entropy bonus on, before the division by
-            # accumulation (dapo: normalised); the correction at that scale is added to it at `log`.
-            scale = self.current_gradient_accumulation_steps if mode == "train" and self.loss_type != "dapo" else 1.0
-            self._device_metrics.record_mean(mode, ("policy_loss",), (loss_delta.detach() * scale).unsqueeze(0))
+            correction, policy_loss = correction * terms.token_weight, policy_loss * terms.token_weight
+        loss_delta = trl_mirror.aggregate(self, correction, terms.mask, inputs, mode)  # as TRL aggregates its loss
+        # `cegppo/policy_loss`: the CE-GPPO policy term (Eq. 8, no KL), at the scale TRL logs its `policy_loss`.
+        policy_value = trl_mirror.aggregate(self, policy_loss.detach(), terms.mask, inputs, mode)
+        scaled = policy_value * trl_mirror.policy_loss_scale(self, mode)
+        self._device_metrics.record_mean(mode, ("cegppo/policy_loss",), scaled.unsqueeze(0))
         if self._entropy_ratio_band is not None and old_entropies is not None:
             # Entropy-ratio clipping (docs/method.md): `aggregate(entropy_ratio_clip(L, keep) - L)`, `L` the policy
             # term's per-token loss with TRL's token weights: 0 in value, and on the tokens outside the band minus the
@@ -313,11 +262,8 @@ class CEGPPOTrainer(GRPOTrainer):
             band = entropy_ratio_band(forward.entropies, old_entropies, self._entropy_ratio_band)
             erc_sums = metrics.erc_sums(band.below, band.above, terms.mask)
             self._device_metrics.record_sums(mode, metrics.ERC_RATIOS, erc_sums)
-            policy_loss = cegppo_per_token_loss(terms.log_ratio, terms.advantages, params).per_token_loss
-            if terms.token_weight is not None:
-                policy_loss = policy_loss * terms.token_weight
             erc = entropy_ratio_clip(policy_loss, band.keep) - policy_loss
-            loss_delta = loss_delta + self._aggregate_like_trl(erc, terms.mask, inputs, mode)
+            loss_delta = loss_delta + trl_mirror.aggregate(self, erc, terms.mask, inputs, mode)
         if self.args.cegppo_sft_coef > 0:
             loss_delta = loss_delta + self._sft_loss(inputs, forward.logps, terms.mask, mode)
         sums = token_set_sums(
@@ -327,8 +273,7 @@ class CEGPPOTrainer(GRPOTrainer):
         self._device_metrics.record_sums(mode, TOKEN_RATIOS, sums)  # the shares are taken on the host, at `log`
         if mode == "train":
             if self.accelerator.sync_gradients:
-                self._metrics[mode]["cegppo/beta1"].append(params.beta1)
-                self._metrics[mode]["cegppo/beta2"].append(params.beta2)
+                self._device_metrics.record(mode, ("cegppo/beta1", "cegppo/beta2"), (params.beta1, params.beta2))
             if self._controller is not None or keep is not None:
                 self._accumulate_step(forward.entropies, terms.mask, keep, group_counts)
         return loss_delta
@@ -336,7 +281,7 @@ class CEGPPOTrainer(GRPOTrainer):
     def _sft_loss(self, inputs, per_token_logps, mask, mode: str) -> torch.Tensor:
         """`cegppo_sft_coef` x token-mean NLL of the SFT completions (the authors' scripts), and its two metrics."""
         sft_mask = inputs["cegppo_sft_mask"].unsqueeze(1) * mask
-        normalizer = self._token_mean_normalizer(inputs["cegppo_num_sft_tokens"], mode)
+        normalizer = trl_mirror.token_mean_normalizer(self, inputs["cegppo_num_sft_tokens"], mode)
         nll = -(per_token_logps * sft_mask).sum() / normalizer
         self._device_metrics.record_sums(mode, metrics.SFT_RATIOS, metrics.sft_sums(per_token_logps, sft_mask, mask))
         return self.args.cegppo_sft_coef * nll
@@ -363,8 +308,8 @@ class CEGPPOTrainer(GRPOTrainer):
         if tokens == 0:  # every row of the step was dropped (dynamic sampling): nothing was measured
             return
         self._controller.update(entropy_sum / tokens)
-        self._metrics["train"]["cegppo/entropy_error"].append(self._controller.last_error)
-        self._metrics["train"]["cegppo/entropy_integral"].append(self._controller.integral)
+        controller_state = (self._controller.last_error, self._controller.integral)
+        self._device_metrics.record("train", ("cegppo/entropy_error", "cegppo/entropy_integral"), controller_state)
 
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)

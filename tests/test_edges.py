@@ -15,7 +15,7 @@ from conftest import contains_answer_reward, make_loss_batch
 from trl_batches import add_off_policy, current_logps, logged, loss_and_grad, ready_for_loss, tiny_moe
 
 import cegppo_trl.trainer as trainer_module
-from cegppo_trl.core import LOG_RATIO_CLAMP, ClipParams, cegppo_per_token_loss
+from cegppo_trl.core import LOG_RATIO_CLAMP, ClipParams, cegppo_per_token_loss, ppo_clip_per_token_loss
 
 
 SUPPORTED = ["grpo", "bnpo", "dr_grpo", "dapo", "luspo"]
@@ -94,7 +94,14 @@ def test_excluded_groups_equal_physical_removal_for_every_term(
     removed_loss, removed_grad = loss_and_grad(ref, select_rows(inputs, kept))
     assert torch.allclose(loss, removed_loss, rtol=1e-6, atol=1e-8), (loss.item(), removed_loss.item())
     assert torch.allclose(grad, removed_grad, rtol=1e-5, atol=1e-8)
-    for key in ("kl", "entropy", "policy_loss", "cegppo/sft_nll", "clip_ratio/region_mean", "cegppo/beta1_token_frac"):
+    for key in (
+        "kl",
+        "entropy",
+        "cegppo/policy_loss",
+        "cegppo/sft_nll",
+        "clip_ratio/region_mean",
+        "cegppo/beta1_token_frac",
+    ):
         assert logged(on)[key][-1] == pytest.approx(logged(ref)[key][-1], rel=1e-5), key
     for key, value in before.items():  # the buffered batch is reused across num_iterations: never modified
         assert torch.equal(full[key], value), key
@@ -192,13 +199,14 @@ def test_multimodal_batch_is_refused_with_the_field_name(tiny_model, tiny_tokeni
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# TRL's policy_loss metric describes the CE-GPPO policy term
+# `cegppo/policy_loss` is the CE-GPPO policy term at the scale of TRL's `policy_loss`, which stays TRL's
 # ---------------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("loss_type", ["grpo", "dapo", "luspo"])
 @pytest.mark.parametrize("extra", [{"entropy_coef": 0.05}, {"use_adaptive_entropy": True, "entropy_target": 10.0}])
 def test_logged_policy_loss_is_the_cegppo_policy_term(
     loss_type, extra, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path
 ):
+    """`cegppo/policy_loss` is CE-GPPO's policy term; TRL's own `policy_loss` (entropy bonus on) stays its PPO-clip."""
     trainer = build(tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path, loss_type=loss_type, **extra)
     inputs = add_off_policy(trainer, make_loss_batch(tiny_tokenizer, seed=21), scale=0.6)
     inputs["num_items_in_batch"] = inputs["completion_mask"].sum() * 3
@@ -207,18 +215,24 @@ def test_logged_policy_loss_is_the_cegppo_policy_term(
     with torch.no_grad():
         logps, _ = current_logps(trainer, inputs)
         mask = inputs["completion_mask"].float()
-        per_token = cegppo_per_token_loss(
-            logps - inputs["old_per_token_logps"], inputs["advantages"].unsqueeze(1), ClipParams(0.2, 0.2, 0.5, 1.0)
-        )
+        log_ratio, advantages = logps - inputs["old_per_token_logps"], inputs["advantages"].unsqueeze(1)
+        per_token = cegppo_per_token_loss(log_ratio, advantages, ClipParams(0.2, 0.2, 0.5, 1.0))
         assert per_token.beta1_mask.any() or per_token.beta2_mask.any()
-        loss = per_token.per_token_loss * mask
-        if loss_type == "grpo":  # TRL logs it before dividing by gradient accumulation
-            expected = (loss.sum(-1) / mask.sum(-1)).mean()
-        elif loss_type == "luspo":
-            expected = loss.sum(-1).mean()
-        else:  # dapo: the normalised value, num_items / processes * accumulation / steps_per_generation
-            expected = loss.sum() / (inputs["num_items_in_batch"] * 2 / 4)
-    assert logged(trainer)["policy_loss"][-1] == pytest.approx(expected.item(), rel=1e-5)
+
+        def as_trl_logs(loss):
+            loss = loss * mask
+            if loss_type == "grpo":  # TRL logs it before dividing by gradient accumulation
+                return ((loss.sum(-1) / mask.sum(-1)).mean()).item()
+            if loss_type == "luspo":
+                return loss.sum(-1).mean().item()
+            # dapo: the normalised value, num_items / processes * accumulation / steps_per_generation
+            return (loss.sum() / (inputs["num_items_in_batch"] * 2 / 4)).item()
+
+        expected = as_trl_logs(per_token.per_token_loss)
+        trl_expected = as_trl_logs(ppo_clip_per_token_loss(log_ratio, advantages, ClipParams(0.2, 0.2, 0.5, 1.0)))
+    assert logged(trainer)["cegppo/policy_loss"][-1] == pytest.approx(expected, rel=1e-5)
+    assert logged(trainer)["policy_loss"][-1] == pytest.approx(trl_expected, rel=1e-5)
+    assert expected != pytest.approx(trl_expected, rel=1e-3)  # the clipped tokens make them differ
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -153,6 +153,26 @@ def test_nothing_below_the_scripts_imports_a_script():
     assert not {n: m for n, m in upward.items() if m}, upward
 
 
+def test_the_config_is_on_the_ground_floor():
+    """`config.py` imports no module of the package but the vLLM version helper, which imports none; the TRL mirror and
+    dynamic sampling build on it, not the other way round."""
+    assert _imported_package_modules("cegppo_trl.config") == {"cegppo_trl.vllm_support"}
+    assert _imported_package_modules("cegppo_trl.vllm_support") == set()
+    assert "cegppo_trl.config" in _imported_package_modules("cegppo_trl.trl_mirror")
+
+
+def test_the_trainer_keeps_one_interception_and_no_flag_resetting_try():
+    """What TRL passes only between its own methods lives in one `_Interception`, set and cleared by its `with`."""
+    tree = ast.parse((PACKAGE / "trainer.py").read_text())
+    trainer = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "CEGPPOTrainer")
+    class_state = [t.target.id for t in trainer.body if isinstance(t, ast.AnnAssign)]
+    assert class_state == ["_interception"]
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.Try) and n.finalbody]
+    written = {t.attr for n in ast.walk(trainer) if isinstance(n, ast.Assign) for t in n.targets
+               if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}  # fmt: skip
+    assert "_interception" not in written  # only `_Interception.__enter__` / `__exit__` set it
+
+
 def test_lazy_public_names_are_library_names():
     assert not any(_is_demo(f"cegppo_trl.{module}") for module in cegppo_trl._PUBLIC_NAMES.values())
 

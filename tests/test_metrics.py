@@ -1,6 +1,5 @@
 """`cegppo_trl.metrics`: every `cegppo/` token metric equals its definition counted token by token (float64, in
-Python), the shares' NaN / 0 rules, and how recorded values reach TRL's metric lists (`policy_loss` corrected in
-place). Pure: no trainer, no process group."""
+Python), the shares' NaN / 0 rules, and how recorded values, on the device or the host, reach TRL's metric lists. Pure: no trainer, no process group."""
 
 import math
 from collections import defaultdict
@@ -116,24 +115,22 @@ def test_erc_sums_count_loss_tokens_outside_the_band():
     assert all(math.isnan(v) for v in ERC_RATIOS.shares(erc_sums(below, above, mask * 0).tolist()))
 
 
-def test_device_metrics_reach_trl_lists_in_one_transfer_and_correct_policy_loss():
+def test_device_metrics_reach_trl_lists_in_one_transfer_beside_host_values():
     def reduce(tensor, reduction):
         return tensor * 2 if reduction == "sum" else tensor  # as if two processes had recorded the same sums
 
     recorded = DeviceMetrics(reduce)
     recorded.record_sums("train", Ratios.of_pairs(("x",)), torch.tensor([1.0, 4.0, 4.0, 4.0]))
-    recorded.record_mean("train", ("policy_loss",), torch.tensor([0.5]))
-    recorded.record("train", ("cegppo/beta1",), torch.tensor([0.7]))
+    recorded.record_mean("train", ("cegppo/policy_loss",), torch.tensor([0.5]))
+    recorded.record("train", ("cegppo/beta1", "cegppo/beta2"), (0.7, 1.25))  # host floats: no transfer
     trl_metrics = defaultdict(list, {"policy_loss": [1.0, 2.0]})
     recorded.flush("train", trl_metrics)
     assert trl_metrics["x"] == [0.25]
-    assert trl_metrics["policy_loss"] == [1.0, 2.5]  # CE-GPPO's correction added to TRL's last entry
-    assert trl_metrics["cegppo/beta1"] == [pytest.approx(0.7)]
+    assert trl_metrics["policy_loss"] == [1.0, 2.0]  # TRL's entry is TRL's
+    assert trl_metrics["cegppo/policy_loss"] == [0.5]
+    assert trl_metrics["cegppo/beta1"] == [pytest.approx(0.7)] and trl_metrics["cegppo/beta2"] == [1.25]
     recorded.flush("train", trl_metrics)  # nothing pending: nothing added
     assert trl_metrics["x"] == [0.25]
-    recorded.record_mean("eval", ("policy_loss",), torch.tensor([0.5]))
-    with pytest.warns(UserWarning, match="policy_loss"):
-        recorded.flush("eval", defaultdict(list))
 
 
 def test_step_sums_total_at_the_boundary_and_fill():

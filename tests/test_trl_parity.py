@@ -1,7 +1,7 @@
 """Exactness through the real trainer, and drift detection against TRL's own GRPOTrainer.
 
 `CEGPPOTrainer` computes TRL's loss and adds a CE-GPPO correction built from a mirror of TRL 1.16's ratio, masks and
-aggregation (`_policy_term_inputs`, `_aggregate_like_trl`). The first test rebuilds TRL's PPO-clip loss from that mirror
+aggregation (`trl_mirror.policy_term_inputs`, `trl_mirror.aggregate`). The first test rebuilds TRL's PPO-clip loss from that mirror
 and compares it with TRL's `GRPOTrainer._compute_loss` on the same batch for every supported loss type and option:
 if TRL changes any of them, it fails.
 """
@@ -15,6 +15,7 @@ from oracles import cegppo_token_mean_loss
 from trl import GRPOTrainer
 from trl_batches import add_off_policy, build, current_logps, logged, loss_and_grad, ready_for_loss, tiny_moe
 
+from cegppo_trl import trl_mirror
 from cegppo_trl.core import ClipParams, ppo_clip_per_token_loss
 
 
@@ -64,17 +65,17 @@ def test_mirror_of_trl_policy_loss_matches_grpo_trainer(
 
     def mirrored(model, x):
         logps, entropies = current_logps(trainer, x)
-        terms = trainer._policy_term_inputs(x, logps, entropies)
+        terms = trl_mirror.policy_term_inputs(trainer, x, logps, entropies)
         per_token = ppo_clip_per_token_loss(terms.log_ratio, terms.advantages, trainer.clip_params)
         if terms.token_weight is not None:
             per_token = per_token * terms.token_weight
-        return trainer._aggregate_like_trl(per_token, terms.mask, x, "train" if trainer.model.training else "eval")
+        return trl_mirror.aggregate(trainer, per_token, terms.mask, x, "train" if trainer.model.training else "eval")
 
     mirror_loss, mirror_grad = loss_and_grad(trainer, inputs, mirrored)
     assert torch.allclose(trl_loss, mirror_loss, rtol=1e-5, atol=1e-7), (trl_loss, mirror_loss)
     assert torch.allclose(trl_grad, mirror_grad, rtol=1e-4, atol=1e-7)
     # The variant really changed something: its multipliers exist where expected.
-    terms = trainer._policy_term_inputs(inputs, *current_logps(trainer, inputs))
+    terms = trl_mirror.policy_term_inputs(trainer, inputs, *current_logps(trainer, inputs))
     assert (terms.token_weight is not None) == (variant in ("off_policy_mask", "entropy_mask", "vllm_is"))
 
 

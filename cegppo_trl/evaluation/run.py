@@ -8,39 +8,17 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
 from ..model_source import resolve_model_source
+from ..run_checks import check_writable_path
 from .compare import grading_and_sampling
 from .datasets import DatasetSpec, is_local, load_eval_datasets, set_settings
 from .metrics import evaluate_completions
 from .settings import EvalSettings
-
-
-def check_output_path(path: str | os.PathLike) -> None:
-    """Raise OSError naming ``--output`` and the fix unless a report can be written at `path` (its folder, or the
-    nearest existing folder above it, takes a new file; `path` is not a directory). Checked before anything loads, so
-    that an unwritable path costs seconds, not a whole run's results. Writes nothing that stays."""
-    path = os.path.abspath(os.path.expanduser(os.fspath(path)))
-    if os.path.isdir(path):
-        raise IsADirectoryError(
-            f"--output {path!r} is a directory; pass the path of the JSON report, e.g. {path}/eval.json."
-        )
-    folder = os.path.dirname(path)
-    while not os.path.exists(folder):  # write_report creates the missing folders
-        folder = os.path.dirname(folder)
-    try:
-        with tempfile.TemporaryFile(dir=folder):  # a file where a folder should be: NotADirectoryError
-            pass
-    except OSError as error:
-        raise OSError(
-            f"--output {path!r} cannot be written ({error.strerror or error} in {folder}); nothing was evaluated. "
-            "Pass --output a path in a writable folder."
-        ) from None
 
 
 def write_report(report: dict[str, Any], path: str | os.PathLike) -> None:
@@ -104,7 +82,7 @@ def evaluate_model(
     """
     settings = replace(settings or EvalSettings(), **overrides)  # checked by EvalSettings.__post_init__
     if output is not None:
-        check_output_path(output)
+        check_writable_path(output, "--output", folder=False)
     log = log or (lambda message: None)
     source = resolve_model_source(model_name_or_path, settings.base_model)
     settings, from_checkpoint = settings.resolve(*source.settings_dirs)  # checked again by EvalSettings.__post_init__
