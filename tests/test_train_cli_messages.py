@@ -46,6 +46,8 @@ PARSE_FAULTS = {
     "output_dir_file": (["--output_dir", str(TINY_RECIPE)], f"--output_dir '{TINY_RECIPE}' is a file"),
     "output_dir_under_file": (["--output_dir", f"{TINY_RECIPE}/run"], f"is under the file {TINY_RECIPE}"),
     "jit_checkpoint": (["--enable_jit_checkpoint", "true"], "transformers' SIGTERM handler would replace"),
+    "dataset_streaming": (["--dataset_streaming", "true"], "--dataset_streaming True: cegppo-train loads the data"),
+    "ignore_bias_buffers": (["--ignore_bias_buffers", "true"], "--ignore_bias_buffers True: it is for DDP"),
     "unknown_flag": (["--learnin_rate", "0.1"], "not used by the HfArgumentParser: ['--learnin_rate', '0.1']"),
     "reward_module": (["--reward_funcs", "no_such_module_xyz.f"], "No module named 'no_such_module_xyz'"),
     "reward_word": (["--reward_funcs", "math,format"], "separate several with spaces"),
@@ -169,6 +171,40 @@ def test_config_refuses_what_would_save_nothing_and_warns_about_checkpoints_insi
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="save_steps")
         CEGPPOConfig(str(tmp_path / "b"), save_strategy="steps", save_steps=8, **spg)
+
+
+def _sources(*roots: Path) -> str:
+    return "".join(path.read_text() for root in roots for path in ([root] if root.is_file() else root.rglob("*.py")))
+
+
+def test_every_flag_is_read_or_refused():
+    """Each of the ~230 flags of `cegppo-train` is read by this command or the package (the script's and the model's
+    as `.name`), or by the TRL / transformers code that trains with it (the config's, also as `"name"`), or refused in
+    one line (`UNUSED_SCRIPT_FLAGS`, checked above)."""
+    import dataclasses
+    import inspect
+    import re
+
+    import transformers
+    import trl
+
+    from cegppo_trl.scripts.train import UNUSED_SCRIPT_FLAGS
+
+    script, config, model = make_parser().dataclass_types
+    trl_root, hf_root = Path(trl.__file__).parent, Path(transformers.__file__).parent
+    command = _sources(ROOT / "cegppo_trl") + inspect.getsource(trl.get_peft_config)
+    command += inspect.getsource(trl.get_quantization_config)
+    training = command + _sources(trl_root / "trainer", trl_root / "models", hf_root / "integrations")
+    training += _sources(
+        *(hf_root / f for f in ("trainer.py", "training_args.py", "trainer_callback.py", "modelcard.py"))
+    )
+    training += _sources(*(hf_root / f for f in ("trainer_pt_utils.py", "trainer_utils.py", "trainer_optimizer.py")))
+
+    def unread(cls, text: str, read: str = "[.\"']") -> set[str]:
+        return {f.name for f in dataclasses.fields(cls) if f.init and not re.search(rf"{read}{f.name}\b", text)}
+
+    assert unread(script, command, read="\\.") | unread(model, command, read="\\.") == set(UNUSED_SCRIPT_FLAGS)
+    assert unread(config, training) == set()
 
 
 # ----------------------------------------------------------------------------------------------------------------

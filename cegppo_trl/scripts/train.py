@@ -31,6 +31,14 @@ DESCRIPTION = (
 )
 
 
+# TRL's script flags that `cegppo-train` refuses when set, and why (`tests/test_train_cli_messages.py`: every flag is
+# read or refused).
+UNUSED_SCRIPT_FLAGS = {
+    "dataset_streaming": "cegppo-train loads the data set whole (--max_train_samples N keeps its first N rows)",
+    "ignore_bias_buffers": "it is for DDP with boolean bias buffers in TRL's DPO script; cegppo-train never reads it",
+}
+
+
 @dataclass
 class CEGPPOScriptArguments(ScriptArguments):
     """Script arguments of `cegppo-train`: TRL's `ScriptArguments` plus the data-set columns (read by
@@ -69,6 +77,13 @@ class CEGPPOScriptArguments(ScriptArguments):
                 f"--max_train_samples {self.max_train_samples}: it keeps the first N training rows and must be at "
                 "least 1; leave it out to train on the whole data set."
             )
+        refused = [
+            f"--{flag} {getattr(self, flag)}: {why}"
+            for flag, why in UNUSED_SCRIPT_FLAGS.items()
+            if getattr(self, flag)
+        ]
+        if refused:  # TRL's `ScriptArguments` has them; no step of this command reads them
+            raise ValueError(f"{refused[0]}; leave it out.")
         if self.tiny_sft_steps < 0:
             raise ValueError(f"--tiny_sft_steps {self.tiny_sft_steps}: SFT steps must be 0 (none) or more.")
 
