@@ -55,8 +55,8 @@ class _Forward(NamedTuple):
 
 @dataclasses.dataclass
 class _Interception:
-    """What this trainer's overrides do and catch during one call of TRL's (`CEGPPOTrainer._intercepting`): values TRL
-    1.16 passes only between its own methods. Set on entry, cleared on exit; the caller reads what was caught."""
+    """What the overrides do and catch during one call of TRL's (`with _Interception(trainer, ...) as caught`): values
+    TRL 1.16 passes only between its own methods. Set on entry, cleared on exit; the caller reads what was caught."""
 
     trainer: CEGPPOTrainer
     defer_old_pass: bool = False  # TRL's old / reference passes get placeholders (select first, then compute)
@@ -154,8 +154,7 @@ class CEGPPOTrainer(GRPOTrainer):
                 f"{rewards.size(0)} completions of a batch, so there is nothing to learn from. A reward function "
                 "returns one float per completion (None only for one it does not apply to): fix it, or add one."
             )
-        if self._interception is not None:
-            self._interception.rewards_per_func = rewards
+        (self._interception or _Interception(self)).rewards_per_func = rewards
         return rewards
 
     def _generate_and_score_completions(self, inputs):
@@ -201,9 +200,8 @@ class CEGPPOTrainer(GRPOTrainer):
         output, selection = dynamic_sampling.take_training_rows(
             output, rewards, group_size, factor, self.accelerator, pad_token_id
         )
-        self._device_metrics.record(
-            mode, ("cegppo/informative_group_frac",), selection.informative.float().mean()[None]
-        )
+        informative_frac = selection.informative.float().mean()[None]
+        self._device_metrics.record(mode, ("cegppo/informative_group_frac",), informative_frac)
         if mode == "train":  # for the optimizer steps this batch feeds (`cegppo/informative_groups`, `groups_trained`)
             output.update(zip(dynamic_sampling.GROUP_COUNT_KEYS, selection.group_counts(group_size)))
         return output, selection

@@ -131,11 +131,6 @@ def policy_term_inputs(trainer, inputs: dict, per_token_logps, entropies) -> Pol
     return PolicyTermInputs(log_ratio, advantages, mask, token_weight)
 
 
-def accumulation(trainer, mode: str) -> float:
-    """What grpo / bnpo / dr_grpo / luspo (and the entropy bonus, aux loss) divide by: no accumulation in eval."""
-    return trainer.current_gradient_accumulation_steps if mode == "train" else 1.0
-
-
 def token_mean_normalizer(trainer, num_tokens: torch.Tensor, mode: str) -> torch.Tensor:
     """dapo's denominator: the count spans the generation batch on all processes, rescaled to one accumulation
     window."""
@@ -147,7 +142,8 @@ def token_mean_normalizer(trainer, num_tokens: torch.Tensor, mode: str) -> torch
 
 def aggregate(trainer, per_token_loss: torch.Tensor, mask: torch.Tensor, inputs: dict, mode: str) -> torch.Tensor:
     """Reduce a per-token loss to the scalar `_compute_loss` would, for grpo / bnpo / dr_grpo / dapo / luspo."""
-    loss_type, divisor = trainer.loss_type, accumulation(trainer, mode)
+    loss_type = trainer.loss_type  # grpo / bnpo / dr_grpo / luspo divide by accumulation (none in eval)
+    divisor = trainer.current_gradient_accumulation_steps if mode == "train" else 1.0
     if loss_type == "grpo":
         return ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean() / divisor
     if loss_type == "bnpo":
@@ -163,4 +159,4 @@ def aggregate(trainer, per_token_loss: torch.Tensor, mask: torch.Tensor, inputs:
 
 def policy_loss_scale(trainer, mode: str) -> float:
     """`_compute_loss` logs `policy_loss` before the division by accumulation (dapo: the normalised value)."""
-    return accumulation(trainer, mode) if trainer.loss_type != "dapo" else 1.0
+    return trainer.current_gradient_accumulation_steps if mode == "train" and trainer.loss_type != "dapo" else 1.0
