@@ -16,6 +16,22 @@ from pathlib import Path
 import pytest
 import torch
 from datasets import Dataset
+from shared import (  # noqa: F401  (re-exported: `from conftest import ...` keeps working)
+    DEMO_OUTPUT,
+    HUB_EVAL_SETS,
+    HUB_MODELS,
+    HUB_TRAIN_SETS,
+    PLACEHOLDER_MODELS,
+    QUICK_DEMO_ARGS,
+    ROOT,
+    RUN_TIMEOUT_S,
+    TINY_RECIPE,
+    contains_answer_reward,
+    cpu_config,
+    make_loss_batch,
+    run_checked,
+    wheel_env,
+)
 
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -75,36 +91,6 @@ def arithmetic_dataset():
     return Dataset.from_list(rows)
 
 
-def contains_answer_reward(completions, solution, **kwargs):
-    """+1 if the completion contains the answer's last digit or its character-code sum is even, else -1: a cheap
-    reward that a random tiny model earns about half the time, so groups have non-zero advantages."""
-    texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
-    return [1.0 if s[-1] in t or sum(map(ord, t)) % 2 == 0 else -1.0 for t, s in zip(texts, solution)]
-
-
-def cpu_config(cls, output_dir, **overrides):
-    """A small CPU config: 8 prompts x 4 completions per step, short completions, off-policy by default."""
-    values = dict(
-        output_dir=str(output_dir),
-        use_cpu=True,
-        bf16=False,
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_completion_length=8,
-        gradient_accumulation_steps=1,
-        steps_per_generation=4,
-        max_steps=4,
-        learning_rate=5e-3,
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
-        seed=0,
-        temperature=1.0,
-    )
-    values.update(overrides)
-    return cls(**values)
-
-
 @pytest.fixture
 def make_config():
     return cpu_config
@@ -113,34 +99,6 @@ def make_config():
 @pytest.fixture
 def reward_fn():
     return contains_answer_reward
-
-
-def make_loss_batch(tokenizer, batch_size=6, prompt_len=5, completion_len=7, seed=0, dtype=torch.float32):
-    """A hand-built training batch with ragged completions and random advantages (old log-probs added later)."""
-    gen = torch.Generator().manual_seed(seed)
-    vocab = len(tokenizer)
-    prompt_ids = torch.randint(3, vocab, (batch_size, prompt_len), generator=gen)
-    completion_ids = torch.randint(3, vocab, (batch_size, completion_len), generator=gen)
-    lengths = torch.randint(1, completion_len + 1, (batch_size,), generator=gen)
-    lengths[0] = completion_len
-    completion_mask = (torch.arange(completion_len).unsqueeze(0) < lengths.unsqueeze(1)).long()
-    advantages = torch.randn(batch_size, generator=gen, dtype=dtype)
-    advantages[-1] = 0.0  # a zero-advantage completion
-    return {
-        "prompt_ids": prompt_ids,
-        "prompt_mask": torch.ones_like(prompt_ids),
-        "completion_ids": completion_ids,
-        "completion_mask": completion_mask,
-        "advantages": advantages,
-        "num_items_in_batch": completion_mask.sum(),
-    }
-
-
-# The docs name Hub ids; tests run them on local stand-ins (tests/test_docs.py, tests/test_wheel.py).
-HUB_MODELS = ("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B")
-HUB_TRAIN_SETS = ("Kwai-Klear/KlearReasoner-MathSub-30K",)
-HUB_EVAL_SETS = ("HuggingFaceH4/MATH-500", "math-ai/aime24", "math-ai/aime25", "math-ai/amc23")
-PLACEHOLDER_MODELS = ("MODEL", "CHECKPOINT")  # placeholders the docs use in commands
 
 
 @pytest.fixture(scope="session")
@@ -166,24 +124,6 @@ def stand_ins(tiny_checkpoint) -> dict[str, str]:
 # tiny-recipe training run, both through the wheel's console scripts from a directory outside the checkout. Each
 # runs once per session, on first use; only `slow` tests use them.
 # ----------------------------------------------------------------------------------------------------------------
-
-ROOT = Path(__file__).resolve().parents[1]
-RUN_TIMEOUT_S = 900  # generous: the machine may be shared; a normal run takes well under a minute
-TINY_RECIPE = "recipes/tiny/cegppo/config_cpu.yaml"
-# The quick demo as the docs' `cegppo-demo` runs in the tests: `--quick` with 4 RL steps, and 2 samples per held-out
-# problem as the full demo (so the README's `cegppo-eval ... --k 2` command applies to it as written).
-QUICK_DEMO_ARGS = ("--quick", "--steps", "4", "--eval-samples", "2", "--no-progress")
-DEMO_OUTPUT = "cegppo-demo-output"  # `cegppo-demo`'s default --output-dir, as the docs name it
-
-
-def run_checked(argv, cwd, env=None, timeout=RUN_TIMEOUT_S) -> subprocess.CompletedProcess:
-    """Run a command; fail the test with the command's output tails if it exits non-zero."""
-    proc = subprocess.run([str(a) for a in argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, (
-        f"`{' '.join(map(str, argv))}` failed ({proc.returncode})\n--- stdout ---\n{proc.stdout[-3000:]}\n"
-        f"--- stderr ---\n{proc.stderr[-6000:]}"
-    )
-    return proc
 
 
 @pytest.fixture(scope="session")
@@ -212,19 +152,6 @@ def wheel_venv(wheel_dist, tmp_path_factory) -> Path:
     wheel = next(wheel_dist.glob("*.whl"))
     run_checked([python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", wheel], env_dir)
     return env_dir
-
-
-def wheel_env(venv: Path) -> dict:
-    """The environment of a user of the installed wheel: its `bin/` first on PATH, offline, one torch thread."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update(
-        PATH=f"{venv / 'bin'}:{env.get('PATH', '')}",
-        HF_HUB_OFFLINE="1",
-        TOKENIZERS_PARALLELISM="false",
-        OMP_NUM_THREADS="1",
-        PYTHONUNBUFFERED="1",
-    )
-    return env
 
 
 @dataclass

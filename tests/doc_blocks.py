@@ -7,7 +7,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from conftest import cpu_config
+from shared import cpu_config
 
 
 ROOT = Path(__file__).resolve().parents[1]

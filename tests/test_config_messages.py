@@ -2,7 +2,7 @@
 that field's own fix (not the betas' advice for every field)."""
 
 import pytest
-from conftest import cpu_config
+from shared import cpu_config
 
 from cegppo_trl import CEGPPOConfig
 

@@ -28,9 +28,9 @@ import warnings
 from pathlib import Path
 
 import pytest
-from conftest import DEMO_OUTPUT, HUB_MODELS, TINY_RECIPE
 from doc_blocks import FAST_CONFIG, code_blocks, readme_test_lines, swap_ids
 from launching import subprocess_env
+from shared import DEMO_OUTPUT, HUB_MODELS, TINY_RECIPE
 
 
 ROOT = Path(__file__).resolve().parents[1]

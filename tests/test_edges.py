@@ -11,14 +11,12 @@ import warnings
 import pytest
 import torch
 import trl_batches
-from conftest import contains_answer_reward, make_loss_batch
-from trl_batches import add_off_policy, current_logps, logged, loss_and_grad, ready_for_loss, tiny_moe
+from shared import contains_answer_reward, make_loss_batch
+from trl_batches import add_off_policy, current_logps, logged, loss_and_grad, ready_for_loss, select_rows, tiny_moe
 
 import cegppo_trl.trainer as trainer_module
+from cegppo_trl.config import SUPPORTED_LOSS_TYPES
 from cegppo_trl.core import LOG_RATIO_CLAMP, ClipParams, cegppo_per_token_loss, ppo_clip_per_token_loss
-
-
-SUPPORTED = ["grpo", "bnpo", "dr_grpo", "dapo", "luspo"]
 
 
 def build(model, tokenizer, dataset, tmp_path, reward_funcs=contains_answer_reward, **overrides):
@@ -28,15 +26,6 @@ def build(model, tokenizer, dataset, tmp_path, reward_funcs=contains_answer_rewa
         return ready_for_loss(
             trl_batches.build(model, tokenizer, dataset, tmp_path, reward_funcs=reward_funcs, **values)
         )
-
-
-def select_rows(inputs, rows):
-    """The batch with only `rows` kept: what 'physically removed' means for one micro-batch."""
-    index = torch.tensor(rows)
-    n = inputs["completion_ids"].size(0)
-    return {
-        k: v[index] if isinstance(v, torch.Tensor) and v.ndim > 0 and v.size(0) == n else v for k, v in inputs.items()
-    }
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -252,7 +241,7 @@ def _extreme_batch(trainer, tokenizer, dtype, seed=31):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("loss_type", SUPPORTED)
+@pytest.mark.parametrize("loss_type", SUPPORTED_LOSS_TYPES)
 def test_loss_and_gradient_are_finite_at_any_log_ratio(
     loss_type, dtype, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path
 ):
@@ -267,7 +256,7 @@ def test_loss_and_gradient_are_finite_at_any_log_ratio(
             assert logged(trainer)["cegppo/log_ratio_clamped_frac"][-1] > 0
 
 
-@pytest.mark.parametrize("loss_type", SUPPORTED)
+@pytest.mark.parametrize("loss_type", SUPPORTED_LOSS_TYPES)
 def test_clamp_changes_nothing_within_the_bound(loss_type, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path):
     """Bit-identical loss and gradient to the trainer without the clamp when every |log-ratio| <= 20."""
     trainer = build(tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path, loss_type=loss_type, delta=4.0)

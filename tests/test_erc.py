@@ -5,8 +5,8 @@ validation and parsing. The trainer's gradient against the same oracle on one an
 
 import pytest
 import torch
-from conftest import cpu_config
 from oracles import expected_erc_gradient, full_vocab_entropy, gppo_erc_per_token_loss
+from shared import cpu_config
 
 from cegppo_trl import CEGPPOConfig
 from cegppo_trl.core import (

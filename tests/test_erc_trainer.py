@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import cpu_config, make_loss_batch
 from launching import free_port, run_launched
 from oracles import completion_log_probs_and_entropies, gppo_erc_per_token_loss
-from trl_batches import build, build_trainer, ready_for_loss
+from shared import cpu_config, make_loss_batch
+from trl_batches import TRL_OPTIONS, build, build_trainer, ready_for_loss
 
 from cegppo_trl import CEGPPOConfig
+from cegppo_trl.config import SUPPORTED_LOSS_TYPES
 from cegppo_trl.core import ClipParams
 
 
@@ -104,18 +105,11 @@ def test_trainer_gradient_equals_the_oracle_on_one_process(
     assert logged["cegppo/erc_high_frac"] == [pytest.approx(above, rel=1e-6)]
 
 
-VARIANTS = {
-    "plain": {},
-    "sequence": {"importance_sampling_level": "sequence"},
-    "delta": {"delta": 1.5},
-    "off_policy_mask": {"off_policy_mask_threshold": 0.02},
-    "entropy_mask": {"top_entropy_quantile": 0.5},
-    "sft": {"cegppo_sft_coef": 0.1},
-}
+VARIANTS = {**TRL_OPTIONS, "sft": {"cegppo_sft_coef": 0.1}}
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
-@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo", "luspo"])
+@pytest.mark.parametrize("loss_type", SUPPORTED_LOSS_TYPES)
 def test_every_token_outside_the_band_keeps_the_loss_and_gives_no_policy_gradient(
     loss_type, variant, tiny_model, oracle_model, tiny_tokenizer, arithmetic_dataset, tmp_path
 ):

@@ -18,12 +18,12 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import pytest
-from conftest import TINY_RECIPE
 from doc_blocks import code_blocks, readme_test_lines
 from launching import MAX_STEPS, assert_trained_full_model, check_logs
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
+from shared import TINY_RECIPE
 
 
 ROOT = Path(__file__).resolve().parents[1]

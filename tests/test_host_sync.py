@@ -12,7 +12,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import make_loss_batch
+from shared import make_loss_batch
 from trl import GRPOTrainer
 from trl_batches import add_off_policy, build, ready_for_loss
 

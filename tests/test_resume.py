@@ -183,7 +183,7 @@ def test_resume_without_the_controller_state_names_the_file_and_the_fix(
 ):
     """A process that cannot see `cegppo_controller_state.json` (a node without the shared output_dir) must not
     restart the controller from the config's betas while the other processes go on with the saved ones."""
-    from conftest import cpu_config
+    from shared import cpu_config
     from trl_batches import build_trainer
 
     from cegppo_trl import CEGPPOConfig

@@ -132,7 +132,7 @@ def test_sft_term_adds_token_mean_nll(
     tiny_model, tiny_tokenizer, arithmetic_dataset, make_config, reward_fn, tmp_path
 ):
     """The SFT term's value is coef * mean(-log pi) over the SFT tokens (one process, one accumulation step)."""
-    from conftest import make_loss_batch
+    from shared import make_loss_batch
 
     config = make_config(CEGPPOConfig, tmp_path, cegppo_sft_coef=0.25, steps_per_generation=1)
     with warnings.catch_warnings():

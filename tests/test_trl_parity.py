@@ -10,29 +10,30 @@ import copy
 
 import pytest
 import torch
-from conftest import make_loss_batch
 from oracles import cegppo_token_mean_loss
+from shared import make_loss_batch
 from trl import GRPOTrainer
-from trl_batches import add_off_policy, build, current_logps, logged, loss_and_grad, ready_for_loss, tiny_moe
+from trl_batches import (
+    TRL_OPTIONS,
+    add_off_policy,
+    build,
+    current_logps,
+    logged,
+    loss_and_grad,
+    ready_for_loss,
+    tiny_moe,
+)
 
 from cegppo_trl import trl_mirror
+from cegppo_trl.config import SUPPORTED_LOSS_TYPES
 from cegppo_trl.core import ClipParams, ppo_clip_per_token_loss
 
 
-LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "luspo"]  # every TRL 1.16 loss type whose per-token term is PPO-clip
-VARIANTS = {
-    "plain": {},
-    "sequence": {"importance_sampling_level": "sequence"},
-    "delta": {"delta": 1.5},
-    "off_policy_mask": {"off_policy_mask_threshold": 0.02},
-    "entropy_mask": {"top_entropy_quantile": 0.5},
-    "vllm_is": {},
-    "tool_mask": {},
-}
+VARIANTS = {**TRL_OPTIONS, "vllm_is": {}, "tool_mask": {}}
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
-@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+@pytest.mark.parametrize("loss_type", SUPPORTED_LOSS_TYPES)
 def test_mirror_of_trl_policy_loss_matches_grpo_trainer(
     loss_type, variant, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path
 ):
@@ -125,7 +126,7 @@ def _pair(loss_type, tiny_model, tiny_tokenizer, dataset, tmp_path, beta1, beta2
     return ready_for_loss(grpo, ceg)
 
 
-@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+@pytest.mark.parametrize("loss_type", SUPPORTED_LOSS_TYPES)
 def test_beta_zero_has_grpo_gradient_and_beta_one_is_gppo(
     loss_type, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path
 ):
@@ -142,7 +143,7 @@ def test_beta_zero_has_grpo_gradient_and_beta_one_is_gppo(
     assert logged(ceg1)["cegppo/beta1_grad_share"][-1] > 0
 
 
-@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+@pytest.mark.parametrize("loss_type", SUPPORTED_LOSS_TYPES)
 def test_on_policy_ratio_one_is_grpo_exactly(loss_type, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path):
     grpo, ceg = _pair(loss_type, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path, 0.5, 1.0)
     inputs = make_loss_batch(tiny_tokenizer, seed=4)  # no old_per_token_logps: TRL uses logps.detach(), r == 1

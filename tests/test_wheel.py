@@ -15,8 +15,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import run_checked, wheel_env
 from doc_blocks import FAST_CONFIG, code_blocks, swap_ids
+from shared import run_checked, wheel_env
 
 
 pytestmark = pytest.mark.slow  # builds and installs the wheel

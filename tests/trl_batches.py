@@ -3,10 +3,20 @@ TRL's own for parity, and the helpers that score a hand-built micro-batch (`conf
 log-probs off the current policy, the forward pass, the logged metrics, loss and gradient, row selection."""
 
 import torch
-from conftest import contains_answer_reward, cpu_config
+from shared import contains_answer_reward, cpu_config
 from trl import GRPOConfig, GRPOTrainer
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
+
+
+# TRL's options that change the PPO-clip term, each a variant of the parity and entropy-ratio-clipping tests.
+TRL_OPTIONS = {
+    "plain": {},
+    "sequence": {"importance_sampling_level": "sequence"},
+    "delta": {"delta": 1.5},
+    "off_policy_mask": {"off_policy_mask_threshold": 0.02},
+    "entropy_mask": {"top_entropy_quantile": 0.5},
+}
 
 
 def build_trainer(model, tokenizer, dataset, args, cls=CEGPPOTrainer, reward_funcs=contains_answer_reward, **kwargs):

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import contains_answer_reward
+from shared import contains_answer_reward
 from vllm_runs import COLOCATE, plain_cpu_linear, run_colocate, save_vllm_model
 
 

@@ -15,7 +15,7 @@ import traceback
 from pathlib import Path
 
 import pytest
-from conftest import contains_answer_reward, cpu_config
+from shared import contains_answer_reward, cpu_config
 from vllm_runs import COLOCATE, save_vllm_model
 
 

@@ -4,7 +4,7 @@ it: building a config with `use_vllm=True`, and `cegppo-eval --backend vllm`. Th
 import warnings
 
 import pytest
-from conftest import cpu_config
+from shared import cpu_config
 from vllm_runs import save_vllm_model
 
 

@@ -4,7 +4,7 @@ module level, so the main tiers collect these modules without it. (The folder is
 sys.path it would pass for the vllm package.)
 
 A helper module, not a conftest.py: a second `conftest` module would replace the first in `sys.modules`, and the
-tests that run `from conftest import ...` would get this one.
+tests that run `from conftest import ...` would get this one (the shared helpers are in `tests/shared.py`).
 
 The one CPU-only workaround of the tier lives here, in `plain_cpu_linear`: see its docstring.
 """
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from conftest import cpu_config
+from shared import cpu_config
 
 
 # The environment .ci/vllm_tier.py gives the tier, also for a direct `pytest -m vllm` in the venv (see TIER_ENV there).
