@@ -32,7 +32,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 import warnings
 
@@ -42,46 +41,26 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bench_scaling_plot  # noqa: E402
-import gpu_check_erc  # noqa: E402
+from harness import (  # noqa: E402
+    QWEN2_1_5B,
+    TINY,
+    DeltaTimer,
+    build_model,
+    build_tokenizer,
+    compare,
+    erc_vs_base,
+    format_erc,
+    loss_backward,
+    make_batch,
+    make_dataset,
+    make_trainers,
+    old_pass_cost,
+)
 
 
 warnings.filterwarnings("ignore")
 
 # Qwen2-1.5B (config.json of Qwen/Qwen2-1.5B) and Qwen2-7B. Layers are set per use.
-QWEN2_1_5B = dict(
-    vocab_size=151936,
-    hidden_size=1536,
-    intermediate_size=8960,
-    num_attention_heads=12,
-    num_key_value_heads=2,
-    tie_word_embeddings=True,
-    rope_theta=1_000_000.0,
-    rms_norm_eps=1e-6,
-    max_position_embeddings=32768,
-)
-QWEN2_7B = dict(
-    vocab_size=152064,
-    hidden_size=3584,
-    intermediate_size=18944,
-    num_attention_heads=28,
-    num_key_value_heads=4,
-    tie_word_embeddings=False,
-    rope_theta=1_000_000.0,
-    rms_norm_eps=1e-6,
-    max_position_embeddings=32768,
-)
-TINY = dict(
-    vocab_size=1024,
-    hidden_size=64,
-    intermediate_size=128,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    tie_word_embeddings=True,
-    rms_norm_eps=1e-6,
-    max_position_embeddings=8192,
-)
-NUM_GENERATIONS = 4
-STEPS_PER_GENERATION = 4  # > gradient_accumulation_steps (1): off-policy, as CE-GPPO needs
 VARIANTS = {
     "base": {},
     "sft": {"cegppo_sft_coef": 0.1},
@@ -91,281 +70,6 @@ VARIANTS = {
 # Default point set: (completion_len, batch). Chosen to fit ~20 min on 2 shared CPU cores (see docs/scaling.md).
 DEFAULT_POINTS = ["256x1", "256x2", "1024x1"]
 DEFAULT_VARIANT_POINTS = ["256x1"]  # where sft / entropy also run
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Shared helpers (also used by benchmarks/gpu_check.py)
-# ----------------------------------------------------------------------------------------------------------------
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def build_tokenizer():
-    """A tiny local word-level tokenizer: the trainers need a processing class; the batch is made of token ids."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2, **{f"w{i}": i + 3 for i in range(61)}}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>", padding_side="left"
-    )
-
-
-def build_model(shape: dict, num_layers: int, device, dtype=torch.float32, seed: int = 0):
-    """Random-init `Qwen2ForCausalLM` of `shape` with `num_layers` layers, built directly on `device` in `dtype`."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    config = Qwen2Config(**shape, num_hidden_layers=num_layers, initializer_range=0.02, use_cache=False)
-    config.pad_token_id, config.eos_token_id, config.bos_token_id = 0, 1, 0
-    torch.manual_seed(seed)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            model = Qwen2ForCausalLM(config)
-    finally:
-        torch.set_default_dtype(previous)
-    return model.to(device=device, dtype=dtype)
-
-
-def make_dataset():
-    from datasets import Dataset
-
-    return Dataset.from_list([{"prompt": f"w{i} w{i + 1}", "solution": "0"} for i in range(16)])
-
-
-def reward(completions, **kwargs):
-    return [1.0 if len(c) % 2 else -1.0 for c in completions]
-
-
-def make_config(cls, output_dir, completion_len, device, **overrides):
-    values = dict(
-        output_dir=output_dir,
-        use_cpu=device.type != "cuda",
-        bf16=False,  # the model is built in the dtype wanted; no autocast
-        per_device_train_batch_size=NUM_GENERATIONS,
-        num_generations=NUM_GENERATIONS,
-        max_completion_length=completion_len,
-        gradient_accumulation_steps=1,
-        steps_per_generation=STEPS_PER_GENERATION,
-        max_steps=1,
-        learning_rate=1e-8,
-        report_to="none",
-        save_strategy="no",
-        seed=0,
-        loss_type="dapo",
-        beta=0.0,
-    )
-    values.update(overrides)
-    return cls(**values)
-
-
-def make_trainers(model, device, completion_len, variants=None, tokenizer=None, dataset=None):
-    """TRL's GRPOTrainer (dapo) under "grpo" and one CEGPPOTrainer per entry of `variants` (name -> CEGPPOConfig
-    overrides; default: {"cegppo": {}}), all wrapping the same `model` with otherwise identical settings."""
-    from trl import GRPOConfig, GRPOTrainer
-
-    from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
-
-    tokenizer = tokenizer or build_tokenizer()
-    dataset = dataset or make_dataset()
-    variants = {"cegppo": {}} if variants is None else variants
-    tmp = tempfile.mkdtemp(prefix="bench_scaling_")
-    trainers = {
-        "grpo": GRPOTrainer(
-            model,
-            reward,
-            make_config(GRPOConfig, tmp + "/g", completion_len, device),
-            dataset,
-            processing_class=tokenizer,
-        )
-    }
-    for name, overrides in variants.items():
-        cfg = make_config(CEGPPOConfig, f"{tmp}/{name}", completion_len, device, **overrides)
-        trainers[name] = CEGPPOTrainer(model, reward, cfg, dataset, processing_class=tokenizer)
-    for t in trainers.values():
-        t.model.train()
-        t.current_gradient_accumulation_steps = 1
-    return trainers
-
-
-def make_batch(
-    trainer, vocab_size, batch, completion_len, device, prompt_len=16, seed=0, noise=0.3, entropy_noise=0.05
-):
-    """Off-policy batch: old log-probs = current log-probs + N(0, noise^2), old entropies = current ones times
-    exp(N(0, entropy_noise^2)) (for `cegppo_entropy_ratio_clip`; other trainers ignore them), lengths in [T/2, T]."""
-    gen = torch.Generator().manual_seed(seed)
-    b, p, c = batch, prompt_len, completion_len
-    lengths = torch.randint(c // 2, c + 1, (b,), generator=gen)
-    lengths[0] = c  # the longest completion fills the micro-batch
-    out = {
-        "prompt_ids": torch.randint(3, vocab_size, (b, p), generator=gen),
-        "prompt_mask": torch.ones(b, p, dtype=torch.long),
-        "completion_ids": torch.randint(3, vocab_size, (b, c), generator=gen),
-        "completion_mask": (torch.arange(c).unsqueeze(0) < lengths.unsqueeze(1)).long(),
-        "advantages": torch.randn(b, generator=gen),
-    }
-    out["advantages"][0] = 1.0  # at b >= 2 both advantage signs (both clipped sets) are present
-    if b > 1:
-        out["advantages"][1] = -1.0
-    # TRL's dapo normaliser: num_items_in_batch spans the generation batch (steps_per_generation micro-batches).
-    out["num_items_in_batch"] = out["completion_mask"].sum() * STEPS_PER_GENERATION
-    # The authors' SFT term: half of the completions (the positive-advantage ones) get the NLL term.
-    sft = (out["advantages"] > 0).float()
-    out["cegppo_sft_mask"] = sft
-    out["cegppo_num_sft_tokens"] = (out["completion_mask"] * sft.unsqueeze(1)).sum() * STEPS_PER_GENERATION
-    out = {k: v.to(device) for k, v in out.items()}
-    with torch.no_grad():
-        ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
-        mask = torch.cat([out["prompt_mask"], out["completion_mask"]], 1)
-        logps, entropies, _ = trainer._get_per_token_logps_and_entropies(
-            trainer.model, ids, mask, c, compute_entropy=True
-        )
-    old = logps.float().cpu() + noise * torch.randn(logps.shape, generator=gen)
-    out["old_per_token_logps"] = old.to(device)
-    old_entropies = entropies.float().cpu() * torch.exp(entropy_noise * torch.randn(logps.shape, generator=gen))
-    out["cegppo_old_entropies"] = old_entropies.to(device)
-    return out
-
-
-def loss_backward(trainer, batch):
-    loss = trainer._compute_loss(trainer.model, batch)
-    loss.backward()
-    return loss
-
-
-def timed_step(trainer, batch, optimizer, device):
-    """(loss+backward seconds, full step seconds) of zero_grad + loss + backward + optimizer step."""
-    sync(device)
-    start = time.perf_counter()
-    optimizer.zero_grad(set_to_none=True)
-    loss_backward(trainer, batch)
-    sync(device)
-    mid = time.perf_counter()
-    optimizer.step()
-    sync(device)
-    return mid - start, time.perf_counter() - start
-
-
-def peak_memory(trainer, batch, optimizer, device) -> float:
-    """Peak bytes above the level before loss + backward (gradients freed first, so both pay for them alike)."""
-    optimizer.zero_grad(set_to_none=True)
-    gc.collect()
-    if device.type == "cuda":
-        sync(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
-        loss_backward(trainer, batch)
-        sync(device)
-        return float(torch.cuda.max_memory_allocated(device) - base)
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        loss_backward(trainer, batch)
-    level = peak = 0
-    for e in sorted(prof.events(), key=lambda e: e.time_range.start):
-        level += e.self_cpu_memory_usage  # allocations minus frees of the op itself, in start-time order
-        peak = max(peak, level)
-    return float(peak)
-
-
-def compare(trainers, batch, optimizer, device, repeats, memory=True, warmup=0):
-    """Time `trainers` ("grpo" plus one or more CE-GPPO variants) on one batch, interleaved: each round runs every
-    trainer once, in an order rotated from round to round, so machine noise hits all alike. The warm-up round is
-    also the memory round (profiled loss + backward, then the optimizer step), after `warmup` untimed rounds. Returns, per CE-GPPO variant, medians
-    and ratios against GRPO, and the variant's clipped-token fraction."""
-    names = list(trainers)
-    for _ in range(warmup):
-        for name in names:
-            timed_step(trainers[name], batch, optimizer, device)
-    mem = {}
-    for name in names:  # warm-up and memory
-        optimizer.zero_grad(set_to_none=True)
-        if memory:
-            mem[name] = peak_memory(trainers[name], batch, optimizer, device)
-        else:
-            loss_backward(trainers[name], batch)
-        optimizer.step()
-    lb = {n: [] for n in names}
-    step = {n: [] for n in names}
-    for rep in range(repeats):
-        k = rep % len(names)
-        order = names[k:] + names[:k]
-        if (rep // len(names)) % 2:
-            order = order[::-1]
-        for name in order:
-            a, b = timed_step(trainers[name], batch, optimizer, device)
-            lb[name].append(a)
-            step[name].append(b)
-    optimizer.zero_grad(set_to_none=True)
-    med_lb = {n: statistics.median(v) for n, v in lb.items()}
-    med_step = {n: statistics.median(v) for n, v in step.items()}
-    results = {}
-    for name in names:
-        if name == "grpo":
-            continue
-        trainers[name]._device_metrics.flush("train", trainers[name]._metrics["train"])
-        metrics = trainers[name]._metrics["train"]
-        pair = sorted(c / g for c, g in zip(lb[name], lb["grpo"]))
-        # Spread of the round-wise ratios (how noisy the machine was): inter-quartile range.
-        iqr = pair[(3 * len(pair)) // 4] - pair[len(pair) // 4] if len(pair) >= 4 else float("nan")
-        out = {
-            "grpo_lb_ms": med_lb["grpo"] * 1e3,
-            "cegppo_lb_ms": med_lb[name] * 1e3,
-            "lb_ratio": med_lb[name] / med_lb["grpo"],
-            "lb_pair_iqr": iqr,
-            "grpo_step_ms": med_step["grpo"] * 1e3,
-            "cegppo_step_ms": med_step[name] * 1e3,
-            "step_ratio": med_step[name] / med_step["grpo"],
-            "extra_ms": (med_lb[name] - med_lb["grpo"]) * 1e3,
-            "clipped_frac": metrics["cegppo/beta1_token_frac"][-1] + metrics["cegppo/beta2_token_frac"][-1],
-        }
-        if memory:
-            out.update(
-                grpo_mem_mib=mem["grpo"] / 2**20,
-                cegppo_mem_mib=mem[name] / 2**20,
-                mem_ratio=mem[name] / mem["grpo"] if mem["grpo"] > 0 else float("nan"),
-                extra_mib=(mem[name] - mem["grpo"]) / 2**20,
-            )
-        results[name] = out
-    return results
-
-
-class DeltaTimer:
-    """Wraps `trainer._cegppo_loss_delta` (CE-GPPO's own loss code) and times each call: CUDA events on the GPU
-    (no extra host sync; read after the step's synchronize), `perf_counter` on CPU."""
-
-    def __init__(self, trainer, device):
-        self.device, self.pending, self.ms = device, [], []
-        self.available = hasattr(trainer, "_cegppo_loss_delta")
-        if not self.available:
-            return
-        inner = trainer._cegppo_loss_delta
-
-        def wrapped(*args, **kwargs):
-            if self.device.type == "cuda":
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                out = inner(*args, **kwargs)
-                end.record()
-                self.pending.append((start, end))
-            else:
-                t0 = time.perf_counter()
-                out = inner(*args, **kwargs)
-                self.ms.append((time.perf_counter() - t0) * 1e3)
-            return out
-
-        trainer._cegppo_loss_delta = wrapped
-
-    def median_ms(self) -> float:
-        if self.pending:
-            torch.cuda.synchronize()
-            self.ms.extend(s.elapsed_time(e) for s, e in self.pending)
-            self.pending = []
-        return statistics.median(self.ms) if self.ms else float("nan")
 
 
 def overhead_only(points, variants, repeats=5):
@@ -516,11 +220,11 @@ def main(argv=None) -> list[dict]:
             r.update(T=t_len, B=b, variant=variant, repeats=repeats)
             results.append(r)
             print(format_row(r), flush=True)
-        erc = gpu_check_erc.erc_vs_base(results, t_len, b)
+        erc = erc_vs_base(results, t_len, b)
         if erc is not None:
-            erc["old_pass"] = gpu_check_erc.old_pass_cost(trainers["erc"], batch, device, repeats)
+            erc["old_pass"] = old_pass_cost(trainers["erc"], batch, device, repeats)
             erc_rows.append(dict(erc, T=t_len, B=b))
-            print(gpu_check_erc.format_erc(erc, t_len, b), flush=True)
+            print(format_erc(erc, t_len, b), flush=True)
         del batch
         gc.collect()
     worst = {k: max((r[k] for r in results), default=float("nan")) for k in ("lb_ratio", "step_ratio", "mem_ratio")}

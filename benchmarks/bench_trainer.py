@@ -17,6 +17,7 @@ import warnings
 
 import torch
 from datasets import Dataset
+from harness import profiled_peak, sync
 from trl import GRPOConfig, GRPOTrainer
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
@@ -95,36 +96,25 @@ def loss_backward(trainer, batch):
 
 
 def timed(trainer, batch):
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+    sync(device())
     start = time.perf_counter()
     loss_backward(trainer, batch)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+    sync(device())
     return time.perf_counter() - start
 
 
 def peak_memory(trainer, batch) -> float:
-    """Peak bytes allocated during loss+backward above the level before it (CUDA counters, or the profiler's CPU
-    allocation events summed in time order)."""
+    """Peak bytes allocated during loss+backward above the level before it (CUDA counters, or the harness's profiled
+    CPU allocations)."""
     trainer.model.zero_grad(set_to_none=True)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        loss_backward(trainer, batch)
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - base
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        loss_backward(trainer, batch)
-    # Each event's self allocations minus frees, replayed in start-time order, approximates the live-bytes curve.
-    level = peak = 0
-    for e in sorted(prof.events(), key=lambda e: e.time_range.start):
-        level += e.self_cpu_memory_usage
-        peak = max(peak, level)
-    return float(peak)
+    if not torch.cuda.is_available():
+        return profiled_peak(lambda: loss_backward(trainer, batch))
+    sync(device())
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    loss_backward(trainer, batch)
+    sync(device())
+    return torch.cuda.max_memory_allocated() - base
 
 
 def main():

@@ -1,6 +1,6 @@
-"""benchmarks/gpu_check.py, the GPU check as one command (issue 20): its refusal without a GPU, each part in process
+"""benchmarks/gpu_check (a package with one entry point, `__main__.py`), the GPU check as one command (issue 20): its refusal without a GPU, each part in process
 (loss benchmark + EQ8, host-sync count), the plan of its recipe runs, the reward that splits groups, and
-`python benchmarks/gpu_check.py --smoke` end to end as a user runs it (every part on CPU, slow); bench_scaling.py's
+`python benchmarks/gpu_check --smoke` end to end as a user runs it (every part on CPU, slow); bench_scaling.py's
 smallest setting."""
 
 import math
@@ -19,8 +19,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 import bench_scaling  # noqa: E402
 import gpu_check  # noqa: E402
-import gpu_check_recipes  # noqa: E402
+import harness  # noqa: E402
 import split_reward  # noqa: E402
+from gpu_check import erc as gpu_check_erc  # noqa: E402
+from gpu_check import recipes as gpu_check_recipes  # noqa: E402
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,10 +44,20 @@ def test_gpu_check_refuses_when_cuda_is_absent(monkeypatch, capsys):
 def test_gpu_check_refusal_as_a_command():
     import subprocess
 
-    script = os.path.join(os.path.dirname(bench_scaling.__file__), "gpu_check.py")
+    script = os.path.join(os.path.dirname(bench_scaling.__file__), "gpu_check")
     proc = subprocess.run([sys.executable, script, "--force-no-cuda"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2
     assert "REFUSED" in proc.stderr
+
+
+def test_every_runnable_benchmark_is_in_the_table_with_its_command():
+    folder = Path(bench_scaling.__file__).parent
+    readme = (folder / "README.md").read_text()
+    runnable = [p.name for p in folder.glob("*.py") if 'if __name__ == "__main__"' in p.read_text()]
+    assert "bench_scaling.py" in runnable
+    for name in [*runnable, "gpu_check"]:
+        assert f"| `python benchmarks/{name}" in readme, name
+    assert readme.count("| `python benchmarks/gpu_check") == 2  # one command, and its --smoke form
 
 
 def _line(out: str, prefix: str) -> str:
@@ -111,13 +123,9 @@ def test_gpu_check_erc_part_measures_on_off_and_checks_the_gradient(capsys):
 
 def test_erc_gradient_check_fails_with_a_wrong_band():
     """The ERC line's check can fail: a reference whose band is shifted does not match the trainer."""
-    import gpu_check_erc
-
-    model = bench_scaling.build_model(bench_scaling.TINY, 1, torch.device("cpu"))
-    trainers = bench_scaling.make_trainers(
-        model, torch.device("cpu"), 32, {"base": {}, "erc": gpu_check_erc.ERC_VARIANT}
-    )
-    batch = bench_scaling.make_batch(trainers["grpo"], bench_scaling.TINY["vocab_size"], 4, 32, torch.device("cpu"))
+    model = harness.build_model(harness.TINY, 1, torch.device("cpu"))
+    trainers = harness.make_trainers(model, torch.device("cpu"), 32, {"base": {}, "erc": gpu_check_erc.ERC_VARIANT})
+    batch = harness.make_batch(trainers["grpo"], harness.TINY["vocab_size"], 4, 32, torch.device("cpu"))
     params = [p for p in model.parameters() if p.requires_grad]
     assert gpu_check_erc.erc_gradient_check(trainers, model, params, batch)[0]
     ok, text = gpu_check_erc.erc_gradient_check(trainers, model, params, batch, band=(0.9, 1.1))
@@ -195,7 +203,8 @@ def test_recipe_runs_say_which_generation_replaced_vllm(tmp_path):
 
 
 def test_eq8_reference_matches_core():
-    """The script's independent Eq. 8 agrees with the package's token-mean loss (values and gradients)."""
+    """The harness's reference (`tests/oracles.py`'s Eq. 8, token mean) agrees with the package's loss (values and
+    gradients), and counts the clipped tokens."""
     from cegppo_trl.core import ClipParams, cegppo_per_token_loss
 
     gen = torch.Generator().manual_seed(0)
@@ -204,13 +213,13 @@ def test_eq8_reference_matches_core():
     adv = torch.tensor([1.0, -1.0, 0.5])
     mask = torch.ones(3, 7)
     mask[2, 4:] = 0
-    ref, clipped = gpu_check.eq8_reference_loss(logps, old, adv, mask, 0.2, 0.28, 0.5, 1.0)
+    ref, clipped = harness.token_mean_reference_loss(logps, old, adv, mask, ClipParams(0.2, 0.28, 0.5, 1.0))
     (g_ref,) = torch.autograd.grad(ref, logps)
     core = cegppo_per_token_loss(logps - old, adv.unsqueeze(1), ClipParams(0.2, 0.28, 0.5, 1.0)).per_token_loss
     loss = (core * mask).sum() / mask.sum()
     (g_core,) = torch.autograd.grad(loss, logps)
     assert 0 < float(clipped) < 1
-    torch.testing.assert_close(ref, loss)
+    torch.testing.assert_close(ref.float(), loss)
     torch.testing.assert_close(g_ref, g_core)
 
 
@@ -247,10 +256,10 @@ def test_bench_scaling_smallest_setting(capsys):
 
 @pytest.mark.slow
 def test_gpu_check_smoke_as_one_command_prints_every_part(tmp_path):
-    """`python benchmarks/gpu_check.py --smoke`: every part on CPU, each with its line and sane values."""
+    """`python benchmarks/gpu_check --smoke`: every part on CPU, each with its line and sane values."""
     start = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "benchmarks/gpu_check.py", "--smoke", "--workdir", str(tmp_path)],
+        [sys.executable, "benchmarks/gpu_check", "--smoke", "--workdir", str(tmp_path)],
         cwd=ROOT,
         capture_output=True,
         text=True,

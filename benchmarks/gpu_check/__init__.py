@@ -1,7 +1,7 @@
 """The GPU check as one command: on one CUDA GPU (target: one H200, bf16) in about 6 minutes, every part below.
 
-    python benchmarks/gpu_check.py            # one CUDA GPU; refuses (exit 2) without one
-    python benchmarks/gpu_check.py --smoke    # every part on CPU at tiny shapes (tests/test_gpu_check.py runs it)
+    python benchmarks/gpu_check            # one CUDA GPU; refuses (exit 2) without one
+    python benchmarks/gpu_check --smoke    # every part on CPU at tiny shapes (tests/test_gpu_check.py runs it)
 
 Parts (`--parts`, default all), each printing its lines as it finishes:
 
@@ -21,16 +21,16 @@ Parts (`--parts`, default all), each printing its lines as it finishes:
    `RESULT erc:` line, ERC on / off (the `erc` CE-GPPO variant against `base`, interleaved): `lb_ratio`, `step_ratio`,
    `mem_ratio`, and the old-log-prob pass with the entropies kept / dropped (`old_pass_time_ratio`,
    `old_pass_mem_ratio`); then one `ERC` line: the ERC trainer's gradient against Eq. 8 with the band written out,
-   the ERC-off gradient as a control that must not match (benchmarks/gpu_check_erc.py).
+   the ERC-off gradient as a control that must not match (benchmarks/gpu_check/erc.py).
 3. `sync`: one `RESULT sync:` line, the synchronizing calls of one micro-batch's loss + backward for GRPO and for
    CE-GPPO (plain, with the entropy controller, with the SFT term), and where CE-GPPO's extra ones are
-   (benchmarks/gpu_check_sync.py).
+   (benchmarks/gpu_check/sync.py).
 4. `lora`, `paper`: recipes/DeepSeek-R1-Distill-Qwen-1.5B/cegppo/config_lora.yaml and config_paper.yaml launched as a
    user launches them (`accelerate launch --config_file accelerate_configs/single_gpu.yaml examples/train_cegppo.py
    --config <recipe> ...`) on a random-init model of R1-Distill-1.5B's shape built locally, 256-token completions,
    8 steps; one `RECIPE <name>:` line each (steps trained, the saved output, the first step's generation, what was
    swapped), then `cegppo-eval` on the output: one `EVAL <name>:` line (problems, accuracy as avg@k)
-   (benchmarks/gpu_check_recipes.py).
+   (benchmarks/gpu_check/recipes.py).
 
 Ends with `GPU_CHECK DONE ok: ...`; exit status 0 only if every part ran and passed (EQ8 PASS, every recipe trained
 every step and saved, every evaluation read its model, ERC PASS); 2 when there is no GPU (refused).
@@ -48,13 +48,14 @@ import time
 from pathlib import Path
 
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/: the harness
 
-import bench_scaling as bs  # noqa: E402
-import gpu_check_erc  # noqa: E402
-import gpu_check_recipes as rc  # noqa: E402
-import gpu_check_sync as sync  # noqa: E402
+import harness as bs  # noqa: E402
 import torch  # noqa: E402
+
+from . import erc as gpu_check_erc  # noqa: E402
+from . import recipes as rc  # noqa: E402
+from . import sync  # noqa: E402
 
 
 REFUSAL = (
@@ -97,28 +98,6 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def eq8_reference_loss(logps, old_logps, advantages, mask, eps_low, eps_high, beta1, beta2):
-    """Paper Eq. 8 written out, token-mean over `mask` (the paper's objective; TRL's dapo on one micro-batch)."""
-    log_ratio = logps.float() - old_logps.float()
-    r = torch.exp(log_ratio)
-    r_over_sg = r / r.detach()
-    a = advantages.float().unsqueeze(1).expand_as(r)
-    low = (r < 1 - eps_low) & (a < 0)
-    high = (r > 1 + eps_high) & (a > 0)
-    l_t = torch.where(
-        low, beta1 * (1 - eps_low) * r_over_sg * a, torch.where(high, beta2 * (1 + eps_high) * r_over_sg * a, r * a)
-    )
-    mask = mask.float()
-    return -(l_t * mask).sum() / mask.sum(), (low | high).float().mul(mask).sum() / mask.sum()
-
-
-def _grads(params):
-    return [
-        p.grad.detach().float().clone() if p.grad is not None else torch.zeros_like(p, dtype=torch.float32)
-        for p in params
-    ]
-
-
 def _compare_grads(params, reference):
     dot = n_ref = n_diff = n_other = 0.0
     for p, g_ref in zip(params, reference):
@@ -142,18 +121,11 @@ def eq8_check(trainers, model, params, shape, device, batch_size, completion_len
 
     model.zero_grad(set_to_none=True)
     logps, _, _ = cegppo._get_per_token_logps_and_entropies(model, ids, attn, completion_len)
-    ref_loss, clipped = eq8_reference_loss(
-        logps,
-        batch["old_per_token_logps"],
-        batch["advantages"],
-        batch["completion_mask"],
-        cegppo.epsilon_low,
-        cegppo.epsilon_high,
-        cegppo.clip_params.beta1,  # the betas in force
-        cegppo.clip_params.beta2,
+    ref_loss, clipped = bs.token_mean_reference_loss(  # the betas in force
+        logps, batch["old_per_token_logps"], batch["advantages"], batch["completion_mask"], cegppo.clip_params
     )
     ref_loss.backward()
-    ref_grads = _grads(params)
+    ref_grads = bs.grads(params)
 
     model.zero_grad(set_to_none=True)
     loss = cegppo._compute_loss(model, batch)

@@ -93,13 +93,13 @@ def count_syncs(trainer, model, batch, device) -> Counter:
     return found
 
 
-def sync_part(bench_scaling, device, dtype, smoke: bool) -> bool:
+def sync_part(harness, device, dtype, smoke: bool) -> bool:
     """Build the model and trainers, count per variant, print one `RESULT sync:` line (and where the extra ones are)."""
-    shape = bench_scaling.TINY if smoke else bench_scaling.QWEN2_1_5B
+    shape = harness.TINY if smoke else harness.QWEN2_1_5B
     completion_len = 32 if smoke else 1024
-    model = bench_scaling.build_model(shape, 2, device, dtype)
-    trainers = bench_scaling.make_trainers(model, device, completion_len, variants=SYNC_VARIANTS)
-    batch = bench_scaling.make_batch(trainers["grpo"], shape["vocab_size"], 2, completion_len, device)
+    model = harness.build_model(shape, 2, device, dtype)
+    trainers = harness.make_trainers(model, device, completion_len, variants=SYNC_VARIANTS)
+    batch = harness.make_batch(trainers["grpo"], shape["vocab_size"], 2, completion_len, device)
     counts = {name: count_syncs(trainer, model, batch, device) for name, trainer in trainers.items()}
     base = counts["grpo"]
     total = {name: sum(found.values()) for name, found in counts.items()}

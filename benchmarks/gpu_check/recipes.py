@@ -38,8 +38,8 @@ from pathlib import Path
 import torch
 
 
-ROOT = Path(__file__).resolve().parents[1]
-BENCHMARKS = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[2]
+BENCHMARKS = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes" / "DeepSeek-R1-Distill-Qwen-1.5B" / "cegppo"
 LAUNCH_CONFIG = "accelerate_configs/single_gpu.yaml"
 TRAIN_SCRIPT = "examples/train_cegppo.py"
