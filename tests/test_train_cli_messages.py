@@ -173,6 +173,16 @@ def test_config_refuses_what_would_save_nothing_and_warns_about_checkpoints_insi
         CEGPPOConfig(str(tmp_path / "b"), save_strategy="steps", save_steps=8, **spg)
 
 
+def test_the_trainer_refuses_an_output_dir_under_a_file_before_the_model_loads(tmp_path):
+    """The Python user's side of `--output_dir`'s check (the config no longer probes the file system)."""
+    from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
+
+    (tmp_path / "file").write_text("")
+    args = CEGPPOConfig(str(tmp_path / "file" / "run"), use_cpu=True, report_to="none")
+    with pytest.raises(ValueError, match=f"--output_dir '{tmp_path / 'file' / 'run'}' is under the file"):
+        CEGPPOTrainer("no/such-model-is-loaded", reward_funcs=[], args=args)
+
+
 def _sources(*roots: Path) -> str:
     return "".join(path.read_text() for root in roots for path in ([root] if root.is_file() else root.rglob("*.py")))
 
