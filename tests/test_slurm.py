@@ -149,7 +149,7 @@ def test_unknown_or_missing_options_stop_before_any_step(tmp_path):
 # Slow: two simulated nodes train, are stopped by SIGTERM, resume; then the evaluation script
 # ----------------------------------------------------------------------------------------------------------------
 
-SAVE_STEPS, MAX_STEPS = 4, 12  # the tiny recipe's generation batch feeds 4 optimizer steps: checkpoints at boundaries
+SAVE_STEPS, MAX_STEPS = 4, 8  # the tiny recipe's generation batch feeds 4 optimizer steps: checkpoints at boundaries
 
 
 def _kill_steps(log: Path, signum: int) -> None:
@@ -171,7 +171,7 @@ def test_two_nodes_train_stop_on_sigterm_and_resume(tmp_path):
     out = tmp_path / "run"
     args = ["--recipe", TINY_RECIPE, "--accelerate-config", "multi_gpu", "--processes-per-node", "1", "--",
             "--output_dir", str(out), "--max_steps", str(MAX_STEPS), "--save_strategy", "steps",
-            "--save_steps", str(SAVE_STEPS)]  # fmt: skip
+            "--save_steps", str(SAVE_STEPS), "--tiny_sft_steps", "10"]  # fmt: skip
     first_log = tmp_path / "first.jsonl"
     batch = subprocess.Popen(["bash", str(TRAIN_SLURM), *args], env=slurm_env(first_log, "127.0.0.[1-2]"),
                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -189,7 +189,9 @@ def test_two_nodes_train_stop_on_sigterm_and_resume(tmp_path):
             os.killpg(batch.pid, signal.SIGKILL)
             batch.wait()
     assert batch.returncode == 143, output[-6000:]
-    assert [e["statuses"] for e in events(first_log, "exit")] == [[143, 143]], "each node stops as SIGTERM says"
+    # Each node stops as SIGTERM says (the first to exit makes srun --kill-on-bad-exit=1 send SIGTERM to the other
+    # again, which also ends in 143).
+    assert [e["statuses"] for e in events(first_log, "exit")] == [[143, 143]], output[-6000:]
     stopped_at = max(_complete_checkpoints(out))
     assert stopped_at < MAX_STEPS and not (out / "model.safetensors").exists(), output[-3000:]
     # One builder of builtin:tiny for the two nodes: a complete build, no folder of a second one left over.
