@@ -365,7 +365,7 @@ def _build_tiny(tokenizer, examples, key, seed, sft_steps, progress, path):
         save_tiny(model, tokenizer, staging)
         with open(os.path.join(staging, BUILD_FILE), "w") as f:
             json.dump({"key": key, "info": info}, f, indent=2)
-        if os.path.isdir(path):  # an older build of other inputs: out of the way first (a folder rename cannot replace)
+        if os.path.isdir(path):  # an older build of other inputs: out of the way first (a rename cannot replace it)
             stale = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.stale-", dir=parent)
             os.rename(path, os.path.join(stale, "old"))
             shutil.rmtree(stale, ignore_errors=True)

@@ -285,11 +285,11 @@ def test_machines_sharing_output_dir_build_tiny_init_once(tmp_path):
     from launching import subprocess_env
 
     path, go = tmp_path / "run" / "tiny-init", tmp_path / "go"
-    machines = [
-        subprocess.Popen([sys.executable, "-c", _MACHINE, str(path), str(go)], env=subprocess_env(),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-        for _ in range(2)
-    ]
+    cmd, pipes = (
+        [sys.executable, "-c", _MACHINE, str(path), str(go)],
+        dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE),
+    )
+    machines = [subprocess.Popen(cmd, env=subprocess_env(), text=True, **pipes) for _ in range(2)]
     go.touch()
     results = []
     for machine in machines:

@@ -47,14 +47,18 @@ def _launcher(config: str, port: int, machines: int, rank: int = 0) -> list[str]
 
 def _start(config: str, model: Path, outputs: list[Path], machines: int, extra=((),)) -> list[subprocess.Popen]:
     """One launcher per machine, started together; machine r writes to outputs[r] (the same folder: shared)."""
-    port = free_port()
+    port, train = (
+        free_port(),
+        [str(SCRIPT), "--config", str(TINY_RECIPE), "--model_name_or_path", str(model), *RUN_ARGS],
+    )
+    io = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     return [
         subprocess.Popen(
-            [*_launcher(config, port, machines, rank), str(SCRIPT), "--config", str(TINY_RECIPE),
-             "--model_name_or_path", str(model), *RUN_ARGS, "--output_dir", str(outputs[rank]), *extra[rank]],
-            cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            start_new_session=True,
-        )  # fmt: skip
+            [*_launcher(config, port, machines, rank), *train, "--output_dir", str(outputs[rank]), *extra[rank]],
+            cwd=ROOT,
+            env=subprocess_env(),
+            **io,
+        )
         for rank in range(machines)
     ]
 

@@ -101,5 +101,6 @@ def test_tiny_recipe_from_the_wheel(wheel_venv, tiny_recipe_run, tmp_path):
     assert not (tiny_recipe_run.cwd / "recipes").exists()
     run_checked(["cegppo-recipes", "copied"], tmp_path, wheel_env(wheel_venv))
     assert (tmp_path / "copied" / "recipes" / "tiny" / "cegppo" / "config_cpu.yaml").is_file()
-    assert (tmp_path / "copied" / "slurm" / "train.slurm").read_bytes() == (ROOT / "slurm" / "train.slurm").read_bytes()
+    shipped_script = (ROOT / "slurm" / "train.slurm").read_bytes()
+    assert (tmp_path / "copied" / "slurm" / "train.slurm").read_bytes() == shipped_script
     assert (tmp_path / "copied" / "accelerate_configs" / "zero3.yaml").is_file()
