@@ -131,7 +131,8 @@ def build_reward_funcs(script_args: CEGPPOScriptArguments) -> list:
 
 def resolve_model(name: str | None, script_args: CEGPPOScriptArguments, training_args) -> str:
     """`model_args.model_name_or_path` checked by `cegppo_trl.model_source`, a local one by its absolute path (a LoRA
-    adapter records it as its base); ``builtin:tiny`` built once per node in ``<output_dir>/tiny-init``."""
+    adapter records it as its base); ``builtin:tiny`` built once in ``<output_dir>/tiny-init``, also by several nodes
+    sharing output_dir (`materialize_tiny` locks: one node builds, the others wait and load)."""
     from ..model_source import resolve_model_source
 
     if name != TINY_MODEL:
