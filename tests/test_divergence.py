@@ -314,7 +314,9 @@ def test_cegppo_train_stops_with_status_3_keeps_the_finite_checkpoints_and_resum
     assert main([*argv, "--reward_funcs", "diverging_rewards.overflowing"]) == DIVERGED_EXIT_STATUS
     lines = _stop_lines(capsys.readouterr().err)
     assert len(lines) == 3, lines
-    assert lines[0].startswith("cegppo-train: stopped before applying optimizer step 5: a non-finite value (loss -inf, grad norm inf)")
+    assert lines[0].startswith(
+        "cegppo-train: stopped before applying optimizer step 5: a non-finite value (loss -inf, grad norm inf)"
+    )
     assert "last finite step 4: loss " in lines[0]
     assert lines[1].startswith(f"Newest finite checkpoint: {out / 'checkpoint-4'}. Run the same command again")
     assert "learning_rate" in lines[2] and "max_grad_norm" in lines[2] and "reward" in lines[2]
