@@ -268,10 +268,20 @@ def test_batches_without_rewards_are_skipped_and_counted(
         trainer.train()
 
 
-def test_no_save_with_non_finite_weights(tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path):
-    trainer = build(tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path)
+def test_no_save_with_non_finite_weights_and_rotation_keeps_the_finite_checkpoint(
+    tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path
+):
+    trainer = build(tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path, save_strategy="steps", save_steps=1,
+                    save_total_limit=1, save_only_model=True)  # fmt: skip
+    trainer.state.global_step = 1
+    trainer._save_checkpoint(trainer.model, None)  # checkpoint-1, finite
     with torch.no_grad():
         next(trainer.model.parameters()).view(-1)[0] = math.inf
+    trainer.state.global_step = 2
+    with pytest.raises(NonFiniteStepError, match=r"weights after step 2 are not finite.*checkpoint-2 was not written"):
+        trainer._save_checkpoint(trainer.model, None)  # would have rotated checkpoint-1 out (save_total_limit 1)
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-1"]
+    assert non_finite_tensors(str(tmp_path / "checkpoint-1"))[0] == 0
     with pytest.raises(NonFiniteStepError, match="not finite"):
         trainer.save_model(str(tmp_path / "final"))
     assert not (tmp_path / "final").exists()
@@ -345,3 +355,17 @@ def test_cegppo_train_stops_with_status_3_keeps_the_finite_checkpoints_and_resum
     ours = [line for line in err.strip().splitlines() if line.startswith("cegppo-train: ")]
     assert ours == [err.strip().splitlines()[-1]] and "has non-finite weights (the newest: " in ours[0], err[-2000:]
     assert os.path.isdir(out / "checkpoint-5")  # nothing deleted
+
+
+def test_transformers_takes_the_gradient_norm_once_per_step_before_the_optimizer_step():
+    """Pins the private `Trainer._get_grad_norm` (transformers 5.x) the step check overrides: `Trainer._run_epoch`
+    calls it once per optimizer step, after the last backward and before `optimizer.step()` (docs/method.md)."""
+    import inspect
+
+    from transformers import Trainer
+
+    source = inspect.getsource(Trainer._run_epoch)
+    assert source.count("self._get_grad_norm(") == 1
+    at = source.index("self._get_grad_norm(")
+    assert source.index("self.training_step(") < at < source.index("self.optimizer.step()")
+    assert "grad_norm=None" in str(inspect.signature(Trainer._get_grad_norm))
