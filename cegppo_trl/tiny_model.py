@@ -7,11 +7,14 @@ tokens; ``<|endoftext|>`` is pad / bos (never added), ``<|im_end|>`` eos (ends t
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import random
 import re
+import shutil
 import tempfile
 import time
 from collections.abc import Iterable, Sequence
@@ -316,7 +319,9 @@ def warm_tiny(
     ``sft``, ``seconds``, ``num_parameters``, ``cached`` and ``path``.
 
     With `cache_dir` the result is saved there (`save_tiny` plus ``tiny_build.json``), and a later call with the
-    same inputs loads it instead of training again. Deterministic in its inputs.
+    same inputs loads it instead of training again. Calls that share `cache_dir` at the same time (the machines of a
+    multi-node run sharing output_dir) build it once: the first takes a lock, the others wait and load its build;
+    the build is written in a temporary folder and renamed into place. Deterministic in its inputs.
     """
     examples = arithmetic_sft_examples(train_rows if train_rows is not None else load_rows("builtin:arithmetic"))
     tokenizer = build_tiny_tokenizer()
@@ -326,22 +331,64 @@ def warm_tiny(
         "sft_steps": sft_steps,
         **{k: hashlib.sha256(v.encode()).hexdigest() for k, v in digest.items()},
     }
-    path = os.fspath(cache_dir) if cache_dir is not None else None
-    build_file = os.path.join(path, BUILD_FILE) if path is not None else ""
-    if os.path.isfile(build_file):
-        with open(build_file) as f:
-            saved = json.load(f)
-        if saved.get("key") == key:
-            return *load_tiny(path), {**saved["info"], "key": key, "cached": True, "path": path}
+    if cache_dir is None:
+        return _build_tiny(tokenizer, examples, key, seed, sft_steps, progress, None)
+    path = os.path.abspath(os.fspath(cache_dir))
+    with _build_lock(path):  # several machines sharing output_dir: one builds, the others wait, then load its build
+        cached = _cached_build(path, key)
+        if cached is not None:
+            return *load_tiny(path), {**cached, "key": key, "cached": True, "path": path}
+        return _build_tiny(tokenizer, examples, key, seed, sft_steps, progress, path)
+
+
+def _cached_build(path: str, key: dict) -> dict | None:
+    """The saved build info of `path` if it holds the build of `key`, else None."""
+    build_file = os.path.join(path, BUILD_FILE)
+    if not os.path.isfile(build_file):
+        return None
+    with open(build_file) as f:
+        saved = json.load(f)
+    return saved["info"] if saved.get("key") == key else None
+
+
+def _build_tiny(tokenizer, examples, key, seed, sft_steps, progress, path):
+    """Build and warm-start the model; with `path`, save it in a temporary folder beside `path` and rename that into
+    place, so that a reader never sees a half-written build (also where the lock is not honoured)."""
     start = time.perf_counter()
     model = build_tiny_model(tokenizer, seed=seed)
     sft = sft_warmstart(model, tokenizer, examples, steps=sft_steps, seed=seed, progress=progress)
     info = {"sft": sft, "seconds": time.perf_counter() - start, "num_parameters": model.num_parameters()}
     if path is not None:
-        save_tiny(model, tokenizer, path)
-        with open(build_file, "w") as f:
+        parent = os.path.dirname(path)
+        os.makedirs(parent, exist_ok=True)
+        staging = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.building-", dir=parent)
+        save_tiny(model, tokenizer, staging)
+        with open(os.path.join(staging, BUILD_FILE), "w") as f:
             json.dump({"key": key, "info": info}, f, indent=2)
+        if os.path.isdir(path):  # an older build of other inputs: out of the way first (a rename cannot replace it)
+            stale = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.stale-", dir=parent)
+            os.rename(path, os.path.join(stale, "old"))
+            shutil.rmtree(stale, ignore_errors=True)
+        os.rename(staging, path)
     return model, tokenizer, {**info, "key": key, "cached": False, "path": path}
+
+
+@contextlib.contextmanager
+def _build_lock(path: str):
+    """An exclusive `flock` on ``<path>.lock`` (the machines of a multi-node run share the file through their shared
+    file system: NFS honours it; where the file system refuses it, the build goes on without, and the rename above
+    still keeps readers from half-written files)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(f"{path}.lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        except OSError:  # e.g. Lustre mounted without -o flock: ENOSYS
+            pass
+        try:
+            yield
+        finally:
+            with contextlib.suppress(OSError):
+                fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def materialize_tiny(path: str | os.PathLike, seed: int = 0, sft_steps: int = 0, progress: bool = False) -> str:

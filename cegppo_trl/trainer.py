@@ -21,7 +21,7 @@ import torch
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 
-from . import dynamic_sampling, metrics, trl_mirror
+from . import divergence, dynamic_sampling, metrics, trl_mirror
 from .config import as_cegppo_config, validate_cegppo_config
 from .controller import EntropyController
 from .core import (
@@ -65,6 +65,7 @@ class _Interception:
     rewards_per_func: torch.Tensor | None = None  # caught from `_calculate_rewards`, (N, num_funcs) all processes
     old_entropies: torch.Tensor | None = None  # caught from TRL's old pass
     forward: _Forward | None = None  # caught from `_compute_loss`'s forward pass (no second one)
+    unscored: bool = False  # `_calculate_rewards` found no reward at all (skip mode: `divergence.StepGuard`)
 
     def __enter__(self) -> _Interception:
         self.trainer._interception = self
@@ -111,6 +112,8 @@ class CEGPPOTrainer(GRPOTrainer):
         self._controller = EntropyController.from_config(args) if args.cegppo_entropy_target is not None else None
         self._step_sums = StepSums(self.accelerator.reduce)  # the controller's and the batch fill's
         self._device_metrics = DeviceMetrics(self.accelerator.reduce)  # until `log`
+        # Issue 35: each optimizer step is checked before it is applied (`divergence.py`, `_get_grad_norm`).
+        self._step_guard = divergence.StepGuard(self.accelerator.gather, args.cegppo_max_skipped_steps)
         if args.cegppo_exclude_zero_advantage_groups:
             dynamic_sampling.refuse_router_aux_loss(self.aux_loss_enabled)
         self._has_old_log_probs = trl_mirror.has_old_log_probs(args)
@@ -148,7 +151,9 @@ class CEGPPOTrainer(GRPOTrainer):
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         # TRL 1.16 hands them (all processes', (N, num_funcs)) only to `_generate_and_score_completions`: keep them.
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        if torch.isnan(rewards).all():  # TRL only warns, trains on nothing and saves the model as a success
+        if torch.isnan(rewards).all() and self.args.cegppo_max_skipped_steps > 0:
+            (self._interception or _Interception(self)).unscored = True  # its steps are skipped and counted
+        elif torch.isnan(rewards).all():  # TRL only warns, trains on nothing and saves the model as a success
             raise RewardCoverageError(
                 f"reward_funcs: every reward function ({', '.join(self.reward_func_names)}) returned None for all "
                 f"{rewards.size(0)} completions of a batch, so there is nothing to learn from. A reward function "
@@ -183,6 +188,10 @@ class CEGPPOTrainer(GRPOTrainer):
         if self.args.cegppo_sft_coef > 0:
             threshold = self.args.cegppo_sft_reward_threshold
             dynamic_sampling.attach_sft_mask(output, rewards, threshold, keep, self.accelerator.gather)
+        if caught.unscored:  # skip mode: every row of this batch marks its optimizer steps as skipped
+            output[divergence.UNSCORED_KEY] = torch.ones(
+                output["completion_ids"].size(0), device=self.accelerator.device
+            )
         return output
 
     def _old_policy_pass_after_selection(self, mode: str) -> bool:
@@ -233,9 +242,15 @@ class CEGPPOTrainer(GRPOTrainer):
         keep = inputs.pop("cegppo_keep", None)  # dropped rows already have an empty loss mask
         group_counts = dynamic_sampling.pop_group_counts(inputs)
         old_entropies = inputs.pop("cegppo_old_entropies", None)  # entropy-ratio clipping's H(pi_old)
+        unscored = inputs.pop(divergence.UNSCORED_KEY, None)
         with _Interception(self, loss_inputs=inputs) as caught:
             loss = super()._compute_loss(model, inputs)  # TRL's PPO-clip loss + KL + entropy bonus + aux loss
-        return loss + self._cegppo_loss_delta(inputs, caught.forward, keep, group_counts, old_entropies)
+        loss = loss + self._cegppo_loss_delta(inputs, caught.forward, keep, group_counts, old_entropies)
+        if self.model.training:  # the step's check (`_get_grad_norm`) reads these, on the device until then
+            self._step_guard.add_loss(loss)
+            if unscored is not None:
+                self._step_guard.add_unscored(unscored)
+        return loss
 
     def _cegppo_loss_delta(self, inputs, forward: _Forward, keep=None, group_counts=None, old_entropies=None):
         """Everything CE-GPPO adds to TRL's loss for one micro-batch: the correction (plus entropy-ratio clipping and
@@ -299,15 +314,40 @@ class CEGPPOTrainer(GRPOTrainer):
             return
         if keep is not None:
             self._device_metrics.record("train", metrics.STEP_FILL_METRICS, metrics.fill_metrics(totals, group_counts))
-        if self._controller is None:
-            return
-        # The one host transfer per optimizer step: the controller's betas are Python floats for the next step.
-        entropy_sum, tokens = totals[:2].tolist()
+        if self._controller is not None:  # to the host with the step's check: its one transfer (`_get_grad_norm`)
+            self._step_guard.carry(totals[:2])
+
+    def _update_controller(self, entropy_sum: float, tokens: float) -> None:
+        """The controller's betas are Python floats for the next step, from the step's (entropy, tokens) sums."""
         if tokens == 0:  # every row of the step was dropped (dynamic sampling): nothing was measured
             return
         self._controller.update(entropy_sum / tokens)
         controller_state = (self._controller.last_error, self._controller.integral)
         self._device_metrics.record("train", ("cegppo/entropy_error", "cegppo/entropy_integral"), controller_state)
+
+    # --- Issue 35: the check before each optimizer step is applied, and before each save (`divergence.py`)
+    def _get_grad_norm(self, model, grad_norm=None):
+        # transformers 5.x calls it once per optimizer step, after the last backward and before `optimizer.step()`
+        # (DeepSpeed: after its engine stepped, which skips a non-finite gradient itself in fp32 / bf16).
+        grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
+        step = self.state.global_step + 1
+        outcome = self._step_guard.end_step(step, grad_norm, self.accelerator.device)  # raises to stop
+        if outcome.skip and not self.is_deepspeed_enabled:
+            model.zero_grad(set_to_none=True)  # the optimizer passes over parameters without a gradient
+        elif outcome.extra is not None:
+            self._update_controller(*outcome.extra)
+        if self.args.cegppo_max_skipped_steps > 0:
+            skipped = self._step_guard.skipped
+            self._device_metrics.record("train", tuple(skipped), tuple(skipped.values()))
+        return grad_norm
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False):
+        # Every process calls it (checkpoints and the final save): a non-finite weight anywhere stops them all.
+        where = output_dir or self.args.output_dir
+        divergence.check_weights_finite(
+            self.model.parameters(), self.accelerator.reduce, self.state.global_step, where
+        )
+        super().save_model(output_dir, _internal_call)
 
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)

@@ -9,7 +9,7 @@
   shared quick demo of conftest.py, `cegppo-eval` on a tiny checkpoint, `cegppo-train` on the tiny recipe as the
   shared `tiny_recipe_run`, `cegppo-plot`, `cegppo-recipes`), scripts run with `--help` (once per script), GPU and
   multi-node launches are parsed (the accelerate config loads, the recipe validates through the script's own
-  parser), install commands name only extras that exist, lint commands run, and the README's test commands are
+  parser), `vllm serve` carries TRL's server settings, `sbatch` names a shipped script whose recipe validates, install commands name only extras that exist, lint commands run, and the README's test commands are
   `.ci/run`'s. A command of a kind the harness does not know fails the test. Commands that need a training or demo
   run are `slow`.
 * A block meant only to be read carries `<!-- doc-test: skip (reason) -->` on the line above its fence.
@@ -85,8 +85,11 @@ def classify(argv: list[str]) -> str:
         return "train-script" if argv[1] == "examples/train_cegppo.py" else "script"
     if prog == "accelerate" and argv[1:2] == ["launch"]:
         return "accelerate"
-    if prog == "trl" and argv[1:2] == ["vllm-serve"]:
-        return "vllm-serve"
+    # `trl vllm-serve` (deprecated in TRL 1.16) is no kind: the docs show `vllm serve` as TRL recommends.
+    if prog == "vllm" and argv[1:2] == ["serve"]:
+        return "vllm"
+    if prog == "sbatch":
+        return "sbatch"
     return "unknown"
 
 
@@ -415,14 +418,37 @@ def test_accelerate_launches(item):
         assert Path(launch_args.config_file).name in covered and Path(TINY_RECIPE).name in argv[-1]
 
 
-@pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "vllm-serve"], ids=lambda c: _id(c))
-def test_vllm_serve_commands_parse(item):
-    from transformers import HfArgumentParser
-    from trl.scripts.vllm_serve import ScriptArguments
+@pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "vllm"], ids=lambda c: _id(c))
+def test_vllm_serve_commands_are_trls(item):
+    """vLLM's own server as TRL 1.16 starts it (`trl vllm-serve` is deprecated): dev mode, and every setting TRL's
+    `build_command` imposes, with its value (`--enable-scale-out`: vllm >= 0.30.0, which the `vllm` extra pins)."""
+    from trl.scripts.vllm_serve import ScriptArguments, build_command
 
+    block, argv = item
+    assert argv[2] in HUB_MODELS, argv
+    assert re.search(r"VLLM_SERVER_DEV_MODE=1 (\S+ )*vllm serve " + re.escape(argv[2]), block.body), block.where
+    trl = build_command(ScriptArguments(model=argv[2]))
+    imposed = trl[trl.index("--weight-transfer-config") :]
+    for flag, value in zip(imposed[::2], imposed[1::2]):
+        assert flag in argv and argv[argv.index(flag) + 1] == value, (flag, value, argv)
+    assert "--enable-scale-out" in argv
+
+
+@pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "sbatch"], ids=lambda c: _id(c))
+def test_sbatch_commands(item):
+    """A shipped SLURM script; for train.slurm its recipe validates with the options after `--` (as the script's own
+    parse does; tests/test_slurm.py runs the script) and its accelerate config is shipped."""
     _, argv = item
-    (args,) = HfArgumentParser(ScriptArguments).parse_args_into_dataclasses(args=argv[2:])
-    assert args.model in HUB_MODELS
+    script_at = next(i for i, word in enumerate(argv) if word.startswith("slurm/"))
+    assert (ROOT / argv[script_at]).is_file(), argv[script_at]
+    args = argv[script_at + 1 :]
+    if argv[script_at] == "slurm/train.slurm":
+        ours, train = (args[: args.index("--")], args[args.index("--") + 1 :]) if "--" in args else (args, [])
+        config = ours[ours.index("--accelerate-config") + 1] if "--accelerate-config" in ours else "zero3"
+        assert (ROOT / "accelerate_configs" / f"{config}.yaml").is_file(), config
+        _parse_training_args(["--config", ours[ours.index("--recipe") + 1], *train])
+    else:
+        assert argv[script_at] == "slurm/evaluate.slurm" and args and not args[0].startswith("-"), argv
 
 
 def _on_demo(argv: list[str]) -> bool:

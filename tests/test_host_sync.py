@@ -3,8 +3,9 @@
 On a GPU, `Tensor.item()` / `tolist()` / `bool(tensor)` / `cpu()` wait for every queued kernel. The test counts those
 calls (and `float()` / `int()` of a tensor) while `CEGPPOTrainer._compute_loss` and TRL's own `GRPOTrainer._compute_loss`
 run on the same micro-batch of a tiny model, and requires the same count inside an accumulation window and at most one
-more at its boundary (the entropy controller turning its measurement into the next step's betas). CE-GPPO's metrics
-wait on the device until `log`, which moves them to the host in one transfer.
+more at its boundary: the check of the step before the optimizer applies it (issue 35: its loss and gradient norm,
+`divergence.StepGuard`), which also carries the entropy controller's measurement for the next step's betas. CE-GPPO's
+metrics wait on the device until `log`, which moves them to the host in one transfer.
 """
 
 import contextlib
@@ -53,9 +54,13 @@ def counting_host_transfers():
 
 
 def _transfers(trainer, inputs, sync_gradients: bool) -> int:
+    """Host transfers of one micro-batch's loss and backward; at a step's boundary also of the gradient norm the
+    Trainer takes before `optimizer.step()` (`_get_grad_norm`: CE-GPPO's step check, issue 35)."""
     trainer.accelerator.gradient_state._set_sync_gradients(sync_gradients)
     with counting_host_transfers() as counts:
         trainer._compute_loss(trainer.model, dict(inputs)).backward()
+        if sync_gradients:
+            trainer._get_grad_norm(trainer.model)
     return counts["calls"]
 
 
@@ -85,7 +90,8 @@ def test_no_host_transfer_per_micro_batch_and_at_most_one_per_step(
         cegppo = build(tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path / "c", **common, **cegppo_options)
     ready_for_loss(grpo, cegppo)
     inputs = _micro_batch(cegppo, tiny_tokenizer, cegppo_options)
-    for sync_gradients, allowed in ((False, 0), (True, 1 if "cegppo_entropy_target" in cegppo_options else 0)):
+    # At the boundary: the step check's one transfer (loss, gradient norm and the controller's sums together).
+    for sync_gradients, allowed in ((False, 0), (True, 1)):
         trl_count = _transfers(grpo, inputs, sync_gradients)
         cegppo_count = _transfers(cegppo, inputs, sync_gradients)
         assert trl_count > 0  # the counter sees TRL's own transfers (its metrics), so it would see CE-GPPO's
@@ -95,3 +101,21 @@ def test_no_host_transfer_per_micro_batch_and_at_most_one_per_step(
         cegppo._device_metrics.flush("train", cegppo._metrics["train"])
     assert counts["calls"] == 1
     assert cegppo._metrics["train"]["cegppo/beta1_token_frac"]
+
+
+def test_the_step_check_and_the_controller_share_one_transfer(
+    tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path
+):
+    """The boundary's one transfer is exactly one, with the controller on, and it updates the controller."""
+    cegppo_options = dict(cegppo_entropy_target=1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cegppo = build(tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path, gradient_accumulation_steps=2,
+                       steps_per_generation=4, **cegppo_options)  # fmt: skip
+    ready_for_loss(cegppo)
+    inputs = _micro_batch(cegppo, tiny_tokenizer, cegppo_options)
+    cegppo.accelerator.gradient_state._set_sync_gradients(True)
+    cegppo._compute_loss(cegppo.model, dict(inputs)).backward()
+    with counting_host_transfers() as counts:
+        cegppo._get_grad_norm(cegppo.model)
+    assert counts["calls"] == 1 and cegppo._controller.num_updates == 1

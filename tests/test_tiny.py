@@ -260,3 +260,43 @@ def test_sft_is_deterministic_and_takes_pairs(tokenizer):
         sft_warmstart(m1, tokenizer, rows, **kw)  # rows are not examples
     sd1, sd2 = m1.state_dict(), m2.state_dict()
     assert all(torch.equal(sd1[k], sd2[k]) for k in sd1)
+
+
+# Two "machines" building builtin:tiny into the output_dir they share: each waits for a go file (so that both start
+# together, after their imports), builds with warm_tiny and prints whether it found the other's build.
+_MACHINE = """
+import json, os, sys, time
+from cegppo_trl.tiny_model import warm_tiny
+while not os.path.exists(sys.argv[2]):
+    time.sleep(0.01)
+_, _, info = warm_tiny(seed=0, sft_steps=2, cache_dir=sys.argv[1])
+print(json.dumps({"cached": info["cached"], "key": info["key"]}))
+"""
+
+
+@pytest.mark.slow  # two processes each import torch and TRL and warm-start a model
+def test_machines_sharing_output_dir_build_tiny_init_once(tmp_path):
+    """The first machine builds `tiny-init` under a lock; the other waits and loads that build (without the lock both
+    build at once, and one can read files the other is rewriting). The build appears by a rename: no half-written
+    folder is ever at the final path, and no staging folder is left."""
+    import subprocess
+    import sys
+
+    from launching import subprocess_env
+
+    path, go = tmp_path / "run" / "tiny-init", tmp_path / "go"
+    cmd, pipes = (
+        [sys.executable, "-c", _MACHINE, str(path), str(go)],
+        dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE),
+    )
+    machines = [subprocess.Popen(cmd, env=subprocess_env(), text=True, **pipes) for _ in range(2)]
+    go.touch()
+    results = []
+    for machine in machines:
+        out, err = machine.communicate(timeout=600)
+        assert machine.returncode == 0, err[-3000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    assert sorted(r["cached"] for r in results) == [False, True], results
+    assert results[0]["key"] == results[1]["key"]
+    assert json.loads((path / "tiny_build.json").read_text())["key"] == results[0]["key"]
+    assert sorted(p.name for p in path.parent.iterdir()) == ["tiny-init", "tiny-init.lock"]

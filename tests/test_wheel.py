@@ -35,10 +35,11 @@ def test_wheel_and_sdist_contents(wheel_dist):
     )
     shipped = {
         f"cegppo_trl/{p.relative_to(ROOT).as_posix()}"
-        for folder in ("recipes", "accelerate_configs")
-        for p in (ROOT / folder).rglob("*.yaml")
+        for folder, pattern in (("recipes", "*.yaml"), ("accelerate_configs", "*.yaml"), ("slurm", "*.slurm"))
+        for p in (ROOT / folder).rglob(pattern)
     }
-    assert shipped <= names, f"recipes / accelerate configs missing: {sorted(shipped - names)}"
+    assert any(name.endswith(".slurm") for name in shipped)
+    assert shipped <= names, f"recipes / accelerate configs / SLURM scripts missing: {sorted(shipped - names)}"
     data = {p.relative_to(ROOT).as_posix() for p in (ROOT / "cegppo_trl").rglob("*.jsonl")}
     assert data and data <= names
     assert not any(n.startswith(("tests/", "benchmarks/", "experiments/")) for n in names)
@@ -100,4 +101,6 @@ def test_tiny_recipe_from_the_wheel(wheel_venv, tiny_recipe_run, tmp_path):
     assert not (tiny_recipe_run.cwd / "recipes").exists()
     run_checked(["cegppo-recipes", "copied"], tmp_path, wheel_env(wheel_venv))
     assert (tmp_path / "copied" / "recipes" / "tiny" / "cegppo" / "config_cpu.yaml").is_file()
+    shipped_script = (ROOT / "slurm" / "train.slurm").read_bytes()
+    assert (tmp_path / "copied" / "slurm" / "train.slurm").read_bytes() == shipped_script
     assert (tmp_path / "copied" / "accelerate_configs" / "zero3.yaml").is_file()

@@ -81,7 +81,8 @@ def _host_reads(found: Counter):
 
 
 def count_syncs(trainer, model, batch, device) -> Counter:
-    """Synchronizing calls (CUDA) or host reads (CPU) of one loss + backward of `trainer`, by location."""
+    """Synchronizing calls (CUDA) or host reads (CPU) of one loss + backward of `trainer` and the gradient norm the
+    Trainer takes before `optimizer.step()` (`_get_grad_norm`: CE-GPPO's step check, issue 35), by location."""
     counter = _cuda_syncs if device.type == "cuda" else _host_reads
     for _ in range(2):  # the first call warms up; count the second
         found = Counter()
@@ -89,6 +90,7 @@ def count_syncs(trainer, model, batch, device) -> Counter:
         with counter(found):
             loss = trainer._compute_loss(model, batch)
             loss.backward()
+            trainer._get_grad_norm(model)
     model.zero_grad(set_to_none=True)
     return found
 
@@ -109,7 +111,8 @@ def sync_part(harness, device, dtype, smoke: bool) -> bool:
         parts.append(f"{name}={total[name]} ({total[name] - total['grpo']:+d})")
     ok = total["grpo"] > 0 and all(total[name] >= total["grpo"] for name in SYNC_VARIANTS)
     print(
-        f"RESULT sync: {'ok' if ok else 'FAILED'} per micro-batch loss+backward: {' '.join(parts)} | "
+        f"RESULT sync: {'ok' if ok else 'FAILED'} per step of one micro-batch (loss+backward+grad norm): "
+        f"{' '.join(parts)} | "
         f"method={method} T={completion_len} B=2 layers=2 dtype={dtype}",
         flush=True,
     )

@@ -4,7 +4,8 @@
 auto-resume. ``builtin:tiny`` builds the model of `cegppo_trl.tiny_model` in ``<output_dir>/tiny-init``. The model (or
 adapter), ``trainer_state.json``, a model card and the prompt and sampling it was trained with (also in every
 ``checkpoint-N``, for ``cegppo-eval``) go to ``output_dir``. Exit status 2: a bad input, in one line (raised where a
-Python user of the library meets it too); 130 / 143: stopped by SIGINT / SIGTERM (`cegppo_trl.scripts.stopping`).
+Python user of the library meets it too); 130 / 143: stopped by SIGINT / SIGTERM (`cegppo_trl.scripts.stopping`);
+3: stopped by a non-finite step or a batch without rewards, or nothing finite to resume from (`cegppo_trl.divergence`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,12 @@ from trl import ScriptArguments, TrlParser
 
 from ..data import DEFAULT_INSTRUCTION, resolve_instruction
 from ..prompt_settings import resolve_system_prompt
-from .stopping import StopRequest, interrupted_message, last_complete_checkpoint, stop_on_signal_callback
+from .stopping import (
+    StopRequest,
+    finite_checkpoint_to_resume,
+    interrupted_message,
+    stop_on_signal_callback,
+)
 
 
 PROG = "cegppo-train"
@@ -146,7 +152,8 @@ def build_reward_funcs(script_args: CEGPPOScriptArguments) -> list:
 
 def resolve_model(name: str | None, script_args: CEGPPOScriptArguments, training_args) -> str:
     """`model_args.model_name_or_path` checked by `cegppo_trl.model_source`, a local one by its absolute path (a LoRA
-    adapter records it as its base); ``builtin:tiny`` built once per node in ``<output_dir>/tiny-init``."""
+    adapter records it as its base); ``builtin:tiny`` built once in ``<output_dir>/tiny-init``, also by several nodes
+    sharing output_dir (`materialize_tiny` locks: one node builds, the others wait and load)."""
     from ..model_source import resolve_model_source
 
     if name != TINY_MODEL:
@@ -256,12 +263,25 @@ def train(script_args: CEGPPOScriptArguments, training_args, model_args, stop: S
         raise ValueError(
             f"--resume_from_checkpoint {checkpoint}: not a complete checkpoint (no {TRAINER_STATE_NAME})."
         )
+    from ..divergence import NonFiniteStepError, non_finite_tensors
+    from ..run_checks import RewardCoverageError
+
+    if checkpoint is not None and (counts := non_finite_tensors(checkpoint)) and counts[0]:
+        raise ValueError(
+            f"--resume_from_checkpoint {checkpoint}: {counts[0]} of its {counts[1]} weight tensors are not finite; "
+            "resume from an earlier checkpoint (leave the flag out: auto-resume picks the newest finite one)."
+        )
     settings = prompt_and_sampling_callback(script_args)
     trainer = build_trainer(script_args, training_args, model_args, [settings])
     trainer.add_callback(stop_on_signal_callback(stop, trainer.accelerator))
-    if checkpoint is None and (checkpoint := last_complete_checkpoint(training_args.output_dir)):
+    if checkpoint is None and (checkpoint := finite_checkpoint_to_resume(training_args.output_dir,
+                                                                         trainer.accelerator.print)):  # fmt: skip
         trainer.accelerator.print(f"Resuming from {checkpoint}, the last checkpoint in {training_args.output_dir}.")
-    trainer.train(resume_from_checkpoint=checkpoint)
+    try:
+        trainer.train(resume_from_checkpoint=checkpoint)
+    except (NonFiniteStepError, RewardCoverageError):  # raised on every process at the same step
+        trainer.end()
+        raise
     stopped = stop.stopped_early and trainer.state.global_step < trainer.state.max_steps
     if not stopped:
         trainer.accelerator.print("Training completed.")
@@ -281,6 +301,19 @@ def train(script_args: CEGPPOScriptArguments, training_args, model_args, stop: S
     return stopped
 
 
+def diverged_message(error: Exception, training_args) -> str:
+    """The message of a run stopped by `cegppo_trl.divergence` (exit status 3), naming the newest finite
+    checkpoint."""
+    from ..divergence import NoFiniteCheckpointError, newest_finite_checkpoint, stop_message
+    from .stopping import complete_checkpoints
+
+    if isinstance(error, NoFiniteCheckpointError):
+        return f"{PROG}: {error}"
+    output_dir = training_args.output_dir
+    checkpoint, _ = newest_finite_checkpoint(output_dir, complete_checkpoints(output_dir))
+    return stop_message(error, PROG, output_dir, checkpoint)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point `cegppo-train` (and `examples/train_cegppo.py`). The signal handlers come first, so a
     Ctrl-C during the imports gets the message too; a wrong input is one line and exit status 2."""
@@ -288,6 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         stop.install()  # inside the try: a signal from here on is the message, never a traceback
+        from ..divergence import DIVERGED_EXIT_STATUS, NoFiniteCheckpointError, NonFiniteStepError
         from ..hub_kernels import HubKernelUnavailableError
         from ..model_source import UnreadableWeightsError
         from ..run_checks import RewardCoverageError
@@ -298,14 +332,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not train(script_args, training_args, model_args, stop):
                 return 0
             failure = None
+        except (NonFiniteStepError, RewardCoverageError, NoFiniteCheckpointError) as error:
+            # every process stopped at the same step; one message, from the process that prints
+            failure, status = diverged_message(error, training_args) if stop.announce else "", DIVERGED_EXIT_STATUS
         except (ValueError, FileNotFoundError, HubKernelUnavailableError, UnreadableWeightsError) as error:
-            if stop.started and not isinstance(error, RewardCoverageError):
+            if stop.started:
                 raise  # raised while training: a fault, with its traceback
-            failure = f"{PROG}: error: {error}"
+            failure, status = f"{PROG}: error: {error}", 2
         if failure is not None:
             gc.collect()  # the trainer the traceback held: its progress bar closes before the message, not after
-            print(failure, file=sys.stderr)
-            return 2
+            print(failure, file=sys.stderr, flush=True) if failure else None
+            return status
     except KeyboardInterrupt:
         pass
     finally:

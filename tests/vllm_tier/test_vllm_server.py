@@ -1,5 +1,6 @@
-"""`vllm_mode="server"` as far as a CPU allows: `trl vllm-serve` started by the test (a subprocess on a free port,
-stopped by its PID), generation through TRL's `VLLMClient`, and training against it, which TRL 1.16 refuses without
+"""`vllm_mode="server"` as far as a CPU allows: vLLM's own server started by the test as TRL 1.16 recommends in place
+of the deprecated `trl vllm-serve` (`VLLM_SERVER_DEV_MODE=1 vllm serve ...` with the settings of TRL's `build_command`;
+a subprocess on a free port, stopped by its PID), generation through TRL's `VLLMClient`, and training against it, which TRL 1.16 refuses without
 CUDA (its weight sync runs on vLLM's NCCL engine): the test checks that the refusal is TRL's own NotImplementedError
 and that nothing of ours fails first. And with no server answering, the trainer fails within TRL's
 `vllm_server_timeout`, not later."""
@@ -39,24 +40,27 @@ def server_config(output_dir, base_url: str, timeout_s: float):
 
 @pytest.fixture(scope="module")
 def vllm_server(tiny_tokenizer, tmp_path_factory):
-    """`trl vllm-serve` on the tiny model; yields (its base URL, the model's folder); stopped by PID (SIGTERM, then SIGKILL to its process
+    """`vllm serve` on the tiny model, as `trl vllm-serve` tells to run it; yields (its base URL, the model's folder); stopped by PID (SIGTERM, then SIGKILL to its process
     group if it has not exited after 60 s)."""
     import requests
 
     model = save_vllm_model(tiny_tokenizer, tmp_path_factory.mktemp("server-model") / "tiny")
     port = free_port()
     log = tmp_path_factory.mktemp("server-log") / "vllm-serve.log"
-    argv = [
-        str(Path(sys.executable).parent / "trl"), "vllm-serve", "--model", str(model), "--host", "127.0.0.1",
-        "--port", str(port), "--dtype", "float32", "--max_model_len", "256",
-    ]  # fmt: skip
+    from trl.scripts.vllm_serve import ScriptArguments, build_command
+
+    # TRL 1.16's own command line (its deprecation warning prints it as `vllm` + this), run by vLLM's CLI.
+    options = ScriptArguments(model=str(model), host="127.0.0.1", port=port, dtype="float32", max_model_len=256)
+    command = build_command(options)
+    argv = [str(Path(sys.executable).parent / "vllm"), *command[command.index("serve") :]]
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
     with open(log, "w") as out:
-        server = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        server = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + SERVER_START_S
         while True:
-            assert server.poll() is None, f"trl vllm-serve exited ({server.returncode}):\n{log.read_text()[-4000:]}"
+            assert server.poll() is None, f"vllm serve exited ({server.returncode}):\n{log.read_text()[-4000:]}"
             assert time.monotonic() < deadline, f"no /health after {SERVER_START_S} s:\n{log.read_text()[-4000:]}"
             try:
                 if requests.get(f"{url}/health", timeout=5).status_code == 200:

@@ -1,0 +1,96 @@
+"""Worker of tests/test_divergence_launch.py: train CEGPPOTrainer with the loss of ONE process made NaN at chosen
+optimizer steps, per scenario, and record on each process where it stopped (or what it skipped).
+
+Run as `python divergence_worker.py MODEL_DIR OUT_DIR` under `torch.distributed.run --nproc_per_node 2` (DDP over
+gloo) or `accelerate launch` with a ZeRO config on two processes. Each process writes `<scenario>.rank<N>.json`.
+"""
+
+import json
+import math
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+
+from cegppo_trl import CEGPPOConfig, CEGPPOTrainer, load_math_dataset
+from cegppo_trl.divergence import NonFiniteStepError
+
+
+warnings.filterwarnings("ignore")
+NAN_RANK = 1
+SCENARIOS = {
+    # The first non-finite step (step 3, on rank 1 only): both processes stop there, before applying it.
+    "stop": dict(nan_steps=[3], config=dict(cegppo_entropy_target=1.0)),
+    "stop-lora": dict(nan_steps=[3], config={}, peft=True),
+    # Skip one (step 2) and count it, then stop at the next (step 4); dynamic sampling and the controller on.
+    "skip": dict(
+        nan_steps=[2, 4],
+        config=dict(
+            cegppo_max_skipped_steps=1,
+            cegppo_entropy_target=1.0,
+            cegppo_exclude_zero_advantage_groups=True,
+            cegppo_oversampling=2.0,
+        ),
+    ),
+}
+
+
+class Injecting(CEGPPOTrainer):
+    nan_steps: list = []
+
+    def _cegppo_loss_delta(self, *args, **kwargs):
+        delta = super()._cegppo_loss_delta(*args, **kwargs)
+        step = self.state.global_step + 1
+        if self.model.training and step in self.nan_steps and self.accelerator.process_index == NAN_RANK:
+            delta = delta * math.nan
+        return delta
+
+
+def varied_reward(completions, **kwargs):
+    return [float(i % 2) for i in range(len(completions))]  # every group informative: a gradient at every step
+
+
+def run(model_dir: str, out_dir: Path, name: str, scenario: dict) -> None:
+    args = CEGPPOConfig(
+        output_dir=str(out_dir / name), use_cpu=True, bf16=False, report_to="none", logging_steps=1, seed=0,
+        per_device_train_batch_size=8, num_generations=4, max_completion_length=8, gradient_accumulation_steps=1,
+        steps_per_generation=4, max_steps=4, learning_rate=0.05, save_strategy="steps", save_steps=1,
+        **scenario["config"],
+    )  # fmt: skip
+    extra = {}
+    if scenario.get("peft"):
+        from peft import LoraConfig
+
+        extra["peft_config"] = LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"])
+    data = load_math_dataset("builtin:arithmetic").select(range(64))
+    trainer = Injecting(model=model_dir, reward_funcs=varied_reward, args=args, train_dataset=data, **extra)
+    trainer.nan_steps = scenario["nan_steps"]
+    record = {"error": None}
+    try:
+        trainer.train()
+    except NonFiniteStepError as error:
+        record.update(error=str(error), error_step=error.step)
+    trainable = [p.detach().float() for p in trainer.model.parameters() if p.requires_grad]
+    record.update(
+        global_step=trainer.state.global_step,
+        skipped=trainer._step_guard.skipped,
+        checkpoints=sorted(p.name for p in (out_dir / name).glob("checkpoint-*")),
+        controller=None if trainer._controller is None else vars(trainer._controller),
+        # ZeRO-3 holds each parameter's shard in `ds_tensor`; the others the whole (replicated) parameter
+        weight_sum=sum(float(getattr(p, "ds_tensor", p).detach().double().sum()) for p in trainer.model.parameters()),
+        finite=bool(all(torch.isfinite(p).all() for p in trainable)),
+    )
+    rank = trainer.accelerator.process_index
+    (out_dir / f"{name}.rank{rank}.json").write_text(json.dumps(record))
+    trainer.accelerator.wait_for_everyone()
+
+
+def main() -> None:
+    model_dir, out_dir = sys.argv[1], Path(sys.argv[2])
+    for name, scenario in SCENARIOS.items():
+        run(model_dir, out_dir, name, scenario)
+
+
+if __name__ == "__main__":
+    main()
