@@ -14,7 +14,6 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from ..model_source import resolve_model_source
-from ..run_checks import check_writable_path
 from .compare import grading_and_sampling
 from .datasets import DatasetSpec, is_local, load_eval_datasets, set_settings
 from .metrics import evaluate_completions
@@ -82,6 +81,8 @@ def evaluate_model(
     """
     settings = replace(settings or EvalSettings(), **overrides)  # checked by EvalSettings.__post_init__
     if output is not None:
+        from ..run_checks import check_writable_path  # not at the top: it imports the config, and so torch
+
         check_writable_path(output, "--output", folder=False)
     log = log or (lambda message: None)
     source = resolve_model_source(model_name_or_path, settings.base_model)
