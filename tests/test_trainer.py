@@ -1,7 +1,6 @@
 """CEGPPOTrainer through real training steps on a tiny local model: learning, checkpoints, LoRA, options, errors."""
 
 import dataclasses
-import math
 import warnings
 
 import pytest
@@ -14,24 +13,6 @@ from cegppo_trl import CEGPPOConfig
 
 def history_values(trainer, key):
     return [h[key] for h in trainer.state.log_history if key in h]
-
-
-def test_off_policy_training_changes_weights_and_logs_clipping(
-    tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config, tmp_path
-):
-    config = make_config(CEGPPOConfig, tmp_path, max_steps=8, steps_per_generation=4)
-    trainer = build_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, config, reward_funcs=reward_fn)
-    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
-    trainer.train()
-    changed = [n for n, p in trainer.model.named_parameters() if not torch.equal(before[n], p.detach())]
-    assert len(changed) == len(before)
-    clipped = history_values(trainer, "cegppo/beta1_token_frac") + history_values(trainer, "cegppo/beta2_token_frac")
-    assert max(clipped) > 0, "off-policy mini-batches must produce clipped tokens"
-    assert history_values(trainer, "clip_ratio/low_mean") == history_values(trainer, "cegppo/beta1_token_frac")
-    for key in ("entropy", "cegppo/beta1_grad_share", "cegppo/quadrant/neg_low/token_frac", "cegppo/beta1"):
-        values = history_values(trainer, key)
-        assert values and all(math.isfinite(v) for v in values), key
-    assert history_values(trainer, "cegppo/beta1") == [0.5] * 8
 
 
 def test_checkpoint_save_and_resume(tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config, tmp_path):
