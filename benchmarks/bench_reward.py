@@ -14,8 +14,16 @@ math_reward is measured in a fresh process per row (new workers, cold caches), t
 ``git archive <commit> cegppo_trl | tar -x -C DIR``): each row runs for this checkout and the baseline in turn, and a
 ratio row compares them, with the number of completions whose status differs.
 
+``--protocols``: instead, the grading time of each protocol (cegppo_trl.rewards.protocols) on long,
+reasoning-model-like completions. The authors' protocol parses the whole completion, think block included, so its cost
+grows with the completion; a 32k-token R1-style completion is ~100k characters. Each row grades ``--n`` distinct
+completions of ``--chars`` characters (a think block of arithmetic steps with intermediate ``\\boxed{}`` values, then a
+final boxed answer; half right, half wrong) through ``grade_with_protocol`` in the grading pool, after a warm-up call
+that starts the workers, and reports the wall time per completion and the statuses.
+
 Usage: python benchmarks/bench_reward.py [--n 2048] [--timeout 3.0] [--workers N] [--trl-cap 15] [--skip-trl]
        [--baseline DIR] [--repeats 1]
+       python benchmarks/bench_reward.py --protocols [--n 64] [--chars 100000] [--workers N] [--timeout 40]
 """
 
 from __future__ import annotations
@@ -299,10 +307,48 @@ def run_trl(ordinary: list[tuple[str, str]], hostile_kinds: list[str], cap: floa
     }
 
 
+def long_completion(rng: random.Random, chars: int, right: bool) -> tuple[str, str]:
+    """A long completion and its gold: many reasoning steps (numbers, some boxed) inside <think>, a boxed answer."""
+    gold = rng.randint(100, 999)
+    steps = []
+    size = 0
+    while size < chars:
+        a, b = rng.randint(1, 999), rng.randint(1, 999)
+        step = f"Next, ${a} + {b} = {a + b}$, so the partial sum is $\\boxed{{{a + b}}}$? Let me check again. "
+        if rng.random() < 0.7:
+            step = f"Then {a} times {b} is {a * b}, and dividing by {b} gives back {a}. "
+        steps.append(step)
+        size += len(step)
+    answer = gold if right else gold + 1
+    text = "<think>\n" + "".join(steps) + f"\n</think>\n\nThe answer is $\\boxed{{{answer}}}$."
+    return text, str(gold)
+
+
+def time_protocols(n: int, chars: int, timeout_s: float, workers: int | None) -> None:
+    """`--protocols`: the wall time per completion and the statuses of each grading protocol."""
+    import time
+
+    from cegppo_trl.rewards import PROTOCOLS, grade_with_protocol
+
+    rng = random.Random(0)
+    cases = [long_completion(rng, chars, right=i % 2 == 0) for i in range(n)]
+    texts, golds = [c[0] for c in cases], [c[1] for c in cases]
+    print(f"{n} completions of ~{chars} characters, timeout {timeout_s} s, workers {workers or 'auto'}")
+    for name in PROTOCOLS:
+        grade_with_protocol(["\\boxed{1}"], ["1"], name, timeout_s=timeout_s, num_workers=workers)  # warm
+        start = time.perf_counter()
+        results = grade_with_protocol(texts, golds, name, timeout_s=timeout_s, num_workers=workers)
+        wall = time.perf_counter() - start
+        counts = Counter(r.status for r in results)
+        print(f"{name:14s} {1000 * wall / n:8.1f} ms/completion  {dict(sorted(counts.items()))}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--n", type=int, default=2048, help="completions in the mix (one GRPO step: 2048)")
-    parser.add_argument("--timeout", type=float, default=3.0, help="math_reward timeout_s")
+    parser.add_argument("--protocols", action="store_true", help="time each grading protocol on long completions")
+    parser.add_argument("--chars", type=int, default=100_000, help="--protocols: characters per completion")
+    parser.add_argument("--n", type=int, help="completions in the mix (default 2048: one GRPO step; --protocols: 64)")
+    parser.add_argument("--timeout", type=float, help="math_reward timeout_s (default 3.0; --protocols: 40.0)")
     parser.add_argument("--workers", type=int, default=None, help="grading processes (default: CPUs / local ranks)")
     parser.add_argument("--trl-cap", type=float, default=15.0, help="seconds before a TRL grading call is abandoned")
     parser.add_argument("--skip-trl", action="store_true", help="only measure cegppo_trl.math_reward")
@@ -310,6 +356,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="runs of each math_reward row; the median is shown")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    if args.protocols:
+        time_protocols(args.n or 64, args.chars, args.timeout or 40.0, args.workers)
+        return
+    args.n, args.timeout = args.n or 2048, args.timeout or 3.0
     if args.baseline is not None and not (args.baseline / "cegppo_trl" / "__init__.py").is_file():
         parser.error(f"--baseline {args.baseline}: no cegppo_trl/__init__.py there; pass the folder that holds it")
 

@@ -417,3 +417,38 @@ def token_mean_reference_loss(
         rho = (entropies.double() + 1e-8) / (old_entropies.double() + 1e-8)
         marked = (rho <= band[0]) | (rho >= band[1])
     return (loss * mask).sum() / mask.sum(), (marked.double() * mask).sum() / mask.sum()
+
+
+def reference_gradient_check(trainers, model, params, batch, checked: str, control: str, band=None) -> dict:
+    """`trainers[checked]`'s loss and gradient (all trainable parameters) against `token_mean_reference_loss` on
+    `batch` (Eq. 8 with the trainer's betas; with `band`, entropy-ratio clipping on the batch's old entropies), and
+    `trainers[control]`'s gradient, a control that must not match. `marked`: the share of tokens in the clipped sets
+    (or outside the band)."""
+    trainer = trainers[checked]
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+    attn = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
+    model.zero_grad(set_to_none=True)
+    logps, entropies, _ = trainer._get_per_token_logps_and_entropies(
+        model, ids, attn, batch["completion_ids"].size(1), compute_entropy=band is not None
+    )
+    ref_loss, marked = token_mean_reference_loss(
+        logps, batch["old_per_token_logps"], batch["advantages"], batch["completion_mask"], trainer.clip_params,
+        entropies, batch.get("cegppo_old_entropies"), band,
+    )  # fmt: skip
+    ref_loss.backward()
+    reference = grads(params)
+    found = {}
+    for name in (checked, control):
+        model.zero_grad(set_to_none=True)
+        loss = trainers[name]._compute_loss(model, batch)
+        loss.backward()
+        g = grads(params)
+        dot = sum(float((a * b).sum()) for a, b in zip(g, reference))
+        norms = sum(float((a * a).sum()) for a in g) * sum(float((b * b).sum()) for b in reference)
+        found[name] = (float(loss), relative_error(g, reference), dot / max(norms**0.5, 1e-30))
+    model.zero_grad(set_to_none=True)
+    (loss, rel, cos), (_, control_rel, control_cos) = found[checked], found[control]
+    ref = float(ref_loss)
+    loss_err = abs(loss - ref) / max(abs(ref), 1e-3)
+    return dict(loss=loss, ref=ref, loss_err=loss_err, rel=rel, cos=cos, control_rel=control_rel,
+                control_cos=control_cos, marked=float(marked))  # fmt: skip

@@ -111,6 +111,23 @@ def tiny_checkpoint(_tiny_base_model, tiny_tokenizer, tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture
+def no_model_loading(monkeypatch):
+    """Any model load fails the test: every check must come before it."""
+    from cegppo_trl.evaluation import generation
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the model was loaded although a check should have stopped the command")
+
+    monkeypatch.setattr(generation, "load_model", no_loading)
+
+
+@pytest.fixture
+def model_dir(tiny_checkpoint, tmp_path) -> Path:
+    """A private copy of the tests' tiny checkpoint (tests write settings into it)."""
+    return Path(shutil.copytree(tiny_checkpoint, tmp_path / "model"))
+
+
 @pytest.fixture(scope="session")
 def stand_ins(tiny_checkpoint) -> dict[str, str]:
     values = {name: str(tiny_checkpoint) for name in (*HUB_MODELS, *PLACEHOLDER_MODELS)}

@@ -2,6 +2,7 @@
 the small CPU config, a hand-built loss batch, the Hub names the docs use, and running a command or the wheel's
 environment."""
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -74,6 +75,18 @@ TINY_RECIPE = "recipes/tiny/cegppo/config_cpu.yaml"
 # problem as the full demo (so the README's `cegppo-eval ... --k 2` command applies to it as written).
 QUICK_DEMO_ARGS = ("--quick", "--steps", "4", "--eval-samples", "2", "--no-progress")
 DEMO_OUTPUT = "cegppo-demo-output"  # `cegppo-demo`'s default --output-dir, as the docs name it
+
+
+def recipe_id(path: Path) -> str:
+    """A recipe's path under recipes/, the id of the tests run per recipe."""
+    return path.relative_to(ROOT / "recipes").as_posix()
+
+
+def write_problems(path: Path, answers) -> Path:
+    """Rows "What is a+1?" with the given answers (the stand-in vLLM always answers 2)."""
+    rows = [{"problem": f"What is {int(a) - 1}+1?", "answer": str(a)} for a in answers]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
 
 
 def run_checked(argv, cwd, env=None, timeout=RUN_TIMEOUT_S) -> subprocess.CompletedProcess:

@@ -3,6 +3,7 @@
 
 import dataclasses
 import json
+import math
 
 import pytest
 import torch
@@ -315,7 +316,9 @@ class _RecordingTrainer(CEGPPOTrainer):
         return super()._compute_loss(model, inputs)
 
 
-def test_quadrant_metrics_off_policy(tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config, tmp_path):
+def test_off_policy_training_changes_every_weight_and_logs_the_clipping_and_the_quadrants(
+    tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config, tmp_path
+):
     config = make_config(
         CEGPPOConfig,
         tmp_path,
@@ -333,9 +336,16 @@ def test_quadrant_metrics_off_policy(tiny_model, tiny_tokenizer, arithmetic_data
         processing_class=tiny_tokenizer,
     )
     trainer.recorded = []
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
+    assert all(not torch.equal(before[n], p.detach()) for n, p in trainer.model.named_parameters())
     logs = [h for h in trainer.state.log_history if "cegppo/beta1_token_frac" in h]
     assert len(logs) == 8 == len(trainer.recorded)
+    for log in logs:
+        # TRL's clip_ratio/low_mean (float32) counts the same tokens as CE-GPPO's beta1 set.
+        assert log["clip_ratio/low_mean"] == pytest.approx(log["cegppo/beta1_token_frac"], rel=1e-6)
+        assert log["cegppo/beta1"] == 1.0
+        assert all(math.isfinite(log[key]) for key in ("entropy", "cegppo/beta1_grad_share")), log
     any_clipped = False
     for log, (advantages, mask) in zip(logs, trainer.recorded):
         q = {

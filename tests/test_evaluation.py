@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from shared import write_problems
 from transformers import TrainerCallback
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
@@ -51,19 +52,6 @@ def brute_force_pass_at_k(outcomes, k):
     """Fraction of the k-subsets of the samples that contain at least one correct sample."""
     subsets = list(itertools.combinations(outcomes, k))
     return sum(any(s) for s in subsets) / len(subsets)
-
-
-def write_problems(path: Path, answers) -> Path:
-    """Rows "What is a+1?" with the given answers (the stand-in vLLM always answers 2)."""
-    rows = [{"problem": f"What is {int(a) - 1}+1?", "answer": str(a)} for a in answers]
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return path
-
-
-@pytest.fixture
-def model_dir(tiny_checkpoint, tmp_path) -> Path:
-    """A private copy of the tests' tiny checkpoint (tests write settings into it)."""
-    return Path(shutil.copytree(tiny_checkpoint, tmp_path / "model"))
 
 
 @pytest.fixture
@@ -462,15 +450,10 @@ def test_compare_warns_where_two_reports_are_not_comparable():
     assert any("A authors, B not recorded" in line for line in compare_reports(a, b))
 
 
-def test_every_set_is_checked_before_the_model_loads(model_dir, tmp_path, monkeypatch, capsys):
+@pytest.mark.usefixtures("no_model_loading")
+def test_every_set_is_checked_before_the_model_loads(model_dir, tmp_path, capsys):
     """A missing later set, a split on a file and an unknown built-in set are all reported at once, before any
     model code runs, and nothing is evaluated."""
-    from cegppo_trl.evaluation import generation
-
-    def no_loading(*args, **kwargs):
-        raise AssertionError("the model was loaded although a data set is missing")
-
-    monkeypatch.setattr(generation, "load_model", no_loading)
     good = write_problems(tmp_path / "good.jsonl", [1, 2])
     bad = ["missing.jsonl", "builtin:arithmetic_eval:train", "builtin:nope"]
     out = tmp_path / "report.json"

@@ -55,6 +55,7 @@ import pytest
 import torch
 import yaml
 from launching import STEP_METRICS, free_port, run_launched
+from shared import recipe_id
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,10 +112,6 @@ LAUNCH_TESTED = frozenset(
 )
 
 
-def _rel(path: Path) -> str:
-    return path.relative_to(RECIPES_DIR).as_posix()
-
-
 GPU_RECIPES = sorted(p for p in RECIPES_DIR.rglob("*.yaml") if p.relative_to(RECIPES_DIR).parts[0] != "tiny")
 
 
@@ -143,7 +140,7 @@ def header_launch_configs(recipe: Path) -> list[str]:
         if "accelerate launch" not in command:
             continue
         config_file, target, _ = _launch_target(command)
-        if config_file and target and Path(target).as_posix() == f"recipes/{_rel(recipe)}":
+        if config_file and target and Path(target).as_posix() == f"recipes/{recipe_id(recipe)}":
             configs.append(Path(config_file).name)
     return configs
 
@@ -158,7 +155,7 @@ def _walk_plan() -> list[tuple[str, str, int]]:
     plan = []
     for recipe in GPU_RECIPES:
         for config in [DDP_CONFIG, *header_launch_configs(recipe)]:
-            entry = (_rel(recipe), config, config_processes(config))
+            entry = (recipe_id(recipe), config, config_processes(config))
             if entry not in plan:
                 plan.append(entry)
     return plan
@@ -190,10 +187,12 @@ def test_walk_covers_every_gpu_recipe():
     for recipe in GPU_RECIPES:
         # Each recipe's header says how to launch it, and the walk runs that line and DDP on 2 processes.
         own = header_launch_configs(recipe)
-        assert own, f"{_rel(recipe)}: its header has no `accelerate launch ... --config recipes/{_rel(recipe)}` line"
+        assert own, (
+            f"{recipe_id(recipe)}: its header has no `accelerate launch ... --config recipes/{recipe_id(recipe)}` line"
+        )
         for config in [DDP_CONFIG, *own]:
-            assert (CONFIGS_DIR / config).is_file(), f"{_rel(recipe)} names a missing accelerate config {config}"
-            assert (_rel(recipe), config) in walked
+            assert (CONFIGS_DIR / config).is_file(), f"{recipe_id(recipe)} names a missing accelerate config {config}"
+            assert (recipe_id(recipe), config) in walked
     # Issue 15: the CE-GPPO paper recipe (1.5B) also runs under its own ZeRO-2 config.
     assert ("DeepSeek-R1-Distill-Qwen-1.5B/cegppo/config_paper.yaml", "zero2.yaml", 2) in WALK
     assert all(processes == 2 for recipe, config, processes in WALK if config != "single_gpu.yaml")
@@ -210,7 +209,7 @@ def _parse(argv):
     return make_parser().parse_args_and_config(args=argv)
 
 
-@pytest.mark.parametrize("recipe", GPU_RECIPES, ids=_rel)
+@pytest.mark.parametrize("recipe", GPU_RECIPES, ids=recipe_id)
 def test_overrides_change_only_size_and_hardware(recipe, tmp_path):
     """The walk's command line changes exactly the `OVERRIDES` fields: parsed with and without it, the three argument
     dataclasses differ nowhere else, and every other key of the recipe keeps its YAML value."""

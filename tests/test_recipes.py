@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from shared import recipe_id
 
 from cegppo_trl import CEGPPOConfig
 from cegppo_trl.scripts.train import CEGPPOScriptArguments, build_reward_funcs, make_parser
@@ -75,10 +76,6 @@ LORA_RECIPE = "DeepSeek-R1-Distill-Qwen-1.5B/cegppo/config_lora.yaml"
 TINY_RECIPE = "tiny/cegppo/config_cpu.yaml"
 
 
-def _rel(path: Path) -> str:
-    return path.relative_to(ROOT / "recipes").as_posix()
-
-
 def _deprecated_fields() -> set[str]:
     from trl import ModelConfig
 
@@ -103,17 +100,17 @@ def parse(recipe: str | Path, *extra: str):
 
 
 def test_all_recipes_are_listed():
-    found = {_rel(p) for p in RECIPES}
+    found = {recipe_id(p) for p in RECIPES}
     assert found == set(PAPER_RECIPES) | set(ERC_RECIPES) | {LORA_RECIPE, TINY_RECIPE}, (
         "add new recipes to the tables of this test"
     )
 
 
-@pytest.mark.parametrize("recipe", RECIPES, ids=_rel)
+@pytest.mark.parametrize("recipe", RECIPES, ids=recipe_id)
 def test_recipe_parses_without_unknown_or_deprecated_keys(recipe):
     keys = set(yaml.safe_load(recipe.read_text()))
     deprecated = keys & _deprecated_fields()
-    assert not deprecated, f"{_rel(recipe)} uses deprecated options {sorted(deprecated)}"
+    assert not deprecated, f"{recipe_id(recipe)} uses deprecated options {sorted(deprecated)}"
     # TrlParser raises on keys that belong to none of the three dataclasses.
     script_args, config, model_args = parse(recipe)
     assert isinstance(config, CEGPPOConfig)
@@ -123,7 +120,7 @@ def test_recipe_parses_without_unknown_or_deprecated_keys(recipe):
     assert config.steps_per_generation * config.num_iterations > config.gradient_accumulation_steps
     # Commands in the header name files that exist.
     for ref in re.findall(r"(?:accelerate_configs|examples|recipes)/[\w./-]+\.(?:yaml|py)", recipe.read_text()):
-        assert (ROOT / ref).exists(), f"{_rel(recipe)} refers to missing {ref}"
+        assert (ROOT / ref).exists(), f"{recipe_id(recipe)} refers to missing {ref}"
 
 
 def test_unknown_recipe_key_is_rejected(tmp_path):

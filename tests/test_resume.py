@@ -23,6 +23,7 @@ import pytest
 import torch
 import yaml
 from launching import free_port, subprocess_env
+from shared import recipe_id
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,10 +33,6 @@ TINY_RECIPE = ROOT / "recipes" / "tiny" / "cegppo" / "config_cpu.yaml"
 TIMEOUT_S = 900  # generous: the machine is shared; a run takes 10-20 s on an idle 2-core machine
 
 
-def _rel(path: Path) -> str:
-    return path.relative_to(ROOT / "recipes").as_posix()
-
-
 def optimizer_steps_per_generation_batch(config) -> int:
     """How many optimizer steps one generation batch feeds: TRL generates every `steps_per_generation` micro-batches
     and passes over the batch `num_iterations` times; an optimizer step takes `gradient_accumulation_steps`."""
@@ -43,7 +40,7 @@ def optimizer_steps_per_generation_batch(config) -> int:
     return config.steps_per_generation // config.gradient_accumulation_steps * config.num_iterations
 
 
-@pytest.mark.parametrize("recipe", RECIPES, ids=_rel)
+@pytest.mark.parametrize("recipe", RECIPES, ids=recipe_id)
 def test_recipe_checkpoints_fall_on_generation_batch_boundaries(recipe):
     from cegppo_trl.scripts.train import make_parser
 
@@ -54,13 +51,13 @@ def test_recipe_checkpoints_fall_on_generation_batch_boundaries(recipe):
     per_batch = optimizer_steps_per_generation_batch(config)
     strategy = config.save_strategy.value
     assert strategy in ("no", "steps"), (
-        f"{_rel(recipe)}: save_strategy {strategy!r} (epoch ends need not be boundaries)"
+        f"{recipe_id(recipe)}: save_strategy {strategy!r} (epoch ends need not be boundaries)"
     )
     if strategy == "no":
         return
     assert config.save_steps >= 1 and config.save_steps == int(config.save_steps), "save_steps must be a step count"
     assert int(config.save_steps) % per_batch == 0, (
-        f"{_rel(recipe)}: save_steps {config.save_steps} is not a multiple of the {per_batch} optimizer steps per "
+        f"{recipe_id(recipe)}: save_steps {config.save_steps} is not a multiple of the {per_batch} optimizer steps per "
         "generation batch, so its checkpoints resume with fresh completions (docs/launch.md)"
     )
     # The recipe says why, on the save_steps line or in the comment right above it.
@@ -71,7 +68,7 @@ def test_recipe_checkpoints_fall_on_generation_batch_boundaries(recipe):
         at -= 1
         comment.append(lines[at])
     assert "generation batch" in " ".join(comment), (
-        f"{_rel(recipe)}: no comment on why save_steps is {config.save_steps}"
+        f"{recipe_id(recipe)}: no comment on why save_steps is {config.save_steps}"
     )
 
 

@@ -1,7 +1,6 @@
 """CEGPPOTrainer through real training steps on a tiny local model: learning, checkpoints, LoRA, options, errors."""
 
 import dataclasses
-import math
 import warnings
 
 import pytest
@@ -14,24 +13,6 @@ from cegppo_trl import CEGPPOConfig
 
 def history_values(trainer, key):
     return [h[key] for h in trainer.state.log_history if key in h]
-
-
-def test_off_policy_training_changes_weights_and_logs_clipping(
-    tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config, tmp_path
-):
-    config = make_config(CEGPPOConfig, tmp_path, max_steps=8, steps_per_generation=4)
-    trainer = build_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, config, reward_funcs=reward_fn)
-    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
-    trainer.train()
-    changed = [n for n, p in trainer.model.named_parameters() if not torch.equal(before[n], p.detach())]
-    assert len(changed) == len(before)
-    clipped = history_values(trainer, "cegppo/beta1_token_frac") + history_values(trainer, "cegppo/beta2_token_frac")
-    assert max(clipped) > 0, "off-policy mini-batches must produce clipped tokens"
-    assert history_values(trainer, "clip_ratio/low_mean") == history_values(trainer, "cegppo/beta1_token_frac")
-    for key in ("entropy", "cegppo/beta1_grad_share", "cegppo/quadrant/neg_low/token_frac", "cegppo/beta1"):
-        values = history_values(trainer, key)
-        assert values and all(math.isfinite(v) for v in values), key
-    assert history_values(trainer, "cegppo/beta1") == [0.5] * 8
 
 
 def test_checkpoint_save_and_resume(tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config, tmp_path):
@@ -178,9 +159,6 @@ def test_plain_grpo_config_is_upgraded(
 @pytest.mark.parametrize(
     "overrides, field",
     [
-        ({"cegppo_beta1": -0.1}, "cegppo_beta1"),
-        ({"cegppo_beta2": float("nan")}, "cegppo_beta2"),
-        ({"cegppo_beta2": float("inf")}, "cegppo_beta2"),
         ({"epsilon": 1.0}, "epsilon"),
         ({"epsilon": -0.2}, "epsilon"),
         ({"epsilon_high": float("nan")}, "epsilon_high"),
@@ -189,7 +167,6 @@ def test_plain_grpo_config_is_upgraded(
         ({"loss_type": "vespo"}, r"loss_type.*gamma weights.*no clip"),
         ({"loss_type": "no_such_loss"}, r"loss_type.*not a loss type"),
         ({"delta": 1.1}, "delta"),
-        ({"cegppo_sft_coef": -1.0}, "cegppo_sft_coef"),
         ({"cegppo_entropy_target": 0.5, "cegppo_beta1": 2.0}, "cegppo_beta1_max"),
         ({"cegppo_entropy_target": -1.0}, "cegppo_entropy_target"),
         ({"cegppo_low_prob_threshold": 1.5}, "cegppo_low_prob_threshold"),
@@ -198,12 +175,6 @@ def test_plain_grpo_config_is_upgraded(
 def test_bad_config_fails_with_field_name(overrides, field, make_config, tmp_path):
     with pytest.raises(ValueError, match=field):
         make_config(CEGPPOConfig, tmp_path, **overrides)
-
-
-@pytest.mark.parametrize("loss_type", ["bnpo", "dapo"])
-def test_token_normalised_loss_types_are_accepted_with_dynamic_sampling(loss_type, make_config, tmp_path):
-    config = make_config(CEGPPOConfig, tmp_path, loss_type=loss_type, cegppo_exclude_zero_advantage_groups=True)
-    assert config.loss_type == loss_type
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "luspo"])

@@ -98,53 +98,24 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def _compare_grads(params, reference):
-    dot = n_ref = n_diff = n_other = 0.0
-    for p, g_ref in zip(params, reference):
-        g = p.grad.detach().float() if p.grad is not None else torch.zeros_like(g_ref)
-        dot += float((g * g_ref).sum())
-        n_ref += float((g_ref * g_ref).sum())
-        n_other += float((g * g).sum())
-        n_diff += float(((g - g_ref) ** 2).sum())
-    cos = dot / max((n_ref * n_other) ** 0.5, 1e-30)
-    return cos, (n_diff / max(n_ref, 1e-30)) ** 0.5
-
-
-def eq8_check(trainers, model, params, shape, device, batch_size, completion_len):
+def eq8_check(trainers, model, shape, device, batch_size, completion_len):
     """Trainer loss and gradient vs the Eq. 8 reference on the same batch; GRPO's gradient as a negative control."""
-    cegppo, grpo = trainers["cegppo"], trainers["grpo"]
-    batch = bs.make_batch(grpo, shape["vocab_size"], batch_size, completion_len, device, seed=1)
+    batch = bs.make_batch(trainers["grpo"], shape["vocab_size"], batch_size, completion_len, device, seed=1)
     batch["advantages"][batch_size // 2 :] = -batch["advantages"][batch_size // 2 :].abs()
     batch["advantages"][: batch_size // 2] = batch["advantages"][: batch_size // 2].abs()
-    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
-    attn = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
-
-    model.zero_grad(set_to_none=True)
-    logps, _, _ = cegppo._get_per_token_logps_and_entropies(model, ids, attn, completion_len)
-    ref_loss, clipped = bs.token_mean_reference_loss(  # the betas in force
-        logps, batch["old_per_token_logps"], batch["advantages"], batch["completion_mask"], cegppo.clip_params
+    params = [p for p in model.parameters() if p.requires_grad]
+    c = bs.reference_gradient_check(trainers, model, params, batch, "cegppo", "grpo")  # the betas in force
+    ok = (
+        c["loss_err"] <= 2e-2
+        and c["cos"] >= 0.999
+        and c["rel"] <= 5e-2
+        and c["control_rel"] > 10 * max(c["rel"], 1e-3)
     )
-    ref_loss.backward()
-    ref_grads = bs.grads(params)
-
-    model.zero_grad(set_to_none=True)
-    loss = cegppo._compute_loss(model, batch)
-    loss.backward()
-    cos, rel = _compare_grads(params, ref_grads)
-
-    model.zero_grad(set_to_none=True)
-    grpo_loss = grpo._compute_loss(model, batch)
-    grpo_loss.backward()
-    grpo_cos, grpo_rel = _compare_grads(params, ref_grads)
-    model.zero_grad(set_to_none=True)
-
-    loss_err = abs(float(loss) - float(ref_loss)) / max(abs(float(ref_loss)), 1e-3)
-    ok = loss_err <= 2e-2 and cos >= 0.999 and rel <= 5e-2 and grpo_rel > 10 * max(rel, 1e-3)
     print(
         f"EQ8 {'PASS' if ok else 'FAIL'}: dtype={next(model.parameters()).dtype} B={batch_size} T={completion_len} "
-        f"clipped={float(clipped):.3f} loss={float(loss):.6f} ref={float(ref_loss):.6f} loss_rel_err={loss_err:.2e} "
-        f"grad_cos={cos:.6f} grad_rel_err={rel:.2e} | control GRPO vs Eq.8: grad_cos={grpo_cos:.4f} "
-        f"grad_rel_err={grpo_rel:.2e} (must be >> the trainer's)",
+        f"clipped={c['marked']:.3f} loss={c['loss']:.6f} ref={c['ref']:.6f} loss_rel_err={c['loss_err']:.2e} "
+        f"grad_cos={c['cos']:.6f} grad_rel_err={c['rel']:.2e} | control GRPO vs Eq.8: grad_cos={c['control_cos']:.4f} "
+        f"grad_rel_err={c['control_rel']:.2e} (must be >> the trainer's)",
         flush=True,
     )
     return ok
@@ -183,7 +154,7 @@ def run_case(name, shape, layers, lora, device, dtype, completion_len, batch_siz
     )
     ok = True
     if do_eq8:
-        ok = eq8_check(trainers, model, params, shape, device, batch_size=4, completion_len=min(512, completion_len))
+        ok = eq8_check(trainers, model, shape, device, batch_size=4, completion_len=min(512, completion_len))
     del trainers, optimizer, batch, model, params
     free_device_memory(device)
     return ok

@@ -11,35 +11,16 @@ ERC_VARIANT = {"cegppo_entropy_ratio_clip": [0.95, 1.05]}  # the authors' releas
 
 
 def erc_gradient_check(trainers, model, params, batch, band=None) -> tuple[bool, str]:
-    """The ERC trainer's gradient (all parameters) against the harness's `token_mean_reference_loss` on the same batch; the ERC-off
-    trainer's gradient as a control that must not match. `band`: the reference's (default: the ERC trainer's own;
-    another one must fail). Returns (passed, text)."""
-    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
-    attn = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
-    erc = trainers["erc"]
-    model.zero_grad(set_to_none=True)
-    logps, entropies, _ = erc._get_per_token_logps_and_entropies(
-        model, ids, attn, batch["completion_ids"].size(1), compute_entropy=True
-    )
-    ref_loss, outside = bs.token_mean_reference_loss(
-        logps, batch["old_per_token_logps"], batch["advantages"], batch["completion_mask"], erc.clip_params,
-        entropies, batch["cegppo_old_entropies"], band or erc.args.cegppo_entropy_ratio_clip,
-    )  # fmt: skip
-    ref_loss.backward()
-    reference = bs.grads(params)
-    found = {}
-    for name in ("erc", "base"):
-        model.zero_grad(set_to_none=True)
-        loss = trainers[name]._compute_loss(model, batch)
-        loss.backward()
-        found[name] = (float(loss), bs.relative_error(bs.grads(params), reference))
-    model.zero_grad(set_to_none=True)
-    loss_err = abs(found["erc"][0] - float(ref_loss)) / max(abs(float(ref_loss)), 1e-3)
-    rel, control = found["erc"][1], found["base"][1]
-    ok = loss_err <= 2e-2 and rel <= 5e-2 and float(outside) > 0 and control > 10 * max(rel, 1e-3)
+    """The ERC trainer's gradient against the harness's reference with entropy-ratio clipping; the ERC-off trainer's
+    gradient as a control that must not match. `band`: the reference's (default: the ERC trainer's own; another one
+    must fail). Returns (passed, text)."""
+    band = band or trainers["erc"].args.cegppo_entropy_ratio_clip
+    c = bs.reference_gradient_check(trainers, model, params, batch, "erc", "base", band)
+    ok = c["loss_err"] <= 2e-2 and c["rel"] <= 5e-2 and c["marked"] > 0 and c["control_rel"] > 10 * max(c["rel"], 1e-3)
     text = (
-        f"ERC {'PASS' if ok else 'FAIL'}: outside_band={float(outside):.3f} loss_rel_err={loss_err:.2e} "
-        f"grad_rel_err={rel:.2e} | control ERC off vs reference: grad_rel_err={control:.2e} (must be >> the trainer's)"
+        f"ERC {'PASS' if ok else 'FAIL'}: outside_band={c['marked']:.3f} loss_rel_err={c['loss_err']:.2e} "
+        f"grad_rel_err={c['rel']:.2e} | control ERC off vs reference: grad_rel_err={c['control_rel']:.2e} (must be >> "
+        "the trainer's)"
     )
     return ok, text
 
