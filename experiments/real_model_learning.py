@@ -61,6 +61,11 @@ def parse_args(argv=None):
     parser.add_argument("--learning_rate", type=float, default=5e-4)
     parser.add_argument("--lora_r", type=int, default=16)
     parser.add_argument("--jobs", type=int, default=2, help="processes (one torch thread each)")
+    parser.add_argument(
+        "--summarize_only",
+        action="store_true",
+        help="train nothing: rebuild the table and figure from start.json and the runs' json in --out",
+    )
     return parser.parse_args(argv)
 
 
@@ -257,7 +262,11 @@ def summarize(start: dict, runs: list[dict]) -> dict:
     k = start["k"]
     per_run = {}
     for r in runs:
-        diff, se = paired(r["end"]["num_correct"], start["num_correct"], k)
+        if "num_correct" in start:
+            diff, se = paired(r["end"]["num_correct"], start["num_correct"], k)
+        else:  # a start recorded by its figures only (see --summarize_only): unpaired
+            diff = r["end"]["accuracy"] - start["accuracy"]
+            se = math.hypot(r["end"]["accuracy_se"], start["accuracy_se"])
         per_run[r["name"]] = {"arm": r["arm"], "seed": r["seed"], "diff_vs_start": diff, "diff_se": se,
                               "z": diff / se if se > 0 else float("nan")}  # fmt: skip
     arms = {}
@@ -334,7 +343,9 @@ def plot(start: dict, runs: list[dict], path: Path) -> str:
         history = r["log_history"]
         for ax, metric in ((axes[0], "reward"), (axes[2], "entropy")):
             points = [(e["step"], e[metric]) for e in history if _finite(e.get(metric))]
-            ax.plot(*zip(*points), color=color, linestyle=style, linewidth=1.2, label=label) if points else None
+            ax.plot(
+                *zip(*points), color=color, linestyle=style, marker=".", linewidth=1.2, label=label
+            ) if points else None
         curve = [(0, start["accuracy"], start["accuracy_se"])]
         curve += [(c["step"], c["accuracy"], c["accuracy_se"]) for c in r["curve"]]
         steps, acc, se = zip(*curve)
@@ -363,12 +374,42 @@ def time_report(start: dict, runs: list[dict], total: float) -> str:
     train = sum(r["train_seconds"] for r in runs)
     parts = ", ".join(f"{key} {sums[key]:.0f} s" for key in keys)
     return (f"time (process seconds, summed over {len(runs)} runs): training {train:.0f} s ({parts}); held-out "
-            f"measurements {evals:.0f} s; wall total {total:.0f} s")  # fmt: skip
+            f"measurements {evals:.0f} s; wall total " + ("not recorded" if total is None else f"{total:.0f} s"))  # fmt: skip
+
+
+def write_results(out: Path, start: dict, runs: list[dict], total: float | None, options: dict) -> None:
+    summary = summarize(start, runs)
+    table = markdown_table(start, runs, summary)
+    timing = time_report(start, runs, total)
+    result = {"settings": {"instruction": INSTRUCTION, "temperature": TEMPERATURE, "max_new_tokens": MAX_NEW_TOKENS,
+                           **options}, "start": start, "summary": summary, "seconds": total, "time": timing,
+              "runs": [{k: v for k, v in r.items() if k != "log_history"} for r in runs]}  # fmt: skip
+    (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / "results.md").write_text(table + "\n" + timing + "\n")
+    figure = plot(start, runs, out / "learning_curves.png")
+    print(table)
+    print(timing)
+    print(f"[learning] wrote {out / 'results.json'}, {out / 'results.md'}, {figure}")
+
+
+def summarize_only(out: Path) -> int:
+    """The table and figure of the runs saved in `out` so far (a run cut short keeps its finished jobs)."""
+    if not (out / "start.json").is_file():
+        raise SystemExit(f"--summarize_only: {out / 'start.json'} is missing; run the command without it first.")
+    start = json.loads((out / "start.json").read_text())
+    runs = [json.loads(p.read_text()) for p in sorted(out.glob("*-seed*.json"))]
+    if not runs:
+        raise SystemExit(f"--summarize_only: no finished run (<arm>-seed<N>.json) in {out}.")
+    runs.sort(key=lambda r: (r["seed"], list(ARMS).index(r["arm"])))
+    write_results(out, start, runs, None, {"runs_found": [r["name"] for r in runs]})
+    return 0
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     wall = time.perf_counter()
+    if args.summarize_only:
+        return summarize_only(args.out)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.model is None:
         sys.path.insert(0, str(ROOT / "tests" / "real_model"))
@@ -396,19 +437,7 @@ def main(argv=None) -> int:
             print(f"[learning] {r['name']}: accuracy {r['end']['accuracy']:.3f} +- {r['end']['accuracy_se']:.3f} "
                   f"(train {r['train_seconds']:.0f} s)", flush=True)  # fmt: skip
             (args.out / f"{r['name']}.json").write_text(json.dumps(r, indent=1) + "\n")
-    total = time.perf_counter() - wall
-    summary = summarize(start, runs)
-    table = markdown_table(start, runs, summary)
-    timing = time_report(start, runs, total)
-    result = {"settings": {"instruction": INSTRUCTION, "temperature": TEMPERATURE, "max_new_tokens": MAX_NEW_TOKENS,
-                           **options}, "start": start, "summary": summary, "seconds": total, "time": timing,
-              "runs": [{k: v for k, v in r.items() if k != "log_history"} for r in runs]}  # fmt: skip
-    (args.out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
-    (args.out / "results.md").write_text(table + "\n" + timing + "\n")
-    figure = plot(start, runs, args.out / "learning_curves.png")
-    print(table)
-    print(timing)
-    print(f"[learning] wrote {args.out / 'results.json'}, {args.out / 'results.md'}, {figure}")
+    write_results(args.out, start, runs, time.perf_counter() - wall, options)
     return 0
 
 
