@@ -45,7 +45,8 @@ def test_learning_command_writes_its_table_and_figure(smollm2_dir, tmp_path):
     assert set(summary["arms"]) == {"cegppo", "grpo"} and len(summary["cegppo_minus_grpo"]) == 1
     # every figure finite, except a ratio whose standard error is 0 (4 problems can all be wrong)
     numbers = list(_numbers({k: v for k, v in result.items() if k != "summary"}))
-    numbers += [v for name, run in summary["per_run"].items() for key, v in run.items() if key != "z"]
+    numbers += _numbers([{key: v for key, v in run.items() if key != "z"} for run in summary["per_run"].values()])
+    numbers += _numbers([summary["arms"], summary["cegppo_minus_grpo"]])
     assert numbers and all(math.isfinite(v) for v in numbers)
 
     table = (out / "results.md").read_text()
