@@ -60,6 +60,13 @@ def parse_args(argv=None):
     parser.add_argument("--steps_per_generation", type=int, default=4, help="optimizer steps per generation batch")
     parser.add_argument("--learning_rate", type=float, default=5e-4)
     parser.add_argument("--lora_r", type=int, default=16)
+    parser.add_argument(
+        "--rewards",
+        nargs="+",
+        default=["math", "format"],
+        choices=["math", "format"],
+        help="training rewards (the recorded run: math format; the format reward was gamed there)",
+    )
     parser.add_argument("--jobs", type=int, default=2, help="processes (one torch thread each)")
     parser.add_argument(
         "--summarize_only",
@@ -207,7 +214,8 @@ def job_train(model_dir: str, arm: str, seed: int, options: dict) -> dict:
     lora = LoraConfig(r=options["lora_r"], lora_alpha=2 * options["lora_r"], target_modules="all-linear",
                       task_type="CAUSAL_LM")  # fmt: skip
     train = load_math_dataset("builtin:arithmetic", instruction=INSTRUCTION)
-    trainer = CEGPPOTrainer(model=model, reward_funcs=[math_reward, format_reward], args=args, train_dataset=train,
+    rewards = [{"math": math_reward, "format": format_reward}[name] for name in options["rewards"]]
+    trainer = CEGPPOTrainer(model=model, reward_funcs=rewards, args=args, train_dataset=train,
                             processing_class=tokenizer, peft_config=lora)  # fmt: skip
     trainer.remove_callback(PrinterCallback)
     timer = _Timer(trainer)
@@ -335,7 +343,12 @@ def markdown_table(start: dict, runs: list[dict], summary: dict) -> str:
 def plot(start: dict, runs: list[dict], path: Path) -> str:
     from cegppo_trl.demo.plotting import RUN_COLORS, panels, save_figure, style_panel
 
-    names = ("reward", "held-out accuracy (avg@k)", "training entropy (nats)", "CE-GPPO clipped-token share")
+    names = (
+        "training reward (sum of the rewards)",
+        "held-out accuracy (avg@k)",
+        "training entropy (nats)",
+        "CE-GPPO clipped-token share",
+    )
     fig, axes = panels(4, ncols=4, width=4.0, height=3.1)
     for r in runs:
         color, style = RUN_COLORS[r["arm"]], "-" if r["seed"] == runs[0]["seed"] else "--"
