@@ -35,8 +35,9 @@ LM_SERIES = (
     + tuple(f"cegppo/quadrant/{q}/{s}" for s in ("token_frac", "restored_grad_share") for q in ("pos_low", "neg_low"))
 )
 # The settings section 2 was made with (the demo's defaults differ): all built-in problems, each mini-batch used
-# twice (4 x 2 = 8 optimizer steps per generation batch).
-PROBLEMS, LM_RL_SETTINGS = "all", {"steps_per_generation": 4, "num_iterations": 2}
+# twice (4 x 2 = 8 optimizer steps per generation batch), a constant learning rate from the first step.
+PROBLEMS = "all"
+LM_RL_SETTINGS = {"steps_per_generation": 4, "num_iterations": 2, "lr_scheduler_type": "constant", "warmup_steps": 0}
 
 
 def key(betas) -> str:

@@ -14,7 +14,7 @@ from conftest import DEMO_OUTPUT
 
 from cegppo_trl.data import load_math_dataset
 from cegppo_trl.demo import lm
-from cegppo_trl.demo.run import LM_LIMITS, main, run_toy_part
+from cegppo_trl.demo.run import LM_LIMITS, _gains, _lm_text, main, run_toy_part
 from cegppo_trl.demo.toy import TOY_GRID, TOY_PRESETS, run_toy
 from cegppo_trl.tiny_model import format_user_message
 
@@ -69,6 +69,33 @@ def test_toy_findings_count_what_the_runs_show(small_toy):
     assert summary["measured_dH"] == [b - a for a, b in zip(again.entropy, again.entropy[1:])]
     assert summary["predicted_dH"] == [sum(d) for d in zip(again.dH_beta1, again.dH_beta2, again.dH_unclipped)]
     assert statistics.correlation(summary["predicted_dH"], summary["measured_dH"]) > 0.9
+
+
+def _arm(start, end, entropy=0.03):
+    shares = dict.fromkeys(("beta1_token_frac", "beta2_token_frac", "beta1_grad_share", "beta2_grad_share"), 0.01)
+    return {"start_accuracy": start, "end_accuracy": end, "start_entropy": 0.04, "end_entropy": entropy,
+            "end_reward": 0.5, **shares}  # fmt: skip
+
+
+def test_lm_text_states_each_arm_against_its_warm_start_from_the_numbers():
+    """The LM part's table has the warm start's row and every seed's; the sentence on RL vs the warm start counts and
+    spreads each arm's own end - start differences (here CE-GPPO above in 1 of 2 seeds, GRPO in 2 of 2)."""
+    pairs = [{"seed": 5, "cegppo": _arm(0.5, 0.625), "grpo": _arm(0.5, 0.5625)},
+             {"seed": 6, "cegppo": _arm(0.5, 0.375), "grpo": _arm(0.5, 0.75)}]  # fmt: skip
+    gains = _gains(pairs)
+    assert gains["cegppo"]["values"] == [0.125, -0.125] and gains["grpo"]["values"] == [0.0625, 0.25]
+    warm = {"accuracy": 0.5, "entropy": 0.04, "sft": {"steps": 7}}
+    diffs = {"accuracy": {"values": [0.0625, -0.375], "mean": -0.15625, "std": 0.3},
+             "entropy": {"values": [0.0, 0.0], "mean": 0.0, "std": 0.0}}  # fmt: skip
+    text = _lm_text(pairs, warm, diffs, gains, {"steps": 3})
+    rows = [line for line in text.splitlines() if line.startswith("| ")]
+    assert rows[1] == "| start (warm start) | 0.500 | 0.500 | | 0.0400 | 0.0400 | | | |"
+    assert rows[2].startswith("| 5 | 0.625 | 0.562 | +0.062 |")
+    assert rows[3].startswith("| 6 | 0.375 | 0.750 | -0.375 |")
+    assert "Start (the warm start, 7 SFT steps): held-out accuracy 0.500" in text
+    assert "CE-GPPO +0.000 +- 0.177 (above the start in 1 of 2 seeds, -0.125 to +0.125)" in text
+    assert "GRPO +0.156 +- 0.133 (above the start in 2 of 2 seeds, +0.062 to +0.250)" in text
+    assert LM_LIMITS.format(steps=3) in text
 
 
 def test_bad_sizes_get_one_line_and_exit_2(capsys, tmp_path, monkeypatch):
@@ -187,6 +214,17 @@ def test_demo_end_to_end(quick_demo):
         higher = f"(higher in {sum(d > 0 for d in diffs)} of {len(diffs)})"
         assert re.search(rf"{metric} {re.escape(spread)}( nats)? {re.escape(higher)}", printed), (metric, spread)
     assert pairs[0]["cegppo"]["start_accuracy"] == summary["warm_start"]["accuracy"]
+
+    # Every arm starts from the warm start (evaluated with its seed); results.json records each arm's end - start and the printed sentence
+    # states those numbers (whatever their sign: learning is a measurement, not a test threshold).
+    warm = summary["warm_start"]
+    assert f"| start (warm start) | {warm['accuracy']:.3f} | {warm['accuracy']:.3f} | |" in printed
+    for name, shown in (("cegppo", "CE-GPPO"), ("grpo", "GRPO")):
+        gains = [p[name]["end_accuracy"] - p[name]["start_accuracy"] for p in pairs]
+        assert pairs[0][name]["start_accuracy"] == warm["accuracy"]  # later seeds evaluate it with their own seed
+        assert summary["gains"][name]["values"] == gains
+        above = f"above the start in {sum(g > 0 for g in gains)} of {len(gains)} seeds"
+        assert f"{shown} {statistics.fmean(gains):+.3f} +- {statistics.stdev(gains):.3f} ({above}, " in printed
 
     # The first seed's models are saved with their prompt format; the printed commands evaluate them.
     assert summary["runs"] == [pairs[0]["cegppo"], pairs[0]["grpo"]]

@@ -23,19 +23,22 @@ from ..tiny_model import DEFAULT_PROBLEMS, PROMPT_INSTRUCTION, load_rows, load_t
 #: The user message the tiny model is SFT-trained on: "What is 3+4? Put the final answer in \boxed{}."
 DEMO_INSTRUCTION = "{problem} " + PROMPT_INSTRUCTION
 HELDOUT_FILE = "heldout.jsonl"  # the held-out rows of a demo run, for `cegppo-eval --datasets`
-DEFAULT_SFT_STEPS, DEFAULT_RL_STEPS, DEFAULT_EVAL_SAMPLES = 300, 48, 8  # why: docs/entropy_results.md, section 4
+DEFAULT_SFT_STEPS, DEFAULT_RL_STEPS, DEFAULT_EVAL_SAMPLES = 200, 48, 8  # why: docs/entropy_results.md, section 4
 CLIPPED_SETS = tuple(f"cegppo/{k}" for k in ("beta1_token_frac", "beta2_token_frac", "beta1_grad_share",
                                                "beta2_grad_share"))  # fmt: skip
 MAX_NEW_TOKENS = 20  # the warm-started answer "49+27=76. \boxed{76}" + eos is 16 tokens
 
 #: CEGPPOConfig values of every demo run; `run_rl(**config_overrides)` replaces any of them. Off-policy as in the
 #: paper: one generation batch feeds 8 mini-batches of 16 prompts x 8 completions, each used once, so the ratio leaves
-#: 1 on 7 of every 8 steps (why not 4 x 2 re-use: docs/entropy_results.md). No KL term (paper); bf16 fails on a CPU.
+#: 1 on 7 of every 8 steps (why not 4 x 2 re-use: docs/entropy_results.md). The learning rate warms up over the first
+#: generation batch: Adam's first steps from a fresh state move every weight by ~lr whatever the gradient's size, and
+#: at 1e-4 from the first step they cut the training reward (docs/entropy_results.md, section 3). No KL term (paper);
+#: bf16 fails on a CPU.
 RL_DEFAULTS: dict[str, Any] = dict(
     use_cpu=True, bf16=False, per_device_train_batch_size=128, num_generations=8, gradient_accumulation_steps=1,
     steps_per_generation=8, num_iterations=1, max_completion_length=MAX_NEW_TOKENS, temperature=1.0,
-    learning_rate=1e-4, lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=1.0, beta=0.0, epsilon=0.2,
-    loss_type="dapo", activation_checkpointing=False, report_to="none", save_strategy="no", disable_tqdm=True,
+    learning_rate=1e-4, lr_scheduler_type="constant_with_warmup", warmup_steps=8, weight_decay=0.0, max_grad_norm=1.0,
+    beta=0.0, epsilon=0.2, loss_type="dapo", activation_checkpointing=False, report_to="none", save_strategy="no", disable_tqdm=True,
 )  # fmt: skip
 
 

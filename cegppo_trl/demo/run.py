@@ -114,7 +114,8 @@ def _run(args: argparse.Namespace, sizes: dict) -> dict:
     pairs = _lm_runs(args, sizes, out, eval_rows, warm, timed)
     differences = {m: _spread([p["cegppo"][f"end_{m}"] - p["grpo"][f"end_{m}"] for p in pairs])
                    for m in ("accuracy", "entropy")}  # fmt: skip
-    lm_text = _lm_text(pairs, warm, differences, sizes)
+    gains = _gains(pairs)
+    lm_text = _lm_text(pairs, warm, differences, gains, sizes)
     print(lm_text, flush=True)
     plots = timed("figures", _figures, args, sizes, out, toy, pairs, differences)
     shown = args.output_dir.rstrip(os.sep) or out  # the printed commands name the paths as the user gave them
@@ -127,7 +128,7 @@ def _run(args: argparse.Namespace, sizes: dict) -> dict:
         "warm_start": warm, "pairs": [{"seed": p["seed"], **{n: _no_history(p[n]) for n in ("cegppo", "grpo")}}
                                       for p in pairs],
         "runs": [_no_history(pairs[0][name]) for name in ("cegppo", "grpo")],  # the saved models' runs
-        "differences": differences, "plots": plots, "heldout": heldout, "timings": timings,
+        "differences": differences, "gains": gains, "plots": plots, "heldout": heldout, "timings": timings,
         "eval_commands": {n: lm.eval_command(p, data, sizes["eval_samples"], args.seed) for n, p in models.items()},
     }  # fmt: skip
     with open(os.path.join(out, "results.md"), "w") as f:
@@ -178,6 +179,12 @@ def _spread(values) -> dict:
             "std": statistics.stdev(values) if len(values) > 1 else 0.0}  # fmt: skip
 
 
+def _gains(pairs: list[dict]) -> dict:
+    """Per arm, held-out accuracy at the end minus at the start (the warm start), over the seeds."""
+    return {name: _spread([p[name]["end_accuracy"] - p[name]["start_accuracy"] for p in pairs])
+            for name in ("cegppo", "grpo")}  # fmt: skip
+
+
 def _warm_start(args, sizes: dict, out: str, eval_rows: list[dict]) -> dict:
     _, _, warm = lm.warm_start(
         seed=args.seed, sft_steps=sizes["sft_steps"], progress=not args.no_progress, cache_dir=f"{out}/warm_start",
@@ -214,11 +221,13 @@ def _lm_runs(args, sizes: dict, out: str, eval_rows: list[dict], warm: dict, tim
     return pairs
 
 
-def _lm_text(pairs: list[dict], warm: dict, differences: dict, sizes: dict) -> str:
+def _lm_text(pairs: list[dict], warm: dict, differences: dict, gains: dict, sizes: dict) -> str:
     lines = [
         "| seed | held-out accuracy: CE-GPPO | GRPO | CE-GPPO - GRPO | held-out entropy: CE-GPPO | GRPO "
         "| CE-GPPO - GRPO | train reward, last 10%: CE-GPPO | GRPO |",
         "|" + "---|" * 9,
+        f"| start (warm start) | {warm['accuracy']:.3f} | {warm['accuracy']:.3f} | | {warm['entropy']:.4f} "
+        f"| {warm['entropy']:.4f} | | | |",
     ]
     for p in pairs:
         c, g = p["cegppo"], p["grpo"]
@@ -234,7 +243,8 @@ def _lm_text(pairs: list[dict], warm: dict, differences: dict, sizes: dict) -> s
                                                                          "beta1_grad_share", "beta2_grad_share")}  # fmt: skip
     return "\n".join(lines) + (
         f"\n\nStart (the warm start, {warm['sft']['steps']} SFT steps): held-out accuracy {warm['accuracy']:.3f} "
-        f"(sampled, T=1), entropy {warm['entropy']:.4f} nats.\n\n"
+        f"(sampled, T=1), entropy {warm['entropy']:.4f} nats. RL from it, held-out accuracy at the end minus the "
+        f"start: {_gain_text(gains['cegppo'], 'CE-GPPO')}; {_gain_text(gains['grpo'], 'GRPO')}.\n\n"
         f"What this part shows: the trainer on a real model. Off-policy updates put {share['beta1_token_frac']:.2f}% "
         f"/ {share['beta2_token_frac']:.2f}% of CE-GPPO's tokens in the beta1 / beta2 sets, carrying "
         f"{share['beta1_grad_share']:.2f}% / {share['beta2_grad_share']:.2f}% of its gradient weight. CE-GPPO - GRPO "
@@ -242,6 +252,12 @@ def _lm_text(pairs: list[dict], warm: dict, differences: dict, sizes: dict) -> s
         f"{sum(v > 0 for v in ent['values'])} of {len(pairs)}), accuracy {acc['mean']:+.3f} +- {acc['std']:.3f} "
         f"(higher in {sum(v > 0 for v in acc['values'])} of {len(pairs)}).\n\n" + LM_LIMITS.format(**sizes)
     )
+
+
+def _gain_text(gain: dict, name: str) -> str:
+    values = gain["values"]
+    return (f"{name} {gain['mean']:+.3f} +- {gain['std']:.3f} (above the start in {sum(v > 0 for v in values)} of "
+            f"{len(values)} seeds, {min(values):+.3f} to {max(values):+.3f})")  # fmt: skip
 
 
 def _figures(args, sizes: dict, out: str, toy: dict, pairs: list[dict], differences: dict) -> dict:
