@@ -64,8 +64,8 @@ RECIPES_DIR = ROOT / "recipes"
 CONFIGS_DIR = ROOT / "accelerate_configs"
 TINY_RECIPE = RECIPES_DIR / "tiny" / "cegppo" / "config_cpu.yaml"
 TIMEOUT_S = 1800  # generous: the machine is shared; a walk took 32-105 s on a loaded 2-core machine
-# Warm start and data, measured with 8 samples at temperature 1, 16 new tokens (tiny model, seed 0): 200 SFT steps on
-# the sums give ~22% right answers and ~65% informative groups (256 prompts); 300 steps (the demo's) give 82% right
+# Warm start and data, measured with 8 samples at temperature 1, 16 new tokens (tiny model, seed 0): 200 SFT steps (the
+# demo's) on the sums give ~22% right answers and ~65% informative groups (256 prompts); 300 steps give 82% right
 # and 39% informative on the sums, 22% on all of builtin:arithmetic (its differences and word problems always wrong).
 # A recipe that over-generates 2x fills its training batch only when >= 50% of the groups are informative.
 WALK_SFT_STEPS = 200
