@@ -40,7 +40,7 @@ MAX_NEW_TOKENS = 20
 ARMS = {"cegppo": (0.5, 1.0), "grpo": (0.0, 0.0)}  # (beta1, beta2): the paper's 1.5B betas; both 0 is GRPO
 CLIPPED = ("cegppo/beta1_token_frac", "cegppo/beta2_token_frac")
 #: Where a training run's time goes: TRL 1.16 GRPOTrainer methods (private names, pinned by
-#: tests/test_real_model_learning.py) timed by wrapping them on the trainer instance.
+#: tests/test_learning_command.py) timed by wrapping them on the trainer instance.
 TIMED_METHODS = ("_generate_and_score_completions", "_generate", "_calculate_rewards",
                  "_get_per_token_logps_and_entropies")  # fmt: skip
 
