@@ -186,7 +186,7 @@ def non_finite_tensors(checkpoint: str) -> tuple[int, int] | None:
     return broken, total
 
 
-def newest_finite_checkpoint(output_dir: str, checkpoints: list[str]) -> tuple[str | None, list[str]]:
+def newest_finite_checkpoint(checkpoints: list[str]) -> tuple[str | None, list[str]]:
     """The newest of `checkpoints` (oldest first) whose saved weights are all finite, and one line for each newer
     one passed over."""
     skipped = []

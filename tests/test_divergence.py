@@ -141,7 +141,7 @@ def test_auto_resume_passes_over_non_finite_checkpoints_and_refuses_when_all_are
     with pytest.raises(NoFiniteCheckpointError, match=r"every checkpoint in .* has non-finite weights \(the newest: "):
         finite_checkpoint_to_resume(str(tmp_path), said.append)
     assert finite_checkpoint_to_resume(str(tmp_path / "none"), said.append) is None
-    assert newest_finite_checkpoint(str(tmp_path), []) == (None, [])
+    assert newest_finite_checkpoint([]) == (None, [])
 
 
 # --- The trainer

@@ -123,7 +123,7 @@ def finite_checkpoint_to_resume(output_dir: str, say) -> str | None:
     from ..divergence import NoFiniteCheckpointError, newest_finite_checkpoint
 
     found = complete_checkpoints(output_dir)
-    checkpoint, skipped = newest_finite_checkpoint(output_dir, found)
+    checkpoint, skipped = newest_finite_checkpoint(found)
     for line in skipped:
         say(line)
     if found and checkpoint is None:

@@ -310,7 +310,7 @@ def diverged_message(error: Exception, training_args) -> str:
     if isinstance(error, NoFiniteCheckpointError):
         return f"{PROG}: {error}"
     output_dir = training_args.output_dir
-    checkpoint, _ = newest_finite_checkpoint(output_dir, complete_checkpoints(output_dir))
+    checkpoint, _ = newest_finite_checkpoint(complete_checkpoints(output_dir))
     return stop_message(error, PROG, output_dir, checkpoint)
 
 
