@@ -33,10 +33,15 @@ from pathlib import Path
 
 
 ROOT = Path(__file__).resolve().parents[1]
-#: Fixed before the first recorded run and the same for the start and every trained model.
-INSTRUCTION = "{problem} Put the final answer in \\boxed{}."
+#: The prompt, fixed before the recorded run (the third configuration of docs/real_model.md) and the same for the
+#: start and every trained model: one worked example (a sum in neither data set) before the problem, so the model
+#: writes the equation and boxes its result from the first sample (the format is not what RL has to find).
+EXAMPLE = [
+    {"role": "user", "content": "What is 12+30?"},
+    {"role": "assistant", "content": "12 + 30 = 42. \\boxed{42}"},
+]
 TEMPERATURE = 0.7  # at 1.0 every group of SmolLM2's sums had zero reward variance (docs/real_model.md)
-MAX_NEW_TOKENS = 20
+MAX_NEW_TOKENS = 28  # the equation and its box fit; at 16 most boxes were cut
 ARMS = {"cegppo": (0.5, 1.0), "grpo": (0.0, 0.0)}  # (beta1, beta2): the paper's 1.5B betas; both 0 is GRPO
 CLIPPED = ("cegppo/beta1_token_frac", "cegppo/beta2_token_frac")
 #: Where a training run's time goes: TRL 1.16 GRPOTrainer methods (private names, pinned by
@@ -51,21 +56,21 @@ def parse_args(argv=None):
     parser.add_argument("--model", type=Path, default=None, help="a built SmolLM2 directory (default: build it)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
-    parser.add_argument("--max_steps", type=int, default=12, help="optimizer steps per run")
-    parser.add_argument("--eval_problems", type=int, default=100, help="held-out problems (first N of the set)")
+    parser.add_argument("--max_steps", type=int, default=24, help="optimizer steps per run")
+    parser.add_argument("--eval_problems", type=int, default=200, help="held-out problems (first N of the set)")
     parser.add_argument("--eval_k", type=int, default=4, help="samples per held-out problem")
     parser.add_argument("--eval_every", type=int, default=0, help="also measure every N steps during training (0: no)")
     parser.add_argument("--prompts_per_generation", type=int, default=8)
     parser.add_argument("--num_generations", type=int, default=8)
     parser.add_argument("--steps_per_generation", type=int, default=4, help="optimizer steps per generation batch")
-    parser.add_argument("--learning_rate", type=float, default=5e-4)
+    parser.add_argument("--learning_rate", type=float, default=1e-4)
     parser.add_argument("--lora_r", type=int, default=16)
     parser.add_argument(
         "--rewards",
         nargs="+",
-        default=["math", "format"],
+        default=["math"],
         choices=["math", "format"],
-        help="training rewards (the recorded run: math format; the format reward was gamed there)",
+        help="training rewards (the format reward was gamed in the first recorded configuration: docs/real_model.md)",
     )
     parser.add_argument("--jobs", type=int, default=2, help="processes (one torch thread each)")
     parser.add_argument(
@@ -77,10 +82,16 @@ def parse_args(argv=None):
 
 
 # --------------------------------------------------------------------------------------------------- measurement
-def load_eval_rows(n: int):
+def load_rows(name: str):
+    """`name`'s problems as conversational prompts: the worked `EXAMPLE`, then the problem as the user's message."""
     from cegppo_trl.data import load_math_dataset
 
-    rows = load_math_dataset("builtin:arithmetic_eval", instruction=INSTRUCTION)
+    rows = load_math_dataset(name, instruction=None)
+    return rows.map(lambda row: {"prompt": EXAMPLE + row["prompt"]})
+
+
+def load_eval_rows(n: int):
+    rows = load_rows("builtin:arithmetic_eval")
     if n > len(rows):
         raise SystemExit(f"--eval_problems {n}: builtin:arithmetic_eval has {len(rows)} problems; pass at most that.")
     return rows.select(range(n))
@@ -131,7 +142,22 @@ def job_start_eval(model_dir: str, n: int, k: int) -> dict:
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    return {"name": "start", **measure(model, tokenizer, n, k)}
+    return {"name": "start", **measure(model, tokenizer, n, k), **_measured_with(model_dir)}
+
+
+def _measured_with(model_dir: str) -> dict:
+    return {"model": str(Path(model_dir).resolve()), "example": EXAMPLE, "temperature": TEMPERATURE,
+            "max_new_tokens": MAX_NEW_TOKENS}  # fmt: skip
+
+
+def reusable_start(path: Path, model_dir: str, n: int, k: int) -> dict | None:
+    """The start's measurement saved in `path` by an earlier run of this command with the same model, held-out size
+    and prompt and sampling (a run stopped after it resumes without measuring the start again), else None."""
+    if not path.is_file():
+        return None
+    start = json.loads(path.read_text())
+    same = {key: start.get(key) for key in _measured_with(model_dir)} == _measured_with(model_dir)
+    return start if same and (start.get("num_problems"), start.get("k")) == (n, k) else None
 
 
 class _Timer:
@@ -190,7 +216,6 @@ def job_train(model_dir: str, arm: str, seed: int, options: dict) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
 
     from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
-    from cegppo_trl.data import load_math_dataset
     from cegppo_trl.rewards import format_reward, math_reward
 
     beta1, beta2 = ARMS[arm]
@@ -213,7 +238,7 @@ def job_train(model_dir: str, arm: str, seed: int, options: dict) -> dict:
 
     lora = LoraConfig(r=options["lora_r"], lora_alpha=2 * options["lora_r"], target_modules="all-linear",
                       task_type="CAUSAL_LM")  # fmt: skip
-    train = load_math_dataset("builtin:arithmetic", instruction=INSTRUCTION)
+    train = load_rows("builtin:arithmetic")
     rewards = [{"math": math_reward, "format": format_reward}[name] for name in options["rewards"]]
     trainer = CEGPPOTrainer(model=model, reward_funcs=rewards, args=args, train_dataset=train,
                             processing_class=tokenizer, peft_config=lora)  # fmt: skip
@@ -394,7 +419,7 @@ def write_results(out: Path, start: dict, runs: list[dict], total: float | None,
     summary = summarize(start, runs)
     table = markdown_table(start, runs, summary)
     timing = time_report(start, runs, total)
-    result = {"settings": {"instruction": INSTRUCTION, "temperature": TEMPERATURE, "max_new_tokens": MAX_NEW_TOKENS,
+    result = {"settings": {"example": EXAMPLE, "temperature": TEMPERATURE, "max_new_tokens": MAX_NEW_TOKENS,
                            **options}, "start": start, "summary": summary, "seconds": total, "time": timing,
               "runs": [{k: v for k, v in r.items() if k != "log_history"} for r in runs]}  # fmt: skip
     (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -437,11 +462,16 @@ def main(argv=None) -> int:
     load_eval_rows(args.eval_problems)  # a bad size fails before anything runs
     print(f"[learning] model {model_dir}; {len(args.arms)} arms x seeds {args.seeds}, {args.max_steps} steps each; "
           f"held-out {args.eval_problems} problems x {args.eval_k}; {args.jobs} processes", flush=True)  # fmt: skip
+    start = reusable_start(args.out / "start.json", model_dir, args.eval_problems, args.eval_k)
     with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
-        start_future = pool.submit(job_start_eval, model_dir, args.eval_problems, args.eval_k)
+        if start is None:
+            start_future = pool.submit(job_start_eval, model_dir, args.eval_problems, args.eval_k)
         futures = [pool.submit(job_train, model_dir, arm, seed, options) for seed in args.seeds for arm in args.arms]
-        start = start_future.result()
-        (args.out / "start.json").write_text(json.dumps(start, indent=1) + "\n")
+        if start is None:
+            start = start_future.result()
+            (args.out / "start.json").write_text(json.dumps(start, indent=1) + "\n")
+        else:
+            print(f"[learning] start: reusing {args.out / 'start.json'} (same model, problems, k and sampling)")
         print(f"[learning] start: accuracy {start['accuracy']:.3f} +- {start['accuracy_se']:.3f}", flush=True)
         runs = []
         for future in futures:

@@ -62,3 +62,33 @@ def test_summary_and_table(learning):
     table = learning.markdown_table(start, runs, summary)
     assert "| cegppo seed 0 | 87.5 +- 20.0 | +50.0 +-" in table  # 7 of 8 right
     assert "| grpo | +6.2 | 8.8 |" in table
+
+
+def test_prompts_hold_the_worked_example_and_the_held_out_set_never_trains(learning):
+    """Every prompt, training and held-out, is the worked example then the problem; the example is in neither set and
+    no held-out problem is a training problem."""
+    train, held_out = learning.load_rows("builtin:arithmetic"), learning.load_eval_rows(300)
+    problems = {split: {row["prompt"][-1]["content"] for row in rows} for split, rows in (("train", train),
+                                                                                              ("eval", held_out))}  # fmt: skip
+    assert not problems["train"] & problems["eval"]
+    assert learning.EXAMPLE[0]["content"] not in problems["train"] | problems["eval"]
+    for rows in (train, held_out):
+        assert all(row["prompt"][:-1] == learning.EXAMPLE for row in rows)
+    with pytest.raises(SystemExit, match="--eval_problems 301"):
+        learning.load_eval_rows(301)
+
+
+def test_generation_speed_command_prints_its_table(tiny_checkpoint):
+    """experiments/generation_speed.py as a user runs it, HF backend only (vLLM's side runs where vLLM is installed:
+    docs/real_model.md quotes that run), on the tests' tiny checkpoint instead of SmolLM2."""
+    import subprocess
+    import sys
+
+    argv = [sys.executable, ROOT / "experiments" / "generation_speed.py", "--model", tiny_checkpoint, "--backends",
+            "hf", "--eval_problems", "3"]  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "| hf | training batch (8 prompts x 8) |" in proc.stdout
+    rows = [line.split("|") for line in proc.stdout.splitlines() if line.startswith("| hf |")]
+    assert [int(row[5]) for row in rows] == [64, 12]  # samples: 8 x 8, then 3 problems x 4
+    assert all(float(row[4]) > 0 for row in rows)
