@@ -9,6 +9,7 @@ import shlex
 import shutil
 import socket
 import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import torch
 
 
 MAX_STEPS = 4  # the tiny recipe's
+ACCELERATE_CONFIGS = Path(__file__).resolve().parents[1] / "accelerate_configs"
 
 
 def free_port() -> int:
@@ -24,6 +26,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def launcher(processes: int, config: str | None = None, port: int | None = None) -> list[str]:
+    """The command that starts a script on `processes` CPU processes, on `port` (default: a free one): torchrun (DDP
+    over gloo) without `config`, else `accelerate launch` with accelerate_configs/`config`, in fp32 (the trainer runs
+    with bf16=False on CPU; the shipped configs say bf16, for GPUs)."""
+    port = str(port or free_port())
+    if config is None:
+        return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), "--master_port",
+                port]  # fmt: skip
+    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ACCELERATE_CONFIGS / config),
+            "--num_processes", str(processes), "--mixed_precision", "no", "--main_process_port", port]  # fmt: skip
 
 
 def subprocess_env() -> dict[str, str]:

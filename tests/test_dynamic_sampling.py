@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from launching import free_port, run_launched
+from launching import launcher, run_launched
 
 
 HERE = Path(__file__).resolve().parent
@@ -85,21 +85,9 @@ def _launch(world: int, backend: str, scenarios: list[dict], model_dir: Path, ou
     scenarios_file = out_dir / "scenarios.json"
     scenarios_file.write_text(json.dumps(scenarios))
     worker = [str(HERE / "training_worker.py"), str(model_dir), str(out_dir), str(scenarios_file)]
-    if world == 1:
-        cmd = [sys.executable, *worker]
-    elif backend == "ddp":
-        cmd = [
-            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world),
-            "--master_port", str(free_port()), *worker,
-        ]  # fmt: skip
-    else:  # the shipped accelerate config, as the recipes launch it
-        cmd = [
-            sys.executable, "-m", "accelerate.commands.launch",
-            "--config_file", str(HERE.parent / "accelerate_configs" / f"{backend}.yaml"),
-            "--num_processes", str(world), "--mixed_precision", "no", "--main_process_port", str(free_port()),
-            *worker,
-        ]  # fmt: skip
-    run_launched(cmd, timeout=TIMEOUT_S)
+    # DDP, or the shipped accelerate config, as the recipes launch it
+    start = [sys.executable] if world == 1 else launcher(world, None if backend == "ddp" else f"{backend}.yaml")
+    run_launched([*start, *worker], timeout=TIMEOUT_S)
 
 
 def _kept_rows(batch: dict) -> list[int]:

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from launching import free_port, subprocess_env
+from launching import launcher, subprocess_env
 from shared import recipe_id
 
 
@@ -98,15 +98,7 @@ TIME_KEYS = ("step_time", "train_runtime", "train_samples_per_second", "train_st
 def _train(output_dir: Path, model_dir: Path, processes: int, *extra: str) -> dict:
     train_args = [str(SCRIPT), "--config", str(TINY_RECIPE), "--model_name_or_path", str(model_dir)]
     train_args += [*RUN_ARGS, "--output_dir", str(output_dir), *extra]
-    if processes == 1:
-        cmd = [sys.executable, *train_args]
-    else:
-        cmd = [
-            sys.executable, "-m", "accelerate.commands.launch",
-            "--config_file", str(ROOT / "accelerate_configs" / "multi_gpu.yaml"),
-            "--num_processes", str(processes), "--mixed_precision", "no", "--main_process_port", str(free_port()),
-            *train_args,
-        ]  # fmt: skip
+    cmd = [*([sys.executable] if processes == 1 else launcher(processes, "multi_gpu.yaml")), *train_args]
     proc = subprocess.run(cmd, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
     if proc.returncode != 0:
         pytest.fail(

@@ -4,7 +4,7 @@ A signal during training stops `cegppo-train` at the end of the step (every proc
 middle of a checkpoint write; it exits 130 (SIGINT) or 143 (SIGTERM) within seconds, names the last complete
 checkpoint and the resume command, leaves no process behind, and the checkpoint loads and resumes. The runs start
 their child with SIGINT at its default, so the tests pass when the suite itself runs in the background (`nohup ... &`),
-where SIGINT is ignored. The stress loop over many moments is benchmarks/stop_signals.py.
+where SIGINT is ignored. The stress loop over many moments is `python tests/signal_runs.py --runs 20`.
 """
 
 import json

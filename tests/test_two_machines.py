@@ -13,12 +13,11 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from launching import free_port, subprocess_env
+from launching import free_port, launcher, subprocess_env
 
 
 pytestmark = pytest.mark.slow  # launches 2-process runs
@@ -38,8 +37,7 @@ TIME_KEYS = ("step_time", "train_runtime", "train_samples_per_second", "train_st
 
 
 def _launcher(config: str, port: int, machines: int, rank: int = 0) -> list[str]:
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "accelerate_configs" / config),
-           "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(port)]  # fmt: skip
+    cmd = launcher(2, config, port)
     if machines == 2:
         cmd += ["--num_machines", "2", "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1"]
     return cmd
