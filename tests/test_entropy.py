@@ -243,10 +243,12 @@ def _values(history, key):
     return [(h["step"], h[key]) for h in history if key in h]
 
 
-def test_trainer_controller_moves_betas_and_resumes_from_checkpoint(
+def test_trainer_saves_checkpoints_and_resumes_them_with_the_controller_state(
     tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config, tmp_path
 ):
     import copy
+
+    from transformers import AutoModelForCausalLM
 
     from cegppo_trl.trainer import CONTROLLER_STATE_FILE
 
@@ -275,13 +277,20 @@ def test_trainer_controller_moves_betas_and_resumes_from_checkpoint(
     assert saved["beta1"] == pytest.approx(beta1[2])  # the betas in force at step 3
     final = json.loads((tmp_path / "run" / "checkpoint-4" / CONTROLLER_STATE_FILE).read_text())
     assert final == dataclasses.asdict(trainer._controller)
+    assert (tmp_path / "run" / "checkpoint-2" / "model.safetensors").exists()
+    assert "CE-GPPO" in (tmp_path / "run" / "README.md").read_text()
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "checkpoint-4")
+    for (name, p), q in zip(trainer.model.named_parameters(), reloaded.parameters()):
+        assert torch.equal(p.detach(), q.detach()), name
 
-    # Resume from step 2 with a fresh trainer: the controller state comes back from the checkpoint file.
-    config = make_config(CEGPPOConfig, tmp_path / "run", max_steps=4, save_strategy="no", **controller_args)
+    # Resume from step 2 with a fresh trainer, 4 more steps: the controller state comes back from the checkpoint file.
+    config = make_config(CEGPPOConfig, tmp_path / "run", max_steps=6, save_strategy="steps", save_steps=2,
+                         **controller_args)  # fmt: skip
     resumed = build_trainer(start_weights, tiny_tokenizer, arithmetic_dataset, config, reward_funcs=reward_fn)
     assert resumed._controller.num_updates == 0
     resumed.train(resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-2"))
-    assert resumed._controller.num_updates == 4  # 2 restored + 2 new
+    assert resumed.state.global_step == 6 and (tmp_path / "run" / "checkpoint-6").exists()
+    assert resumed._controller.num_updates == 6  # 2 restored + 4 new
     resumed_beta1 = dict(_values(resumed.state.log_history, "cegppo/beta1"))
     assert resumed_beta1[3] == pytest.approx(saved["beta1"])  # not the initial 0.5
     assert resumed_beta1[4] < resumed_beta1[3]
