@@ -25,6 +25,7 @@ from shared import (  # noqa: F401  (re-exported: `from conftest import ...` kee
     QUICK_DEMO_ARGS,
     ROOT,
     RUN_TIMEOUT_S,
+    TINY_INSTRUCTION,
     TINY_RECIPE,
     contains_answer_reward,
     cpu_config,
@@ -126,6 +127,27 @@ def no_model_loading(monkeypatch):
 def model_dir(tiny_checkpoint, tmp_path) -> Path:
     """A private copy of the tests' tiny checkpoint (tests write settings into it)."""
     return Path(shutil.copytree(tiny_checkpoint, tmp_path / "model"))
+
+
+@pytest.fixture
+def adapter_dir(tiny_checkpoint, tmp_path) -> Path:
+    """A LoRA adapter folder as `cegppo-train --use_peft true` saves it (adapter + tokenizer, no config.json), with
+    non-zero LoRA weights, on the tiny checkpoint; it declares the tiny prompt format."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_checkpoint)
+    torch.manual_seed(0)
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    model = get_peft_model(base, lora)
+    path = tmp_path / "adapter"
+    model.save_pretrained(path)
+    AutoTokenizer.from_pretrained(tiny_checkpoint).save_pretrained(path)
+    from cegppo_trl.evaluation import save_eval_settings
+
+    save_eval_settings(path, instruction=TINY_INSTRUCTION, temperature=1.0, max_new_tokens=6)
+    assert (path / "adapter_config.json").is_file() and not (path / "config.json").exists()
+    return path
 
 
 @pytest.fixture(scope="session")

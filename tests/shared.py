@@ -75,6 +75,8 @@ TINY_RECIPE = "recipes/tiny/cegppo/config_cpu.yaml"
 # problem as the full demo (so the README's `cegppo-eval ... --k 2` command applies to it as written).
 QUICK_DEMO_ARGS = ("--quick", "--steps", "4", "--eval-samples", "2", "--no-progress")
 DEMO_OUTPUT = "cegppo-demo-output"  # `cegppo-demo`'s default --output-dir, as the docs name it
+# The tiny model is SFT-trained on this user message format (the tiny recipe's and the demo's instruction).
+TINY_INSTRUCTION = "{problem} Put the final answer in \\boxed{}."
 
 
 def recipe_id(path: Path) -> str:

@@ -222,19 +222,8 @@ def test_an_unwritable_output_fails_before_anything_loads(where, model_dir, tmp_
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".cegppo-eval")] == []  # the probe is gone
 
 
-def _lora_adapter(base: Path, path: Path) -> Path:
-    """A LoRA adapter folder as `cegppo-train --use_peft true` saves it (adapter + tokenizer, no config.json)."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    lora = LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj"])
-    get_peft_model(AutoModelForCausalLM.from_pretrained(base), lora).save_pretrained(path)
-    AutoTokenizer.from_pretrained(base).save_pretrained(path)
-    return path
-
-
 @pytest.mark.parametrize("weights", ["model.safetensors", "adapter_model.safetensors"])
-def test_a_truncated_safetensors_file_is_named(weights, model_dir, tmp_path, monkeypatch, capsys):
+def test_a_truncated_safetensors_file_is_named(weights, model_dir, tmp_path, monkeypatch, capsys, request):
     """A full model's or a LoRA adapter's weights cut in half (an interrupted copy): one line naming the file, and
     nothing generated."""
 
@@ -242,7 +231,7 @@ def test_a_truncated_safetensors_file_is_named(weights, model_dir, tmp_path, mon
         raise AssertionError("generated with unreadable weights")
 
     monkeypatch.setattr(generation, "generate_completions", no_generation)
-    model = _lora_adapter(model_dir, tmp_path / "adapter") if weights.startswith("adapter") else model_dir
+    model = request.getfixturevalue("adapter_dir") if weights.startswith("adapter") else model_dir
     data = (model / weights).read_bytes()
     (model / weights).write_bytes(data[: len(data) // 2])
     out = tmp_path / "report.json"

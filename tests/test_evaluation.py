@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from shared import write_problems
+from shared import TINY_INSTRUCTION, write_problems
 from transformers import TrainerCallback
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
@@ -44,33 +44,12 @@ from cegppo_trl.scripts.eval import main, parse_arguments
 
 ROOT = Path(__file__).resolve().parents[1]
 STANDINS = Path(__file__).resolve().parent / "standins"
-# The tiny model is SFT-trained on this user message format (the tiny recipe's and the demo's instruction).
-TINY_INSTRUCTION = "{problem} Put the final answer in \\boxed{}."
 
 
 def brute_force_pass_at_k(outcomes, k):
     """Fraction of the k-subsets of the samples that contain at least one correct sample."""
     subsets = list(itertools.combinations(outcomes, k))
     return sum(any(s) for s in subsets) / len(subsets)
-
-
-@pytest.fixture
-def adapter_dir(tiny_checkpoint, tmp_path) -> Path:
-    """A LoRA adapter folder as `cegppo-train --use_peft true` saves it (adapter + tokenizer, no config.json), with
-    non-zero LoRA weights, on the tiny checkpoint; it declares the tiny prompt format."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    base = AutoModelForCausalLM.from_pretrained(tiny_checkpoint)
-    torch.manual_seed(0)
-    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
-    model = get_peft_model(base, lora)
-    path = tmp_path / "adapter"
-    model.save_pretrained(path)
-    AutoTokenizer.from_pretrained(tiny_checkpoint).save_pretrained(path)
-    save_eval_settings(path, instruction=TINY_INSTRUCTION, temperature=1.0, max_new_tokens=6)
-    assert (path / "adapter_config.json").is_file() and not (path / "config.json").exists()
-    return path
 
 
 # ----------------------------------------------------------------------------------------------------------------
