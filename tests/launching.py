@@ -128,6 +128,28 @@ def check_logs(output_dir: Path, world_size: int) -> list[dict]:
     return steps
 
 
+TIME_KEYS = ("step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second")
+
+
+def step_logs(output_dir: Path, max_steps: int) -> dict[int, dict]:
+    """A finished run's `{step: log entry without its wall-clock figures}`, after checking it ran `max_steps`."""
+    state = json.loads((output_dir / "trainer_state.json").read_text())
+    assert state["global_step"] == max_steps
+    return {e["step"]: {k: v for k, v in e.items() if k not in TIME_KEYS} for e in state["log_history"] if "loss" in e}
+
+
+def saved_weights(output_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(output_dir / "model.safetensors")
+
+
+def controller_state(checkpoint: Path) -> dict:
+    from cegppo_trl.trainer import CONTROLLER_STATE_FILE
+
+    return json.loads((checkpoint / CONTROLLER_STATE_FILE).read_text())
+
+
 def assert_trained_full_model(output_dir: Path, init_dir: Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

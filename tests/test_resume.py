@@ -14,7 +14,6 @@ on it is a different run. A checkpoint at a generation-batch boundary resumes th
   not (what docs/launch.md says).
 """
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from launching import launcher, subprocess_env
+from launching import controller_state, launcher, saved_weights, step_logs, subprocess_env
 from shared import recipe_id
 
 
@@ -92,7 +91,6 @@ RUN_ARGS = (
     "--cegppo_entropy_target", "2.0", "--cegppo_entropy_kp", "0.0", "--cegppo_entropy_ki", "0.05",
     "--save_strategy", "steps", "--save_steps", "1",
 )  # fmt: skip
-TIME_KEYS = ("step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second")
 
 
 def _train(output_dir: Path, model_dir: Path, processes: int, *extra: str) -> dict:
@@ -105,21 +103,7 @@ def _train(output_dir: Path, model_dir: Path, processes: int, *extra: str) -> di
             f"command failed ({proc.returncode}): {' '.join(cmd)}\n--- stdout ---\n{proc.stdout[-4000:]}\n"
             f"--- stderr ---\n{proc.stderr[-8000:]}"
         )
-    state = json.loads((output_dir / "trainer_state.json").read_text())
-    assert state["global_step"] == MAX_STEPS
-    return {e["step"]: {k: v for k, v in e.items() if k not in TIME_KEYS} for e in state["log_history"] if "loss" in e}
-
-
-def _weights(output_dir: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    return load_file(output_dir / "model.safetensors")
-
-
-def _controller(checkpoint: Path) -> dict:
-    from cegppo_trl.trainer import CONTROLLER_STATE_FILE
-
-    return json.loads((checkpoint / CONTROLLER_STATE_FILE).read_text())
+    return step_logs(output_dir, MAX_STEPS)
 
 
 @pytest.mark.slow
@@ -136,7 +120,7 @@ def test_resume_at_a_generation_batch_boundary_is_the_uninterrupted_run(tiny_rec
     assert all(full[s]["grad_norm"] > 0 for s in full), "a step without policy gradient compares nothing"
 
     checkpoint = tmp_path / "full" / f"checkpoint-{BOUNDARY}"
-    assert _controller(checkpoint)["num_updates"] == BOUNDARY
+    assert controller_state(checkpoint)["num_updates"] == BOUNDARY
     resumed = _train(
         tmp_path / "resumed", tiny_recipe_model_dir, processes, "--resume_from_checkpoint", str(checkpoint)
     )
@@ -145,10 +129,10 @@ def test_resume_at_a_generation_batch_boundary_is_the_uninterrupted_run(tiny_rec
     assert sorted(resumed) == sorted(full)
     for step in resumed:
         assert resumed[step] == full[step], f"step {step} differs after resuming from checkpoint-{BOUNDARY}"
-    ours, theirs = _weights(tmp_path / "resumed"), _weights(tmp_path / "full")
+    ours, theirs = saved_weights(tmp_path / "resumed"), saved_weights(tmp_path / "full")
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
     last = f"checkpoint-{MAX_STEPS}"
-    assert _controller(tmp_path / "resumed" / last) == _controller(tmp_path / "full" / last)
+    assert controller_state(tmp_path / "resumed" / last) == controller_state(tmp_path / "full" / last)
 
     # The other side of the rule: from the checkpoint inside a generation batch the run continues with fresh
     # completions, and is another run from its first step on.
@@ -157,7 +141,7 @@ def test_resume_at_a_generation_batch_boundary_is_the_uninterrupted_run(tiny_rec
     assert "reward" in other[MIDDLE + 1], "no fresh generation after resuming inside a generation batch"
     assert other[MIDDLE + 1]["loss"] != full[MIDDLE + 1]["loss"]
     assert other[MAX_STEPS]["cegppo/beta1"] != full[MAX_STEPS]["cegppo/beta1"]
-    ours = _weights(tmp_path / "middle")
+    ours = saved_weights(tmp_path / "middle")
     assert any(not torch.equal(ours[k], theirs[k]) for k in ours)
     print(
         f"\n{processes} process(es): beta1 uninterrupted {[round(b, 4) for b in beta1]}; resumed at step {BOUNDARY} "
