@@ -102,6 +102,20 @@ def reward_fn():
     return contains_answer_reward
 
 
+@pytest.fixture
+def tiny_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path):
+    """`tiny_trainer(**config_overrides)`: `trl_batches.build` (a `CEGPPOTrainer` on `cpu_config`, the cheap reward) on
+    this test's tiny model and tokenizer, the arithmetic set and tmp_path; `model=`, `output_dir=`, `cls=` (TRL's
+    `GRPOTrainer` for parity) and `reward_funcs=` replace those."""
+    from trl_batches import build
+
+    def make(model=None, output_dir=None, **overrides):
+        model, output_dir = tiny_model if model is None else model, tmp_path if output_dir is None else output_dir
+        return build(model, tiny_tokenizer, arithmetic_dataset, output_dir, **overrides)
+
+    return make
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoint(_tiny_base_model, tiny_tokenizer, tmp_path_factory) -> Path:
     """The tests' tiny model + tokenizer saved to a folder: the stand-in for every Hub model id in the docs."""

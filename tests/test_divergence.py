@@ -21,7 +21,6 @@ import torch
 from conftest import cpu_config
 from safetensors.torch import load_file, save_file
 from test_host_sync import counting_host_transfers
-from trl_batches import build
 
 from cegppo_trl import CEGPPOConfig
 from cegppo_trl.divergence import (
@@ -268,11 +267,8 @@ def test_batches_without_rewards_are_skipped_and_counted(
         trainer.train()
 
 
-def test_no_save_with_non_finite_weights_and_rotation_keeps_the_finite_checkpoint(
-    tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path
-):
-    trainer = build(tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path, save_strategy="steps", save_steps=1,
-                    save_total_limit=1, save_only_model=True)  # fmt: skip
+def test_no_save_with_non_finite_weights_and_rotation_keeps_the_finite_checkpoint(tiny_trainer, tmp_path):
+    trainer = tiny_trainer(save_strategy="steps", save_steps=1, save_total_limit=1, save_only_model=True)
     trainer.state.global_step = 1
     trainer._save_checkpoint(trainer.model, None)  # checkpoint-1, finite
     with torch.no_grad():
