@@ -14,7 +14,6 @@ on it is a different run. A checkpoint at a generation-batch boundary resumes th
   not (what docs/launch.md says).
 """
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import pytest
 import torch
 import yaml
 from launching import controller_state, launcher, saved_weights, step_logs, subprocess_env
-from shared import recipe_id
+from shared import recipe_id, run_checked
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,12 +96,7 @@ def _train(output_dir: Path, model_dir: Path, processes: int, *extra: str) -> di
     train_args = [str(SCRIPT), "--config", str(TINY_RECIPE), "--model_name_or_path", str(model_dir)]
     train_args += [*RUN_ARGS, "--output_dir", str(output_dir), *extra]
     cmd = [*([sys.executable] if processes == 1 else launcher(processes, "multi_gpu.yaml")), *train_args]
-    proc = subprocess.run(cmd, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
-    if proc.returncode != 0:
-        pytest.fail(
-            f"command failed ({proc.returncode}): {' '.join(cmd)}\n--- stdout ---\n{proc.stdout[-4000:]}\n"
-            f"--- stderr ---\n{proc.stderr[-8000:]}"
-        )
+    run_checked(cmd, ROOT, subprocess_env(), TIMEOUT_S)
     return step_logs(output_dir, MAX_STEPS)
 
 
