@@ -137,6 +137,33 @@ def no_model_loading(monkeypatch):
     monkeypatch.setattr(generation, "load_model", no_loading)
 
 
+# kernels 0.19's message (kernels/_internals/_versions.py) for a kernel neither cached nor downloadable
+KERNELS_OFFLINE = (
+    "Version 2 of 'kernels-community/rotary' is not available in the local cache and Hugging Face Hub is in offline "
+    "mode. Download the kernel while online first, or pass an explicit `revision=<commit>`."
+)
+
+
+@pytest.fixture
+def offline_kernel_loader(monkeypatch) -> list:
+    """transformers' Hub kernel loader (`PreTrainedModel.set_use_kernels`, which `from_pretrained` calls with the
+    resolved `use_kernels`; 5.25: on unless told not to, also on CPU, where no kernel is fetched) as on an offline GPU
+    machine without the kernel cached: kernels on raise what `kernels` raises. Returns the calls that asked."""
+    from transformers import PreTrainedModel
+
+    calls, original = [], PreTrainedModel.set_use_kernels
+
+    def set_use_kernels(self, use_kernels, *args, **kwargs):
+        if use_kernels:
+            calls.append(use_kernels)
+            raise ValueError(KERNELS_OFFLINE)
+        return original(self, use_kernels, *args, **kwargs)
+
+    monkeypatch.setattr(PreTrainedModel, "set_use_kernels", set_use_kernels)
+    monkeypatch.delenv("USE_HUB_KERNELS", raising=False)
+    return calls
+
+
 @pytest.fixture
 def model_dir(tiny_checkpoint, tmp_path) -> Path:
     """A private copy of the tests' tiny checkpoint (tests write settings into it)."""

@@ -242,34 +242,16 @@ def test_a_truncated_safetensors_file_is_named(weights, model_dir, tmp_path, mon
     assert not out.exists()
 
 
-# kernels 0.19's message (kernels/_internals/_versions.py) for a kernel neither cached nor downloadable
-KERNELS_OFFLINE = (
-    "Version 2 of 'kernels-community/rotary' is not available in the local cache and Hugging Face Hub is in offline "
-    "mode. Download the kernel while online first, or pass an explicit `revision=<commit>`."
-)
-
-
 @pytest.mark.usefixtures("one_torch_thread")
-def test_an_offline_gpu_machine_gets_one_line_with_the_fix(model_dir, tmp_path, monkeypatch, capsys):
-    """transformers loads Hub kernels through `PreTrainedModel.set_use_kernels`, which `from_pretrained` calls with the
-    resolved `use_kernels` (5.25: on unless told not to, also on CPU, where no kernel is fetched). The stand-in raises
-    what `kernels` raises on an offline GPU machine when kernels are on; the fixes the message names then load the
-    model. (The same stand-in as tests/test_hub_kernels.py's for cegppo-train.)"""
+def test_an_offline_gpu_machine_gets_one_line_with_the_fix(
+    offline_kernel_loader, model_dir, tmp_path, monkeypatch, capsys
+):
+    """conftest's offline Hub kernel loader: one line with the fixes, and the fixes it names then load the model (the
+    same stand-in as tests/test_hub_kernels.py's for cegppo-train)."""
     import transformers
     from packaging.version import Version
-    from transformers import PreTrainedModel
 
-    calls = []
-    original = PreTrainedModel.set_use_kernels
-
-    def offline_set_use_kernels(self, use_kernels, *args, **kwargs):
-        if use_kernels:
-            calls.append(use_kernels)
-            raise ValueError(KERNELS_OFFLINE)
-        return original(self, use_kernels, *args, **kwargs)
-
-    monkeypatch.setattr(PreTrainedModel, "set_use_kernels", offline_set_use_kernels)
-    monkeypatch.delenv("USE_HUB_KERNELS", raising=False)
+    calls = offline_kernel_loader
     data = tmp_path / "p.jsonl"
     data.write_text(json.dumps({"problem": "What is 1+1?", "answer": "2"}) + "\n")
     argv = [str(model_dir), "--datasets", str(data), "--k", "1", "--temperature", "0", "--max-new-tokens", "2"]
