@@ -3,7 +3,6 @@ the one check of the settings, what may be evaluated (full models, LoRA adapters
 command on a tiny local model, the report written set by set, the vLLM backend's wiring (with a stand-in module), the
 TRL code the package mirrors, and `AvgAtKCallback` on one process (tests/test_callback_multiprocess.py: two)."""
 
-import ast
 import copy
 import dataclasses
 import importlib.util
@@ -771,7 +770,7 @@ def test_avg_at_k_callback_checks_its_arguments(trainer):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Layout: light imports, one name table
+# Layout: light imports (the lazy name table: test_public_api.py)
 # ----------------------------------------------------------------------------------------------------------------
 
 
@@ -788,14 +787,3 @@ def test_settings_and_the_command_line_do_not_import_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
-
-
-def test_evaluation_type_checking_imports_match_the_lazy_names():
-    import cegppo_trl.evaluation as evaluation
-
-    tree = ast.parse(Path(evaluation.__file__).read_text())
-    block = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")
-    eager = {alias.name: node.module for node in block.body for alias in node.names}
-    assert eager == evaluation._LAZY
-    for name in evaluation.__all__:
-        assert getattr(evaluation, name) is not None
