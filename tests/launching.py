@@ -105,14 +105,21 @@ STEP_METRICS = (
 )
 
 
-def check_logs(output_dir: Path, world_size: int) -> list[dict]:
+def logged_steps(output_dir: Path, max_steps: int) -> list[dict]:
+    """The step entries of a finished run's log: steps 1 to `max_steps`, each with every `STEP_METRICS` value."""
     state = json.loads((output_dir / "trainer_state.json").read_text())
-    assert state["global_step"] == MAX_STEPS
+    assert state["global_step"] == max_steps
     steps = [e for e in state["log_history"] if "loss" in e]
-    assert [e["step"] for e in steps] == list(range(1, MAX_STEPS + 1))
+    assert [e["step"] for e in steps] == list(range(1, max_steps + 1))
     for entry in steps:
         missing = [m for m in STEP_METRICS if m not in entry]
         assert not missing, f"step {entry['step']} lacks {missing}"
+    return steps
+
+
+def check_logs(output_dir: Path, world_size: int) -> list[dict]:
+    steps = logged_steps(output_dir, MAX_STEPS)
+    for entry in steps:
         assert 0.0 <= entry["cegppo/beta1_token_frac"] <= 1.0 and 0.0 <= entry["cegppo/beta2_token_frac"] <= 1.0
         assert (entry["cegppo/beta1"], entry["cegppo/beta2"]) == (0.5, 1.0)
     # The first optimizer step of a generation batch is on-policy: nothing is clipped there.
