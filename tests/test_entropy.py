@@ -315,25 +315,9 @@ class _RecordingTrainer(CEGPPOTrainer):
         return super()._compute_loss(model, inputs)
 
 
-def test_off_policy_training_changes_every_weight_and_logs_the_clipping_and_the_quadrants(
-    tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config, tmp_path
-):
-    config = make_config(
-        CEGPPOConfig,
-        tmp_path,
-        max_steps=8,
-        steps_per_generation=4,
-        learning_rate=1e-2,
-        cegppo_beta1=1.0,
-        cegppo_beta2=1.0,
-    )
-    trainer = _RecordingTrainer(
-        model=tiny_model,
-        reward_funcs=reward_fn,
-        args=config,
-        train_dataset=arithmetic_dataset,
-        processing_class=tiny_tokenizer,
-    )
+def test_off_policy_training_changes_every_weight_and_logs_the_clipping_and_the_quadrants(tiny_trainer):
+    trainer = tiny_trainer(cls=_RecordingTrainer, max_steps=8, steps_per_generation=4, learning_rate=1e-2,
+                           cegppo_beta1=1.0, cegppo_beta2=1.0)  # fmt: skip
     trainer.recorded = []
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()

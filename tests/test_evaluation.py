@@ -20,7 +20,6 @@ import torch
 from shared import TINY_INSTRUCTION, write_problems
 from transformers import TrainerCallback
 
-from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
 from cegppo_trl.evaluation import (
     PROMPT_FILE,
     AvgAtKCallback,
@@ -652,15 +651,9 @@ def test_vllm_extra_is_trls_own_range():
 
 
 @pytest.fixture
-def trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, make_config, tmp_path):
+def trainer(tiny_trainer):
     """A one-step trainer on the tiny model with a zero reward."""
-    return CEGPPOTrainer(
-        model=tiny_model,
-        reward_funcs=lambda completions, **kw: [0.0] * len(completions),
-        args=make_config(CEGPPOConfig, tmp_path, max_steps=1),
-        train_dataset=arithmetic_dataset,
-        processing_class=tiny_tokenizer,
-    )
+    return tiny_trainer(reward_funcs=lambda completions, **kw: [0.0] * len(completions), max_steps=1)
 
 
 def test_prompt_token_ids_mirror_trls_tokenize_prompts(trainer, tiny_tokenizer):
@@ -700,9 +693,7 @@ class RecordLogs(TrainerCallback):
 
 
 @pytest.mark.usefixtures("one_torch_thread")
-def test_avg_at_k_callback_logs_through_the_trainer(
-    tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config, tmp_path
-):
+def test_avg_at_k_callback_logs_through_the_trainer(tiny_trainer, tiny_model, tmp_path):
     from cegppo_trl.data import load_math_dataset
     from cegppo_trl.demo.plotting import load_log_history
 
@@ -710,13 +701,7 @@ def test_avg_at_k_callback_logs_through_the_trainer(
     reference_model = copy.deepcopy(tiny_model)
 
     def trainer_for(model, output_dir):
-        return CEGPPOTrainer(
-            model=model,
-            reward_funcs=reward_fn,
-            args=make_config(CEGPPOConfig, output_dir, max_steps=2),
-            train_dataset=arithmetic_dataset,
-            processing_class=tiny_tokenizer,
-        )
+        return tiny_trainer(model, output_dir, max_steps=2)
 
     trainer = trainer_for(tiny_model, tmp_path / "with")
     recorder = RecordLogs()
