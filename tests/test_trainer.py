@@ -15,20 +15,15 @@ def history_values(trainer, key):
     return [h[key] for h in trainer.state.log_history if key in h]
 
 
-def test_lora_adapter_saves_and_loads(
-    tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config, tmp_path
-):
+def test_lora_adapter_saves_and_loads(tiny_trainer, tiny_model, tiny_tokenizer, tmp_path):
     from peft import AutoPeftModelForCausalLM, LoraConfig
 
-    config = make_config(CEGPPOConfig, tmp_path / "lora", max_steps=3, learning_rate=5e-2)
-    peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
-    base_dir = tmp_path / "base"
     from cegppo_trl.tiny_model import save_tiny
 
-    save_tiny(tiny_model, tiny_tokenizer, base_dir)
-    trainer = build_trainer(
-        str(base_dir), tiny_tokenizer, arithmetic_dataset, config, reward_funcs=reward_fn, peft_config=peft_config
-    )
+    base_dir = str(save_tiny(tiny_model, tiny_tokenizer, tmp_path / "base"))
+    peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    trainer = tiny_trainer(base_dir, tmp_path / "lora", max_steps=3, learning_rate=5e-2,
+                           trainer_kwargs={"peft_config": peft_config})  # fmt: skip
     trainable = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     assert trainable and all("lora" in n for n in trainable)
     trainer.train()
@@ -45,20 +40,9 @@ def test_lora_adapter_saves_and_loads(
         assert torch.allclose(loaded(ids).logits, trainer.model(ids).logits, atol=1e-5)
 
 
-def test_eval_runs_with_cegppo_metrics(
-    tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config, tmp_path
-):
-    config = make_config(
-        CEGPPOConfig, tmp_path, max_steps=2, eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=8
-    )
-    trainer = build_trainer(
-        tiny_model,
-        tiny_tokenizer,
-        arithmetic_dataset,
-        config,
-        reward_funcs=reward_fn,
-        eval_dataset=arithmetic_dataset.select(range(8)),
-    )
+def test_eval_runs_with_cegppo_metrics(tiny_trainer, arithmetic_dataset):
+    trainer = tiny_trainer(max_steps=2, eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=8,
+                           trainer_kwargs={"eval_dataset": arithmetic_dataset.select(range(8))})  # fmt: skip
     trainer.train()
     assert history_values(trainer, "eval_cegppo/beta1_token_frac")
     assert history_values(trainer, "eval_loss")
