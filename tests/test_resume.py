@@ -145,18 +145,10 @@ def test_resume_at_a_generation_batch_boundary_is_the_uninterrupted_run(tiny_rec
     )
 
 
-def test_resume_without_the_controller_state_names_the_file_and_the_fix(
-    tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path
-):
+def test_resume_without_the_controller_state_names_the_file_and_the_fix(tiny_trainer, tmp_path):
     """A process that cannot see `cegppo_controller_state.json` (a node without the shared output_dir) must not
     restart the controller from the config's betas while the other processes go on with the saved ones."""
-    from shared import cpu_config
-    from trl_batches import build_trainer
-
-    from cegppo_trl import CEGPPOConfig
-
-    args = cpu_config(CEGPPOConfig, tmp_path / "out", cegppo_entropy_target=2.0)
-    trainer = build_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, args)
+    trainer = tiny_trainer(output_dir=tmp_path / "out", cegppo_entropy_target=2.0)
     checkpoint = tmp_path / "checkpoint-4"
     checkpoint.mkdir()
     with pytest.raises(FileNotFoundError, match=r"cegppo_controller_state\.json.*shared|share"):
