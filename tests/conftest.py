@@ -177,6 +177,8 @@ def adapter_dir(tiny_checkpoint, tmp_path) -> Path:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from cegppo_trl.evaluation import save_eval_settings
+
     base = AutoModelForCausalLM.from_pretrained(tiny_checkpoint)
     torch.manual_seed(0)
     lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
@@ -184,8 +186,6 @@ def adapter_dir(tiny_checkpoint, tmp_path) -> Path:
     path = tmp_path / "adapter"
     model.save_pretrained(path)
     AutoTokenizer.from_pretrained(tiny_checkpoint).save_pretrained(path)
-    from cegppo_trl.evaluation import save_eval_settings
-
     save_eval_settings(path, instruction=TINY_INSTRUCTION, temperature=1.0, max_new_tokens=6)
     assert (path / "adapter_config.json").is_file() and not (path / "config.json").exists()
     return path
