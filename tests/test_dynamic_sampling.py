@@ -341,16 +341,14 @@ def test_oversampling_enlarges_each_generation_batch(
 
 
 def test_select_first_computes_old_and_reference_log_probs_for_the_training_rows_only(
-    tiny_trainer, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path, monkeypatch
+    tiny_trainer, tiny_checkpoint, arithmetic_dataset, tmp_path, monkeypatch
 ):
     """With `cegppo_oversampling` 2.0 and KL on, TRL's old- and reference-log-prob passes run on the training rows
     only (half the generated rows), and give the values TRL's own passes give those rows when they run on the whole
     generated batch (the mirror in `dynamic_sampling.old_policy_pass`, pinned to TRL 1.16)."""
     from trl import GRPOTrainer
 
-    from cegppo_trl.tiny_model import save_tiny
-
-    model_dir = save_tiny(tiny_model, tiny_tokenizer, tmp_path / "tiny")  # beta > 0: TRL loads the reference by name
+    model_dir = str(tiny_checkpoint)  # beta > 0: TRL loads the reference by name
     trainer = tiny_trainer(model_dir, tmp_path / "run", beta=0.1, cegppo_exclude_zero_advantage_groups=True,
                            cegppo_oversampling=2.0)  # fmt: skip
     trainer.model.train()

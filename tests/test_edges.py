@@ -61,13 +61,11 @@ def _as_selected(inputs, keep):
 @pytest.mark.parametrize("loss_type", ["dapo", "bnpo"])
 @pytest.mark.parametrize("level", ["token", "sequence"])
 def test_excluded_groups_equal_physical_removal_for_every_term(
-    loss_type, level, build, tiny_model, tiny_tokenizer, tmp_path
+    loss_type, level, build, tiny_checkpoint, tiny_tokenizer, tmp_path
 ):
     """KL (beta > 0), entropy bonus, SFT term and policy term, with gradient accumulation: the option's loss, gradient
     and metrics on the micro-batch with dropped rows masked equal those of the micro-batch without them."""
-    from cegppo_trl.tiny_model import save_tiny
-
-    model_dir = str(save_tiny(tiny_model, tiny_tokenizer, tmp_path / "tiny"))
+    model_dir = str(tiny_checkpoint)  # beta > 0: TRL loads the reference by name
     common = dict(
         loss_type=loss_type,
         importance_sampling_level=level,

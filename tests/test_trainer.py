@@ -15,12 +15,10 @@ def history_values(trainer, key):
     return [h[key] for h in trainer.state.log_history if key in h]
 
 
-def test_lora_adapter_saves_and_loads(tiny_trainer, tiny_model, tiny_tokenizer, tmp_path):
+def test_lora_adapter_saves_and_loads(tiny_trainer, tiny_checkpoint, tmp_path):
     from peft import AutoPeftModelForCausalLM, LoraConfig
 
-    from cegppo_trl.tiny_model import save_tiny
-
-    base_dir = str(save_tiny(tiny_model, tiny_tokenizer, tmp_path / "base"))
+    base_dir = str(tiny_checkpoint)
     peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
     trainer = tiny_trainer(base_dir, tmp_path / "lora", max_steps=3, learning_rate=5e-2,
                            trainer_kwargs={"peft_config": peft_config})  # fmt: skip

@@ -134,12 +134,9 @@ def test_on_policy_ratio_one_is_grpo_exactly(loss_type, pair, tiny_tokenizer):
     assert logged(ceg)["cegppo/beta1_token_frac"][-1] == 0.0
 
 
-def test_kl_term_is_kept(pair, tiny_model, tiny_tokenizer, tmp_path):
-    # With beta > 0 TRL loads a reference model by name, so hand it a saved local directory.
-    from cegppo_trl.tiny_model import save_tiny
-
-    model_dir = save_tiny(tiny_model, tiny_tokenizer, tmp_path / "tiny")
-    grpo, ceg = pair("dapo", 1.0, 1.0, model=model_dir, beta=0.1)
+def test_kl_term_is_kept(pair, tiny_checkpoint, tiny_tokenizer):
+    # With beta > 0 TRL loads a reference model by name, so hand it the saved tiny model's directory.
+    grpo, ceg = pair("dapo", 1.0, 1.0, model=str(tiny_checkpoint), beta=0.1)
     inputs = add_off_policy(grpo, make_loss_batch(tiny_tokenizer, seed=6))
     gen = torch.Generator().manual_seed(7)
     inputs["ref_per_token_logps"] = inputs["old_per_token_logps"] + 0.3 * torch.randn(
