@@ -25,6 +25,7 @@ from shared import (  # noqa: F401  (re-exported: `from conftest import ...` kee
     QUICK_DEMO_ARGS,
     ROOT,
     RUN_TIMEOUT_S,
+    TINY_INSTRUCTION,
     TINY_RECIPE,
     contains_answer_reward,
     cpu_config,
@@ -101,6 +102,20 @@ def reward_fn():
     return contains_answer_reward
 
 
+@pytest.fixture
+def tiny_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path):
+    """`tiny_trainer(**config_overrides)`: `trl_batches.build` (a `CEGPPOTrainer` on `cpu_config`, the cheap reward) on
+    this test's tiny model and tokenizer, the arithmetic set and tmp_path; `model=`, `output_dir=`, `cls=` (TRL's
+    `GRPOTrainer` for parity) and `reward_funcs=` replace those."""
+    from trl_batches import build
+
+    def make(model=None, output_dir=None, **overrides):
+        model, output_dir = tiny_model if model is None else model, tmp_path if output_dir is None else output_dir
+        return build(model, tiny_tokenizer, arithmetic_dataset, output_dir, **overrides)
+
+    return make
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoint(_tiny_base_model, tiny_tokenizer, tmp_path_factory) -> Path:
     """The tests' tiny model + tokenizer saved to a folder: the stand-in for every Hub model id in the docs."""
@@ -122,10 +137,58 @@ def no_model_loading(monkeypatch):
     monkeypatch.setattr(generation, "load_model", no_loading)
 
 
+# kernels 0.19's message (kernels/_internals/_versions.py) for a kernel neither cached nor downloadable
+KERNELS_OFFLINE = (
+    "Version 2 of 'kernels-community/rotary' is not available in the local cache and Hugging Face Hub is in offline "
+    "mode. Download the kernel while online first, or pass an explicit `revision=<commit>`."
+)
+
+
+@pytest.fixture
+def offline_kernel_loader(monkeypatch) -> list:
+    """transformers' Hub kernel loader (`PreTrainedModel.set_use_kernels`, which `from_pretrained` calls with the
+    resolved `use_kernels`; 5.25: on unless told not to, also on CPU, where no kernel is fetched) as on an offline GPU
+    machine without the kernel cached: kernels on raise what `kernels` raises. Returns the calls that asked."""
+    from transformers import PreTrainedModel
+
+    calls, original = [], PreTrainedModel.set_use_kernels
+
+    def set_use_kernels(self, use_kernels, *args, **kwargs):
+        if use_kernels:
+            calls.append(use_kernels)
+            raise ValueError(KERNELS_OFFLINE)
+        return original(self, use_kernels, *args, **kwargs)
+
+    monkeypatch.setattr(PreTrainedModel, "set_use_kernels", set_use_kernels)
+    monkeypatch.delenv("USE_HUB_KERNELS", raising=False)
+    return calls
+
+
 @pytest.fixture
 def model_dir(tiny_checkpoint, tmp_path) -> Path:
     """A private copy of the tests' tiny checkpoint (tests write settings into it)."""
     return Path(shutil.copytree(tiny_checkpoint, tmp_path / "model"))
+
+
+@pytest.fixture
+def adapter_dir(tiny_checkpoint, tmp_path) -> Path:
+    """A LoRA adapter folder as `cegppo-train --use_peft true` saves it (adapter + tokenizer, no config.json), with
+    non-zero LoRA weights, on the tiny checkpoint; it declares the tiny prompt format."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from cegppo_trl.evaluation import save_eval_settings
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_checkpoint)
+    torch.manual_seed(0)
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    model = get_peft_model(base, lora)
+    path = tmp_path / "adapter"
+    model.save_pretrained(path)
+    AutoTokenizer.from_pretrained(tiny_checkpoint).save_pretrained(path)
+    save_eval_settings(path, instruction=TINY_INSTRUCTION, temperature=1.0, max_new_tokens=6)
+    assert (path / "adapter_config.json").is_file() and not (path / "config.json").exists()
+    return path
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ import shlex
 import shutil
 import socket
 import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import torch
 
 
 MAX_STEPS = 4  # the tiny recipe's
+ACCELERATE_CONFIGS = Path(__file__).resolve().parents[1] / "accelerate_configs"
 
 
 def free_port() -> int:
@@ -24,6 +26,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def launcher(processes: int, config: str | None = None, port: int | None = None) -> list[str]:
+    """The command that starts a script on `processes` CPU processes, on `port` (default: a free one): torchrun (DDP
+    over gloo) without `config`, else `accelerate launch` with accelerate_configs/`config`, in fp32 (the trainer runs
+    with bf16=False on CPU; the shipped configs say bf16, for GPUs)."""
+    port = str(port or free_port())
+    if config is None:
+        return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), "--master_port",
+                port]  # fmt: skip
+    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ACCELERATE_CONFIGS / config),
+            "--num_processes", str(processes), "--mixed_precision", "no", "--main_process_port", port]  # fmt: skip
 
 
 def subprocess_env() -> dict[str, str]:
@@ -91,14 +105,21 @@ STEP_METRICS = (
 )
 
 
-def check_logs(output_dir: Path, world_size: int) -> list[dict]:
+def logged_steps(output_dir: Path, max_steps: int) -> list[dict]:
+    """The step entries of a finished run's log: steps 1 to `max_steps`, each with every `STEP_METRICS` value."""
     state = json.loads((output_dir / "trainer_state.json").read_text())
-    assert state["global_step"] == MAX_STEPS
+    assert state["global_step"] == max_steps
     steps = [e for e in state["log_history"] if "loss" in e]
-    assert [e["step"] for e in steps] == list(range(1, MAX_STEPS + 1))
+    assert [e["step"] for e in steps] == list(range(1, max_steps + 1))
     for entry in steps:
         missing = [m for m in STEP_METRICS if m not in entry]
         assert not missing, f"step {entry['step']} lacks {missing}"
+    return steps
+
+
+def check_logs(output_dir: Path, world_size: int) -> list[dict]:
+    steps = logged_steps(output_dir, MAX_STEPS)
+    for entry in steps:
         assert 0.0 <= entry["cegppo/beta1_token_frac"] <= 1.0 and 0.0 <= entry["cegppo/beta2_token_frac"] <= 1.0
         assert (entry["cegppo/beta1"], entry["cegppo/beta2"]) == (0.5, 1.0)
     # The first optimizer step of a generation batch is on-policy: nothing is clipped there.
@@ -112,6 +133,28 @@ def check_logs(output_dir: Path, world_size: int) -> list[dict]:
     card = (output_dir / "README.md").read_text()
     assert "CE-GPPO" in card and "2509.20712" in card
     return steps
+
+
+TIME_KEYS = ("step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second")
+
+
+def step_logs(output_dir: Path, max_steps: int) -> dict[int, dict]:
+    """A finished run's `{step: log entry without its wall-clock figures}`, after checking it ran `max_steps`."""
+    state = json.loads((output_dir / "trainer_state.json").read_text())
+    assert state["global_step"] == max_steps
+    return {e["step"]: {k: v for k, v in e.items() if k not in TIME_KEYS} for e in state["log_history"] if "loss" in e}
+
+
+def saved_weights(output_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(output_dir / "model.safetensors")
+
+
+def controller_state(checkpoint: Path) -> dict:
+    from cegppo_trl.trainer import CONTROLLER_STATE_FILE
+
+    return json.loads((checkpoint / CONTROLLER_STATE_FILE).read_text())
 
 
 def assert_trained_full_model(output_dir: Path, init_dir: Path):

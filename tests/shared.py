@@ -75,6 +75,8 @@ TINY_RECIPE = "recipes/tiny/cegppo/config_cpu.yaml"
 # problem as the full demo (so the README's `cegppo-eval ... --k 2` command applies to it as written).
 QUICK_DEMO_ARGS = ("--quick", "--steps", "4", "--eval-samples", "2", "--no-progress")
 DEMO_OUTPUT = "cegppo-demo-output"  # `cegppo-demo`'s default --output-dir, as the docs name it
+# The tiny model is SFT-trained on this user message format (the tiny recipe's and the demo's instruction).
+TINY_INSTRUCTION = "{problem} Put the final answer in \\boxed{}."
 
 
 def recipe_id(path: Path) -> str:
@@ -89,10 +91,10 @@ def write_problems(path: Path, answers) -> Path:
     return path
 
 
-def run_checked(argv, cwd, env=None, timeout=RUN_TIMEOUT_S) -> subprocess.CompletedProcess:
-    """Run a command; fail the test with the command's output tails if it exits non-zero."""
+def run_checked(argv, cwd, env=None, timeout=RUN_TIMEOUT_S, expect=0) -> subprocess.CompletedProcess:
+    """Run a command; fail the test with the command's output tails if it does not exit `expect`."""
     proc = subprocess.run([str(a) for a in argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, (
+    assert proc.returncode == expect, (
         f"`{' '.join(map(str, argv))}` failed ({proc.returncode})\n--- stdout ---\n{proc.stdout[-3000:]}\n"
         f"--- stderr ---\n{proc.stderr[-6000:]}"
     )

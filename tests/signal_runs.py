@@ -1,5 +1,10 @@
 """Stopping `cegppo-train` with SIGINT or SIGTERM at a chosen moment of the tiny recipe, and checking what it left:
-shared by tests/test_signals.py and the stress loop benchmarks/stop_signals.py.
+shared by tests/test_signals.py and, run as a script, a stress loop over many random moments:
+
+    python tests/signal_runs.py --runs 20   # 20 SIGTERM + 20 SIGINT; one line per run, a summary, exit 1 on a failure
+
+Each stress run stops the tiny recipe at a random moment (a random delay after checkpoint-1, -2 or -3, while grading,
+or in a checkpoint write) and must pass `check_stop` and `loads`.
 
 A moment is one of:
 - ``step``: the caller sends the signal from outside once checkpoint-`after` exists (somewhere in a later step);
@@ -23,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from launching import free_port, subprocess_env
+from launching import launcher, subprocess_env
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,15 +96,8 @@ def start_run(
     ]  # fmt: skip
     if model_dir is not None:
         argv += ["--model_name_or_path", str(model_dir)]
-    if processes == 1:
-        cmd = [CEGPPO_TRAIN, *argv]
-    else:
-        cmd = [
-            sys.executable, "-m", "accelerate.commands.launch",
-            "--config_file", str(ROOT / "accelerate_configs" / "multi_gpu.yaml"), "--num_processes", str(processes),
-            "--mixed_precision", "no", "--main_process_port", str(free_port()),
-            str(ROOT / "examples" / "train_cegppo.py"), *argv,
-        ]  # fmt: skip
+    script = [*launcher(processes, "multi_gpu.yaml"), str(ROOT / "examples" / "train_cegppo.py")]
+    cmd = [*([CEGPPO_TRAIN] if processes == 1 else script), *argv]
     env = subprocess_env()
     env.update(STOP_SIGNAL=signal_name, STOP_MOMENT=moment, STOP_AFTER=str(after), STOP_MARKER=str(cwd / "sent"))
     if only_rank is not None:  # the signal reaches this rank alone
@@ -183,3 +181,42 @@ def loads(checkpoint: Path) -> None:
 
     model = AutoModelForCausalLM.from_pretrained(checkpoint)
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def stress(runs: int, seed: int = 0) -> int:
+    """The stress loop: `runs` SIGTERM and `runs` SIGINT stops at random moments; 1 if any failed."""
+    import random
+    import tempfile
+
+    rng, failures, seconds, model_dir = random.Random(seed), 0, [], None
+    with tempfile.TemporaryDirectory() as tmp:
+        for index in range(2 * runs):
+            signal_name, moment, delay = ("SIGTERM", "SIGINT")[index % 2], rng.choice(MOMENTS), rng.uniform(0, 1.5)
+            after = rng.randint(2 if moment == "grading" else 1, 3)  # grading #1 is before checkpoint-1
+            cwd, started = Path(tmp) / f"{index:03d}-{signal_name}-{moment}", time.monotonic()
+            cwd.mkdir()
+            try:
+                proc, argv = start_run(cwd, cwd / "run", model_dir, signal_name, moment, after)
+                result = stop_run(proc, cwd, cwd / "run", signal_name, moment, after, delay=delay)
+                loads(check_stop(result, cwd / "run", signal_name, argv))
+                seconds.append(result["seconds"])
+                status = f"ok, exited {seconds[-1]:.1f} s after the signal"
+            except AssertionError as error:
+                failures, status = failures + 1, f"FAILED: {str(error)[-500:]}"
+            print(f"run {index + 1:2d} {signal_name:7s} {moment:10s} after={after} delay={delay:.2f}: {status} "
+                  f"({time.monotonic() - started:.0f} s in all)", flush=True)  # fmt: skip
+            if model_dir is None and (cwd / "run" / "tiny-init").is_dir():
+                model_dir = cwd / "run" / "tiny-init"  # the first run built builtin:tiny; the others reuse it
+    print(f"RESULT clean stops: {2 * runs - failures}/{2 * runs}; signal to exit: max {max(seconds, default=0):.1f} "
+          f"s, median {sorted(seconds)[len(seconds) // 2] if seconds else 0:.1f} s")  # fmt: skip
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="SIGTERM and SIGINT at random moments of the tiny recipe.")
+    parser.add_argument("--runs", type=int, default=20, help="runs per signal")
+    parser.add_argument("--seed", type=int, default=0)
+    arguments = parser.parse_args()
+    sys.exit(stress(arguments.runs, arguments.seed))

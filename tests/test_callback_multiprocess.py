@@ -6,11 +6,10 @@ shared quick demo's warm start (conftest's `quick_demo`), which solves some but 
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from launching import free_port
+from launching import launcher
 
 
 pytestmark = pytest.mark.slow  # launches processes that train
@@ -22,10 +21,7 @@ FIGURES = ("heldout/avg@4", "heldout/pass@1", "heldout/pass@4")
 
 def launch(model_dir: Path, heldout: Path, out: Path, processes: int) -> list[dict]:
     out.mkdir(parents=True)
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
-        "--master_port", str(free_port()), str(WORKER), str(model_dir), str(heldout), str(out),
-    ]  # fmt: skip
+    cmd = [*launcher(processes), str(WORKER), str(model_dir), str(heldout), str(out)]
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0, f"worker failed ({proc.returncode})\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"

@@ -19,13 +19,9 @@ from cegppo_trl.data import (
     load_math_dataset,
     make_arithmetic_rows,
     resolve_instruction,
+    write_jsonl,
 )
 from cegppo_trl.rewards import math_reward
-
-
-def _write_jsonl(path: Path, rows) -> Path:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return path
 
 
 def _user(problem: str) -> list[dict[str, str]]:
@@ -133,7 +129,7 @@ def test_unknown_builtin():
     ],
 )
 def test_column_conventions(tmp_path, row, expected_answer):
-    ds = load_math_dataset(str(_write_jsonl(tmp_path / "d.jsonl", [row] * 2)))
+    ds = load_math_dataset(write_jsonl([row] * 2, tmp_path / "d.jsonl"))
     assert ds.column_names == ["prompt", "solution"]
     assert ds[0] == {"prompt": _user("P"), "solution": expected_answer}
 
@@ -147,7 +143,7 @@ def test_verl_json_lines_with_json_suffix_and_keep_columns(tmp_path):
         "reward_model": {"ground_truth": "4", "style": "rule"},
         "__index_level_0__": "0",
     }
-    path = _write_jsonl(tmp_path / "train_math_30K.json", [row, row])
+    path = write_jsonl([row, row], tmp_path / "train_math_30K.json")
     ds = load_math_dataset(str(path), keep_columns=True)
     assert ds[0]["prompt"] == _user("Find $2+2$.")
     assert ds[0]["solution"] == "4"
@@ -174,7 +170,7 @@ def test_json_list_columnar_csv_and_parquet(tmp_path):
 
 
 def test_explicit_columns_nested_key_system_prompt_and_template(tmp_path):
-    path = _write_jsonl(tmp_path / "d.jsonl", [{"q": " What is 1+1? ", "meta": {"gold": 2}}])
+    path = write_jsonl([{"q": " What is 1+1? ", "meta": {"gold": 2}}], tmp_path / "d.jsonl")
     ds = load_math_dataset(
         str(path),
         problem_column="q",
@@ -228,7 +224,7 @@ def test_an_unknown_placeholder_is_named_with_the_fix_by_the_words_and_by_the_lo
 
 
 def test_missing_columns_name_found_expected_and_the_argument(tmp_path):
-    path = _write_jsonl(tmp_path / "d.jsonl", [{"text": "P", "label": "1"}])
+    path = write_jsonl([{"text": "P", "label": "1"}], tmp_path / "d.jsonl")
     with pytest.raises(DatasetFormatError) as err:
         load_math_dataset(str(path))
     message = str(err.value)
@@ -257,8 +253,7 @@ BAD_ROWS = [
 
 
 def test_unusable_rows_are_reported_with_indices(tmp_path):
-    path = tmp_path / "d.jsonl"
-    path.write_text("".join(json.dumps(row) + "\n" for row in BAD_ROWS))  # json.dumps writes NaN as NaN
+    path = write_jsonl(BAD_ROWS, tmp_path / "d.jsonl")  # json.dumps writes NaN as NaN
     with pytest.raises(DatasetFormatError) as err:
         load_math_dataset(str(path))
     message = str(err.value)
@@ -283,21 +278,20 @@ def test_unusable_rows_are_reported_with_indices(tmp_path):
 
 
 def test_drop_invalid_warns_with_indices(tmp_path):
-    path = tmp_path / "d.jsonl"
-    path.write_text("".join(json.dumps(row) + "\n" for row in BAD_ROWS))
+    path = write_jsonl(BAD_ROWS, tmp_path / "d.jsonl")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         ds = load_math_dataset(str(path), drop_invalid=True)
     assert ds["solution"] == ["1", "2"]
     assert len(caught) == 1 and "rows [1]" in str(caught[0].message) and "dropped" in str(caught[0].message)
-    only_bad = _write_jsonl(tmp_path / "bad.jsonl", [{"problem": "", "answer": "1"}])
+    only_bad = write_jsonl([{"problem": "", "answer": "1"}], tmp_path / "bad.jsonl")
     with pytest.raises(DatasetFormatError, match="no usable rows"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         load_math_dataset(str(only_bad), drop_invalid=True)
 
 
 def test_many_bad_rows_are_summarised(tmp_path):
-    path = _write_jsonl(tmp_path / "d.jsonl", [{"problem": "p", "answer": None}] * 30)
+    path = write_jsonl([{"problem": "p", "answer": None}] * 30, tmp_path / "d.jsonl")
     with pytest.raises(DatasetFormatError, match=r"\(30 in total\)"):
         load_math_dataset(str(path))
 
@@ -373,7 +367,7 @@ def test_a_missing_local_file_is_not_looked_up_on_the_hub(name, hint, tmp_path, 
     local file: said so, with the closest existing file, and never sent to the Hub (where it gave a ConnectionError)."""
     _no_hub(monkeypatch)
     monkeypatch.chdir(tmp_path)
-    _write_jsonl((tmp_path / "data").mkdir() or tmp_path / "data" / "good.jsonl", [{"problem": "1+1", "answer": "2"}])
+    write_jsonl([{"problem": "1+1", "answer": "2"}], tmp_path / "data" / "good.jsonl")
     with pytest.raises(FileNotFoundError) as err:
         load_math_dataset(name)
     message = str(err.value)

@@ -18,12 +18,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import cpu_config
 from safetensors.torch import load_file, save_file
 from test_host_sync import counting_host_transfers
-from trl_batches import build
 
-from cegppo_trl import CEGPPOConfig
 from cegppo_trl.divergence import (
     DIVERGED_EXIT_STATUS,
     SKIPPED_NON_FINITE,
@@ -161,26 +158,26 @@ class Injecting(CEGPPOTrainer):
         return delta
 
 
-def _trainer(tiny_model, tiny_tokenizer, data, out, nan_steps, peft=False, reward_funcs=None, **overrides):
-    options = dict(save_strategy="steps", save_steps=1, learning_rate=0.05, cegppo_entropy_target=1.0)
-    options.update(overrides)
-    extra = {}
-    if peft:
-        from peft import LoraConfig
+@pytest.fixture
+def injecting(tiny_trainer, tmp_path):
+    """`injecting(nan_steps, peft=False, **overrides)`: an `Injecting` trainer saving to tmp_path / "run" every step,
+    the entropy controller on, a reward that varies in every group."""
 
-        extra["peft_config"] = LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        trainer = Injecting(
-            model=tiny_model,
-            reward_funcs=reward_funcs or _varied_reward,
-            args=cpu_config(CEGPPOConfig, out, **options),
-            train_dataset=data,
-            processing_class=tiny_tokenizer,
-            **extra,
-        )
-    trainer.nan_steps = nan_steps
-    return trainer
+    def make(nan_steps, peft=False, reward_funcs=_varied_reward, **overrides):
+        options = dict(save_strategy="steps", save_steps=1, learning_rate=0.05, cegppo_entropy_target=1.0)
+        extra = {}
+        if peft:
+            from peft import LoraConfig
+
+            extra["peft_config"] = LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer = tiny_trainer(output_dir=tmp_path / "run", cls=Injecting, reward_funcs=reward_funcs,
+                                   trainer_kwargs=extra, **{**options, **overrides})  # fmt: skip
+        trainer.nan_steps = nan_steps
+        return trainer
+
+    return make
 
 
 def _varied_reward(completions, **kwargs):
@@ -204,11 +201,9 @@ def _trainable(trainer) -> dict:
 
 
 @pytest.mark.parametrize("peft", [False, True], ids=["full", "lora"])
-def test_the_trainer_stops_before_applying_the_first_non_finite_step(
-    peft, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path, one_torch_thread
-):
+def test_the_trainer_stops_before_applying_the_first_non_finite_step(peft, injecting, tmp_path, one_torch_thread):
     out = tmp_path / "run"
-    trainer = _trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, out, nan_steps=(3,), peft=peft)
+    trainer = injecting(nan_steps=(3,), peft=peft)
     with pytest.raises(NonFiniteStepError, match=r"before applying optimizer step 3: .*loss nan.*last finite step 2"):
         trainer.train()
     assert trainer.state.global_step == 2
@@ -222,13 +217,9 @@ def test_the_trainer_stops_before_applying_the_first_non_finite_step(
     assert controller["num_updates"] == 2 and all(math.isfinite(v) for v in controller.values() if v is not None)
 
 
-def test_skipped_steps_apply_nothing_and_are_counted_then_the_bound_stops(
-    tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path, one_torch_thread
-):
+def test_skipped_steps_apply_nothing_and_are_counted_then_the_bound_stops(injecting, tmp_path, one_torch_thread):
     out = tmp_path / "run"
-    trainer = _trainer(
-        tiny_model, tiny_tokenizer, arithmetic_dataset, out, nan_steps=(2, 4), cegppo_max_skipped_steps=1
-    )
+    trainer = injecting(nan_steps=(2, 4), cegppo_max_skipped_steps=1)
     with pytest.raises(NonFiniteStepError, match=r"step 4 after skipping 1 step\(s\).*last finite step 3"):
         trainer.train()
     one, two = _weights(out / "checkpoint-1"), _weights(out / "checkpoint-2")
@@ -245,34 +236,24 @@ def _no_reward(completions, **kwargs):
 
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["plain", "dynamic-sampling"])
-def test_batches_without_rewards_are_skipped_and_counted(
-    dynamic, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path, one_torch_thread
-):
+def test_batches_without_rewards_are_skipped_and_counted(dynamic, injecting, one_torch_thread):
     options = dict(cegppo_max_skipped_steps=4, save_strategy="no", loss_type="dapo")
     if dynamic:
         options.update(cegppo_exclude_zero_advantage_groups=True, cegppo_oversampling=2.0)
-    trainer = _trainer(
-        tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path, (), reward_funcs=_no_reward, **options
-    )
+    trainer = injecting((), reward_funcs=_no_reward, **options)
     start = _trainable(trainer)
     trainer.train()  # one generation batch, 4 optimizer steps: all skipped
     assert trainer.state.global_step == 4
     assert trainer._step_guard.skipped == {SKIPPED_NON_FINITE: 0, SKIPPED_UNSCORED: 4}
     assert trainer.state.log_history[3][SKIPPED_UNSCORED] == 4
     assert all(torch.equal(start[k], v) for k, v in _trainable(trainer).items())
-    trainer = _trainer(
-        tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path, (), reward_funcs=_no_reward,
-        **dict(options, cegppo_max_skipped_steps=2),
-    )  # fmt: skip
+    trainer = injecting((), reward_funcs=_no_reward, **dict(options, cegppo_max_skipped_steps=2))
     with pytest.raises(NonFiniteStepError, match="step 3 after skipping 2 .*got no reward"):
         trainer.train()
 
 
-def test_no_save_with_non_finite_weights_and_rotation_keeps_the_finite_checkpoint(
-    tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path
-):
-    trainer = build(tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path, save_strategy="steps", save_steps=1,
-                    save_total_limit=1, save_only_model=True)  # fmt: skip
+def test_no_save_with_non_finite_weights_and_rotation_keeps_the_finite_checkpoint(tiny_trainer, tmp_path):
+    trainer = tiny_trainer(save_strategy="steps", save_steps=1, save_total_limit=1, save_only_model=True)
     trainer.state.global_step = 1
     trainer._save_checkpoint(trainer.model, None)  # checkpoint-1, finite
     with torch.no_grad():

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from launching import free_port, run_launched, subprocess_env
+from launching import launcher, run_launched, subprocess_env
 
 from cegppo_trl.divergence import DIVERGED_EXIT_STATUS, non_finite_tensors
 
@@ -23,14 +23,7 @@ TIMEOUT_S = 1800
 
 def _launch(backend: str, model_dir: Path, out_dir: Path) -> None:
     worker = [str(HERE / "divergence_worker.py"), str(model_dir), str(out_dir)]
-    if backend == "ddp":
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-               "--master_port", str(free_port()), *worker]  # fmt: skip
-    else:
-        cmd = [sys.executable, "-m", "accelerate.commands.launch",
-               "--config_file", str(ROOT / "accelerate_configs" / f"{backend}.yaml"), "--num_processes", "2",
-               "--mixed_precision", "no", "--main_process_port", str(free_port()), *worker]  # fmt: skip
-    run_launched(cmd, timeout=TIMEOUT_S)
+    run_launched([*launcher(2, None if backend == "ddp" else f"{backend}.yaml"), *worker], timeout=TIMEOUT_S)
 
 
 @pytest.mark.slow

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 from doc_blocks import FAST_CONFIG, code_blocks, readme_test_lines, swap_ids
 from launching import subprocess_env
-from shared import DEMO_OUTPUT, HUB_MODELS, TINY_RECIPE
+from shared import DEMO_OUTPUT, HUB_MODELS, TINY_RECIPE, run_checked
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,12 +99,7 @@ def classify(argv: list[str]) -> str:
 
 
 def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    proc = subprocess.run(argv, cwd=cwd, env=subprocess_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert proc.returncode == 0, (
-        f"`{shlex.join(argv)}` failed ({proc.returncode})\n--- stdout ---\n{proc.stdout[-3000:]}\n"
-        f"--- stderr ---\n{proc.stderr[-6000:]}"
-    )
-    return proc
+    return run_checked(argv, cwd, subprocess_env(), TIMEOUT_S)
 
 
 # ----------------------------------------------------------------------------------------------------------------

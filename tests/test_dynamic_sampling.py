@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from launching import free_port, run_launched
+from launching import launcher, run_launched
 
 
 HERE = Path(__file__).resolve().parent
@@ -85,21 +85,9 @@ def _launch(world: int, backend: str, scenarios: list[dict], model_dir: Path, ou
     scenarios_file = out_dir / "scenarios.json"
     scenarios_file.write_text(json.dumps(scenarios))
     worker = [str(HERE / "training_worker.py"), str(model_dir), str(out_dir), str(scenarios_file)]
-    if world == 1:
-        cmd = [sys.executable, *worker]
-    elif backend == "ddp":
-        cmd = [
-            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world),
-            "--master_port", str(free_port()), *worker,
-        ]  # fmt: skip
-    else:  # the shipped accelerate config, as the recipes launch it
-        cmd = [
-            sys.executable, "-m", "accelerate.commands.launch",
-            "--config_file", str(HERE.parent / "accelerate_configs" / f"{backend}.yaml"),
-            "--num_processes", str(world), "--mixed_precision", "no", "--main_process_port", str(free_port()),
-            *worker,
-        ]  # fmt: skip
-    run_launched(cmd, timeout=TIMEOUT_S)
+    # DDP, or the shipped accelerate config, as the recipes launch it
+    start = [sys.executable] if world == 1 else launcher(world, None if backend == "ddp" else f"{backend}.yaml")
+    run_launched([*start, *worker], timeout=TIMEOUT_S)
 
 
 def _kept_rows(batch: dict) -> list[int]:
@@ -353,20 +341,16 @@ def test_oversampling_enlarges_each_generation_batch(
 
 
 def test_select_first_computes_old_and_reference_log_probs_for_the_training_rows_only(
-    tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path, monkeypatch
+    tiny_trainer, tiny_checkpoint, arithmetic_dataset, tmp_path, monkeypatch
 ):
     """With `cegppo_oversampling` 2.0 and KL on, TRL's old- and reference-log-prob passes run on the training rows
     only (half the generated rows), and give the values TRL's own passes give those rows when they run on the whole
     generated batch (the mirror in `dynamic_sampling.old_policy_pass`, pinned to TRL 1.16)."""
     from trl import GRPOTrainer
 
-    from cegppo_trl.tiny_model import save_tiny
-
-    model_dir = save_tiny(tiny_model, tiny_tokenizer, tmp_path / "tiny")  # beta > 0: TRL loads the reference by name
-    trainer = build(
-        model_dir, tiny_tokenizer, arithmetic_dataset, tmp_path / "run", beta=0.1,
-        cegppo_exclude_zero_advantage_groups=True, cegppo_oversampling=2.0,
-    )  # fmt: skip
+    model_dir = str(tiny_checkpoint)  # beta > 0: TRL loads the reference by name
+    trainer = tiny_trainer(model_dir, tmp_path / "run", beta=0.1, cegppo_exclude_zero_advantage_groups=True,
+                           cegppo_oversampling=2.0)  # fmt: skip
     trainer.model.train()
     rows_seen = []
     trl_pass = GRPOTrainer._get_per_token_logps_and_entropies

@@ -10,8 +10,7 @@ import warnings
 
 import pytest
 import torch
-import trl_batches
-from shared import contains_answer_reward, make_loss_batch
+from shared import make_loss_batch
 from trl_batches import add_off_policy, current_logps, logged, loss_and_grad, ready_for_loss, select_rows, tiny_moe
 
 import cegppo_trl.trainer as trainer_module
@@ -19,13 +18,17 @@ from cegppo_trl.config import SUPPORTED_LOSS_TYPES
 from cegppo_trl.core import LOG_RATIO_CLAMP, ClipParams, cegppo_per_token_loss, ppo_clip_per_token_loss
 
 
-def build(model, tokenizer, dataset, tmp_path, reward_funcs=contains_answer_reward, **overrides):
-    values = dict(dict(gradient_accumulation_steps=2, steps_per_generation=4), **overrides)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return ready_for_loss(
-            trl_batches.build(model, tokenizer, dataset, tmp_path, reward_funcs=reward_funcs, **values)
-        )
+@pytest.fixture
+def build(tiny_trainer):
+    """`tiny_trainer` off-policy (gradient accumulation 2 of 4 steps per generation), ready for `_compute_loss`."""
+
+    def make(model=None, output_dir=None, **overrides):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            values = {"gradient_accumulation_steps": 2, "steps_per_generation": 4, **overrides}
+            return ready_for_loss(tiny_trainer(model, output_dir, **values))
+
+    return make
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -58,13 +61,11 @@ def _as_selected(inputs, keep):
 @pytest.mark.parametrize("loss_type", ["dapo", "bnpo"])
 @pytest.mark.parametrize("level", ["token", "sequence"])
 def test_excluded_groups_equal_physical_removal_for_every_term(
-    loss_type, level, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path
+    loss_type, level, build, tiny_checkpoint, tiny_tokenizer, tmp_path
 ):
     """KL (beta > 0), entropy bonus, SFT term and policy term, with gradient accumulation: the option's loss, gradient
     and metrics on the micro-batch with dropped rows masked equal those of the micro-batch without them."""
-    from cegppo_trl.tiny_model import save_tiny
-
-    model_dir = str(save_tiny(tiny_model, tiny_tokenizer, tmp_path / "tiny"))
+    model_dir = str(tiny_checkpoint)  # beta > 0: TRL loads the reference by name
     common = dict(
         loss_type=loss_type,
         importance_sampling_level=level,
@@ -73,8 +74,7 @@ def test_excluded_groups_equal_physical_removal_for_every_term(
         cegppo_sft_coef=0.1,
         cegppo_exclude_zero_advantage_groups=True,
     )
-    on = build(model_dir, tiny_tokenizer, arithmetic_dataset, tmp_path / "on", **common)
-    ref = build(model_dir, tiny_tokenizer, arithmetic_dataset, tmp_path / "ref", **common)
+    on, ref = build(model_dir, tmp_path / "on", **common), build(model_dir, tmp_path / "ref", **common)
     kept = [0, 1, 2, 3, 6]
     inputs, keep = _batch_with_everything(on, tiny_tokenizer, seed=11, kept=kept)
     full = _as_selected(inputs, keep)
@@ -96,28 +96,15 @@ def test_excluded_groups_equal_physical_removal_for_every_term(
         assert torch.equal(full[key], value), key
 
 
-def test_moe_aux_loss_is_refused_with_dynamic_sampling(tiny_tokenizer, arithmetic_dataset, tmp_path):
+def test_moe_aux_loss_is_refused_with_dynamic_sampling(build, tiny_tokenizer):
     """The router's load-balancing loss would count the tokens of dropped rows (docs/method.md)."""
     with pytest.raises(ValueError, match="cegppo_exclude_zero_advantage_groups=True with a MoE router aux loss"):
-        build(tiny_moe(tiny_tokenizer), tiny_tokenizer, arithmetic_dataset, tmp_path, **{
-            "cegppo_exclude_zero_advantage_groups": True
-        })  # fmt: skip
+        build(tiny_moe(tiny_tokenizer), cegppo_exclude_zero_advantage_groups=True)
 
 
 @pytest.mark.parametrize("loss_type", ["bnpo", "dapo"])
-def test_micro_batch_with_every_group_excluded_has_zero_loss_and_gradient(
-    loss_type, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path
-):
-    on = build(
-        tiny_model,
-        tiny_tokenizer,
-        arithmetic_dataset,
-        tmp_path,
-        loss_type=loss_type,
-        entropy_coef=0.05,
-        cegppo_sft_coef=0.1,
-        cegppo_exclude_zero_advantage_groups=True,
-    )
+def test_micro_batch_with_every_group_excluded_has_zero_loss_and_gradient(loss_type, build, tiny_tokenizer):
+    on = build(loss_type=loss_type, entropy_coef=0.05, cegppo_sft_coef=0.1, cegppo_exclude_zero_advantage_groups=True)
     inputs, keep = _batch_with_everything(on, tiny_tokenizer, seed=13, kept=[])
     inputs["num_items_in_batch"] = torch.tensor(40.0)  # other micro-batches of the generation batch had kept rows
     inputs["cegppo_num_sft_tokens"] = torch.tensor(10.0)
@@ -129,9 +116,7 @@ def test_micro_batch_with_every_group_excluded_has_zero_loss_and_gradient(
         assert math.isnan(logged(on)[name][-1]), name
 
 
-def test_generation_keeps_informative_groups_on_rewards_not_advantages(
-    tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path
-):
+def test_generation_keeps_informative_groups_on_rewards_not_advantages(build, arithmetic_dataset):
     """Groups of 8: [0.7 x8] (float residue in TRL's advantage), [1, 0, 0, 1, ...] (informative), [1 x8] (correct).
     The informative group leads the training batch; the others follow as dropped rows (empty loss mask)."""
     informative = [1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0]
@@ -140,10 +125,6 @@ def test_generation_keeps_informative_groups_on_rewards_not_advantages(
         return ([0.7] * 8 + informative + [1.0] * 8)[: len(completions)]
 
     trainer = build(
-        tiny_model,
-        tiny_tokenizer,
-        arithmetic_dataset,
-        tmp_path,
         reward_funcs=rewards,
         per_device_train_batch_size=24,
         num_generations=8,
@@ -170,10 +151,8 @@ def test_generation_keeps_informative_groups_on_rewards_not_advantages(
     assert logged(trainer)["cegppo/informative_group_frac"][-1] == pytest.approx(1 / 3)
 
 
-def test_multimodal_batch_is_refused_with_the_field_name(tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path):
-    trainer = build(
-        tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path, cegppo_exclude_zero_advantage_groups=True
-    )
+def test_multimodal_batch_is_refused_with_the_field_name(build, arithmetic_dataset):
+    trainer = build(cegppo_exclude_zero_advantage_groups=True)
     original = trainer_module.GRPOTrainer._generate_and_score_completions
 
     def with_pixels(self, inputs):
@@ -192,11 +171,9 @@ def test_multimodal_batch_is_refused_with_the_field_name(tiny_model, tiny_tokeni
 # ---------------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("loss_type", ["grpo", "dapo", "luspo"])
 @pytest.mark.parametrize("extra", [{"entropy_coef": 0.05}, {"use_adaptive_entropy": True, "entropy_target": 10.0}])
-def test_logged_policy_loss_is_the_cegppo_policy_term(
-    loss_type, extra, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path
-):
+def test_logged_policy_loss_is_the_cegppo_policy_term(loss_type, extra, build, tiny_tokenizer):
     """`cegppo/policy_loss` is CE-GPPO's policy term; TRL's own `policy_loss` (entropy bonus on) stays its PPO-clip."""
-    trainer = build(tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path, loss_type=loss_type, **extra)
+    trainer = build(loss_type=loss_type, **extra)
     inputs = add_off_policy(trainer, make_loss_batch(tiny_tokenizer, seed=21), scale=0.6)
     inputs["num_items_in_batch"] = inputs["completion_mask"].sum() * 3
     trainer._compute_loss(trainer.model, inputs)
@@ -242,10 +219,8 @@ def _extreme_batch(trainer, tokenizer, dtype, seed=31):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("loss_type", SUPPORTED_LOSS_TYPES)
-def test_loss_and_gradient_are_finite_at_any_log_ratio(
-    loss_type, dtype, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path
-):
-    trainer = build(tiny_model.to(dtype), tiny_tokenizer, arithmetic_dataset, tmp_path, loss_type=loss_type)
+def test_loss_and_gradient_are_finite_at_any_log_ratio(loss_type, dtype, build, tiny_model, tiny_tokenizer):
+    trainer = build(tiny_model.to(dtype), loss_type=loss_type)
     inputs = _extreme_batch(trainer, tiny_tokenizer, dtype)
     for level in ("token", "sequence"):
         for delta in (None, 4.0):
@@ -257,9 +232,9 @@ def test_loss_and_gradient_are_finite_at_any_log_ratio(
 
 
 @pytest.mark.parametrize("loss_type", SUPPORTED_LOSS_TYPES)
-def test_clamp_changes_nothing_within_the_bound(loss_type, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path):
+def test_clamp_changes_nothing_within_the_bound(loss_type, build, tiny_tokenizer):
     """Bit-identical loss and gradient to the trainer without the clamp when every |log-ratio| <= 20."""
-    trainer = build(tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path, loss_type=loss_type, delta=4.0)
+    trainer = build(loss_type=loss_type, delta=4.0)
     inputs = add_off_policy(trainer, make_loss_batch(tiny_tokenizer, seed=41), scale=3.0)
     logps = current_logps(trainer, inputs)[0].detach()
     log_ratio = logps - inputs["old_per_token_logps"]

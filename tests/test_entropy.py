@@ -7,7 +7,6 @@ import math
 
 import pytest
 import torch
-from trl_batches import build_trainer
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer, EntropyController
 from cegppo_trl.demo.toy import (
@@ -243,10 +242,10 @@ def _values(history, key):
     return [(h["step"], h[key]) for h in history if key in h]
 
 
-def test_trainer_controller_moves_betas_and_resumes_from_checkpoint(
-    tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config, tmp_path
-):
+def test_trainer_saves_checkpoints_and_resumes_them_with_the_controller_state(tiny_trainer, tiny_model, tmp_path):
     import copy
+
+    from transformers import AutoModelForCausalLM
 
     from cegppo_trl.trainer import CONTROLLER_STATE_FILE
 
@@ -254,10 +253,8 @@ def test_trainer_controller_moves_betas_and_resumes_from_checkpoint(
     # A random tiny model has ~log(vocab) nats of entropy; a target above that means "entropy too low". kp=0: pure
     # integral action, so the betas move monotonically while the error stays positive.
     controller_args = dict(cegppo_entropy_target=7.0, cegppo_entropy_kp=0.0, cegppo_entropy_ki=0.05)
-    config = make_config(
-        CEGPPOConfig, tmp_path / "run", max_steps=4, save_strategy="steps", save_steps=2, **controller_args
-    )
-    trainer = build_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, config, reward_funcs=reward_fn)
+    saving = dict(output_dir=tmp_path / "run", save_strategy="steps", save_steps=2, **controller_args)
+    trainer = tiny_trainer(max_steps=4, **saving)
     trainer.train()
     history = trainer.state.log_history
     beta1 = [v for _, v in _values(history, "cegppo/beta1")]
@@ -275,25 +272,27 @@ def test_trainer_controller_moves_betas_and_resumes_from_checkpoint(
     assert saved["beta1"] == pytest.approx(beta1[2])  # the betas in force at step 3
     final = json.loads((tmp_path / "run" / "checkpoint-4" / CONTROLLER_STATE_FILE).read_text())
     assert final == dataclasses.asdict(trainer._controller)
+    assert (tmp_path / "run" / "checkpoint-2" / "model.safetensors").exists()
+    assert "CE-GPPO" in (tmp_path / "run" / "README.md").read_text()
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "checkpoint-4")
+    for (name, p), q in zip(trainer.model.named_parameters(), reloaded.parameters()):
+        assert torch.equal(p.detach(), q.detach()), name
 
-    # Resume from step 2 with a fresh trainer: the controller state comes back from the checkpoint file.
-    config = make_config(CEGPPOConfig, tmp_path / "run", max_steps=4, save_strategy="no", **controller_args)
-    resumed = build_trainer(start_weights, tiny_tokenizer, arithmetic_dataset, config, reward_funcs=reward_fn)
+    # Resume from step 2 with a fresh trainer, 4 more steps: the controller state comes back from the checkpoint file.
+    resumed = tiny_trainer(start_weights, max_steps=6, **saving)
     assert resumed._controller.num_updates == 0
     resumed.train(resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-2"))
-    assert resumed._controller.num_updates == 4  # 2 restored + 2 new
+    assert resumed.state.global_step == 6 and (tmp_path / "run" / "checkpoint-6").exists()
+    assert resumed._controller.num_updates == 6  # 2 restored + 4 new
     resumed_beta1 = dict(_values(resumed.state.log_history, "cegppo/beta1"))
     assert resumed_beta1[3] == pytest.approx(saved["beta1"])  # not the initial 0.5
     assert resumed_beta1[4] < resumed_beta1[3]
 
 
-def test_trainer_without_target_keeps_betas_and_writes_no_controller_file(
-    tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config, tmp_path
-):
+def test_trainer_without_target_keeps_betas_and_writes_no_controller_file(tiny_trainer, tmp_path):
     from cegppo_trl.trainer import CONTROLLER_STATE_FILE
 
-    config = make_config(CEGPPOConfig, tmp_path, max_steps=2, save_strategy="steps", save_steps=2, cegppo_beta1=0.75)
-    trainer = build_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, config, reward_funcs=reward_fn)
+    trainer = tiny_trainer(max_steps=2, save_strategy="steps", save_steps=2, cegppo_beta1=0.75)
     trainer.train()
     assert [v for _, v in _values(trainer.state.log_history, "cegppo/beta1")] == [0.75, 0.75]
     assert not (tmp_path / "checkpoint-2" / CONTROLLER_STATE_FILE).exists()
@@ -316,25 +315,9 @@ class _RecordingTrainer(CEGPPOTrainer):
         return super()._compute_loss(model, inputs)
 
 
-def test_off_policy_training_changes_every_weight_and_logs_the_clipping_and_the_quadrants(
-    tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config, tmp_path
-):
-    config = make_config(
-        CEGPPOConfig,
-        tmp_path,
-        max_steps=8,
-        steps_per_generation=4,
-        learning_rate=1e-2,
-        cegppo_beta1=1.0,
-        cegppo_beta2=1.0,
-    )
-    trainer = _RecordingTrainer(
-        model=tiny_model,
-        reward_funcs=reward_fn,
-        args=config,
-        train_dataset=arithmetic_dataset,
-        processing_class=tiny_tokenizer,
-    )
+def test_off_policy_training_changes_every_weight_and_logs_the_clipping_and_the_quadrants(tiny_trainer):
+    trainer = tiny_trainer(cls=_RecordingTrainer, max_steps=8, steps_per_generation=4, learning_rate=1e-2,
+                           cegppo_beta1=1.0, cegppo_beta2=1.0)  # fmt: skip
     trainer.recorded = []
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()

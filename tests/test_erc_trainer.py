@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from launching import free_port, run_launched
+from launching import launcher, run_launched
 from oracles import completion_log_probs_and_entropies, gppo_erc_per_token_loss
 from shared import cpu_config, make_loss_batch
 from trl_batches import TRL_OPTIONS, build, build_trainer, ready_for_loss
@@ -227,11 +227,7 @@ def _launch(world: int, scenarios: list[dict], model_dir: Path, out_dir: Path) -
     scenarios_file = out_dir / "scenarios.json"
     scenarios_file.write_text(json.dumps(scenarios))
     worker = [str(HERE / "training_worker.py"), str(model_dir), str(out_dir), str(scenarios_file)]
-    cmd = [sys.executable, *worker]
-    if world > 1:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world),
-               "--master_port", str(free_port()), *worker]  # fmt: skip
-    run_launched(cmd, timeout=TIMEOUT_S)
+    run_launched([*([sys.executable] if world == 1 else launcher(world)), *worker], timeout=TIMEOUT_S)
 
 
 def _params(config: dict) -> ClipParams:

@@ -222,19 +222,8 @@ def test_an_unwritable_output_fails_before_anything_loads(where, model_dir, tmp_
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".cegppo-eval")] == []  # the probe is gone
 
 
-def _lora_adapter(base: Path, path: Path) -> Path:
-    """A LoRA adapter folder as `cegppo-train --use_peft true` saves it (adapter + tokenizer, no config.json)."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    lora = LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj"])
-    get_peft_model(AutoModelForCausalLM.from_pretrained(base), lora).save_pretrained(path)
-    AutoTokenizer.from_pretrained(base).save_pretrained(path)
-    return path
-
-
 @pytest.mark.parametrize("weights", ["model.safetensors", "adapter_model.safetensors"])
-def test_a_truncated_safetensors_file_is_named(weights, model_dir, tmp_path, monkeypatch, capsys):
+def test_a_truncated_safetensors_file_is_named(weights, model_dir, tmp_path, monkeypatch, capsys, request):
     """A full model's or a LoRA adapter's weights cut in half (an interrupted copy): one line naming the file, and
     nothing generated."""
 
@@ -242,7 +231,7 @@ def test_a_truncated_safetensors_file_is_named(weights, model_dir, tmp_path, mon
         raise AssertionError("generated with unreadable weights")
 
     monkeypatch.setattr(generation, "generate_completions", no_generation)
-    model = _lora_adapter(model_dir, tmp_path / "adapter") if weights.startswith("adapter") else model_dir
+    model = request.getfixturevalue("adapter_dir") if weights.startswith("adapter") else model_dir
     data = (model / weights).read_bytes()
     (model / weights).write_bytes(data[: len(data) // 2])
     out = tmp_path / "report.json"
@@ -253,34 +242,16 @@ def test_a_truncated_safetensors_file_is_named(weights, model_dir, tmp_path, mon
     assert not out.exists()
 
 
-# kernels 0.19's message (kernels/_internals/_versions.py) for a kernel neither cached nor downloadable
-KERNELS_OFFLINE = (
-    "Version 2 of 'kernels-community/rotary' is not available in the local cache and Hugging Face Hub is in offline "
-    "mode. Download the kernel while online first, or pass an explicit `revision=<commit>`."
-)
-
-
 @pytest.mark.usefixtures("one_torch_thread")
-def test_an_offline_gpu_machine_gets_one_line_with_the_fix(model_dir, tmp_path, monkeypatch, capsys):
-    """transformers loads Hub kernels through `PreTrainedModel.set_use_kernels`, which `from_pretrained` calls with the
-    resolved `use_kernels` (5.25: on unless told not to, also on CPU, where no kernel is fetched). The stand-in raises
-    what `kernels` raises on an offline GPU machine when kernels are on; the fixes the message names then load the
-    model. (The same stand-in as tests/test_hub_kernels.py's for cegppo-train.)"""
+def test_an_offline_gpu_machine_gets_one_line_with_the_fix(
+    offline_kernel_loader, model_dir, tmp_path, monkeypatch, capsys
+):
+    """conftest's offline Hub kernel loader: one line with the fixes, and the fixes it names then load the model (the
+    same stand-in as tests/test_hub_kernels.py's for cegppo-train)."""
     import transformers
     from packaging.version import Version
-    from transformers import PreTrainedModel
 
-    calls = []
-    original = PreTrainedModel.set_use_kernels
-
-    def offline_set_use_kernels(self, use_kernels, *args, **kwargs):
-        if use_kernels:
-            calls.append(use_kernels)
-            raise ValueError(KERNELS_OFFLINE)
-        return original(self, use_kernels, *args, **kwargs)
-
-    monkeypatch.setattr(PreTrainedModel, "set_use_kernels", offline_set_use_kernels)
-    monkeypatch.delenv("USE_HUB_KERNELS", raising=False)
+    calls = offline_kernel_loader
     data = tmp_path / "p.jsonl"
     data.write_text(json.dumps({"problem": "What is 1+1?", "answer": "2"}) + "\n")
     argv = [str(model_dir), "--datasets", str(data), "--k", "1", "--temperature", "0", "--max-new-tokens", "2"]

@@ -3,7 +3,6 @@ the one check of the settings, what may be evaluated (full models, LoRA adapters
 command on a tiny local model, the report written set by set, the vLLM backend's wiring (with a stand-in module), the
 TRL code the package mirrors, and `AvgAtKCallback` on one process (tests/test_callback_multiprocess.py: two)."""
 
-import ast
 import copy
 import dataclasses
 import importlib.util
@@ -18,10 +17,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from shared import write_problems
+from shared import TINY_INSTRUCTION, write_problems
 from transformers import TrainerCallback
 
-from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
 from cegppo_trl.evaluation import (
     PROMPT_FILE,
     AvgAtKCallback,
@@ -44,33 +42,12 @@ from cegppo_trl.scripts.eval import main, parse_arguments
 
 ROOT = Path(__file__).resolve().parents[1]
 STANDINS = Path(__file__).resolve().parent / "standins"
-# The tiny model is SFT-trained on this user message format (the tiny recipe's and the demo's instruction).
-TINY_INSTRUCTION = "{problem} Put the final answer in \\boxed{}."
 
 
 def brute_force_pass_at_k(outcomes, k):
     """Fraction of the k-subsets of the samples that contain at least one correct sample."""
     subsets = list(itertools.combinations(outcomes, k))
     return sum(any(s) for s in subsets) / len(subsets)
-
-
-@pytest.fixture
-def adapter_dir(tiny_checkpoint, tmp_path) -> Path:
-    """A LoRA adapter folder as `cegppo-train --use_peft true` saves it (adapter + tokenizer, no config.json), with
-    non-zero LoRA weights, on the tiny checkpoint; it declares the tiny prompt format."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    base = AutoModelForCausalLM.from_pretrained(tiny_checkpoint)
-    torch.manual_seed(0)
-    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
-    model = get_peft_model(base, lora)
-    path = tmp_path / "adapter"
-    model.save_pretrained(path)
-    AutoTokenizer.from_pretrained(tiny_checkpoint).save_pretrained(path)
-    save_eval_settings(path, instruction=TINY_INSTRUCTION, temperature=1.0, max_new_tokens=6)
-    assert (path / "adapter_config.json").is_file() and not (path / "config.json").exists()
-    return path
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -674,15 +651,9 @@ def test_vllm_extra_is_trls_own_range():
 
 
 @pytest.fixture
-def trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, make_config, tmp_path):
+def trainer(tiny_trainer):
     """A one-step trainer on the tiny model with a zero reward."""
-    return CEGPPOTrainer(
-        model=tiny_model,
-        reward_funcs=lambda completions, **kw: [0.0] * len(completions),
-        args=make_config(CEGPPOConfig, tmp_path, max_steps=1),
-        train_dataset=arithmetic_dataset,
-        processing_class=tiny_tokenizer,
-    )
+    return tiny_trainer(reward_funcs=lambda completions, **kw: [0.0] * len(completions), max_steps=1)
 
 
 def test_prompt_token_ids_mirror_trls_tokenize_prompts(trainer, tiny_tokenizer):
@@ -722,9 +693,7 @@ class RecordLogs(TrainerCallback):
 
 
 @pytest.mark.usefixtures("one_torch_thread")
-def test_avg_at_k_callback_logs_through_the_trainer(
-    tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config, tmp_path
-):
+def test_avg_at_k_callback_logs_through_the_trainer(tiny_trainer, tiny_model, tmp_path):
     from cegppo_trl.data import load_math_dataset
     from cegppo_trl.demo.plotting import load_log_history
 
@@ -732,13 +701,7 @@ def test_avg_at_k_callback_logs_through_the_trainer(
     reference_model = copy.deepcopy(tiny_model)
 
     def trainer_for(model, output_dir):
-        return CEGPPOTrainer(
-            model=model,
-            reward_funcs=reward_fn,
-            args=make_config(CEGPPOConfig, output_dir, max_steps=2),
-            train_dataset=arithmetic_dataset,
-            processing_class=tiny_tokenizer,
-        )
+        return tiny_trainer(model, output_dir, max_steps=2)
 
     trainer = trainer_for(tiny_model, tmp_path / "with")
     recorder = RecordLogs()
@@ -792,7 +755,7 @@ def test_avg_at_k_callback_checks_its_arguments(trainer):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Layout: light imports, one name table
+# Layout: light imports (the lazy name table: test_public_api.py)
 # ----------------------------------------------------------------------------------------------------------------
 
 
@@ -809,14 +772,3 @@ def test_settings_and_the_command_line_do_not_import_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
-
-
-def test_evaluation_type_checking_imports_match_the_lazy_names():
-    import cegppo_trl.evaluation as evaluation
-
-    tree = ast.parse(Path(evaluation.__file__).read_text())
-    block = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")
-    eager = {alias.name: node.module for node in block.body for alias in node.names}
-    assert eager == evaluation._LAZY
-    for name in evaluation.__all__:
-        assert getattr(evaluation, name) is not None

@@ -15,7 +15,7 @@ import pytest
 import torch
 from shared import make_loss_batch
 from trl import GRPOTrainer
-from trl_batches import add_off_policy, build, ready_for_loss
+from trl_batches import add_off_policy, ready_for_loss
 
 
 HOST_TRANSFERS = ("item", "tolist", "__bool__", "cpu", "__float__", "__int__")
@@ -79,15 +79,13 @@ def _micro_batch(trainer, tokenizer, extras: dict) -> dict:
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_no_host_transfer_per_micro_batch_and_at_most_one_per_step(
-    case, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path
-):
+def test_no_host_transfer_per_micro_batch_and_at_most_one_per_step(case, tiny_trainer, tiny_tokenizer, tmp_path):
     trl_options, cegppo_options = CASES[case]
     common = dict(gradient_accumulation_steps=2, steps_per_generation=4, **trl_options)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        grpo = build(tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path / "g", cls=GRPOTrainer, **common)
-        cegppo = build(tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path / "c", **common, **cegppo_options)
+        grpo = tiny_trainer(output_dir=tmp_path / "g", cls=GRPOTrainer, **common)
+        cegppo = tiny_trainer(output_dir=tmp_path / "c", **common, **cegppo_options)
     ready_for_loss(grpo, cegppo)
     inputs = _micro_batch(cegppo, tiny_tokenizer, cegppo_options)
     # At the boundary: the step check's one transfer (loss, gradient norm and the controller's sums together).
@@ -103,15 +101,12 @@ def test_no_host_transfer_per_micro_batch_and_at_most_one_per_step(
     assert cegppo._metrics["train"]["cegppo/beta1_token_frac"]
 
 
-def test_the_step_check_and_the_controller_share_one_transfer(
-    tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path
-):
+def test_the_step_check_and_the_controller_share_one_transfer(tiny_trainer, tiny_tokenizer):
     """The boundary's one transfer is exactly one, with the controller on, and it updates the controller."""
     cegppo_options = dict(cegppo_entropy_target=1.0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        cegppo = build(tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path, gradient_accumulation_steps=2,
-                       steps_per_generation=4, **cegppo_options)  # fmt: skip
+        cegppo = tiny_trainer(gradient_accumulation_steps=2, steps_per_generation=4, **cegppo_options)
     ready_for_loss(cegppo)
     inputs = _micro_batch(cegppo, tiny_tokenizer, cegppo_options)
     cegppo.accelerator.gradient_state._set_sync_gradients(True)

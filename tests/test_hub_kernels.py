@@ -14,31 +14,12 @@ from pathlib import Path
 import pytest
 import transformers
 from packaging.version import Version
-from transformers import PreTrainedModel
 
 from cegppo_trl.scripts.train import main
 
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_RECIPE = ROOT / "recipes" / "tiny" / "cegppo" / "config_cpu.yaml"
-OFFLINE_ERROR = (
-    "Version 2 of 'kernels-community/rotary' is not available in the local cache and Hugging Face Hub is in offline "
-    "mode. Please run with Hub access once to download it, or set `HF_HUB_OFFLINE=0`."
-)
-
-
-@pytest.fixture
-def offline_kernel_loader(monkeypatch):
-    """`set_use_kernels` as on an offline GPU machine without the kernel cached: kernels on -> the `kernels` error."""
-    original = PreTrainedModel.set_use_kernels
-
-    def set_use_kernels(self, use_kernels, *args, **kwargs):
-        if use_kernels:
-            raise ValueError(OFFLINE_ERROR)
-        return original(self, use_kernels, *args, **kwargs)
-
-    monkeypatch.setattr(PreTrainedModel, "set_use_kernels", set_use_kernels)
-    monkeypatch.delenv("USE_HUB_KERNELS", raising=False)
 
 
 # transformers turns Hub kernels on by default from 5.25; before (the floor, 5.23) only a run that asks for them meets

@@ -7,11 +7,10 @@ Runs are 4 optimizer steps of 8 completions per process; nothing is downloaded (
 DeepSpeed run compiles a small communication op with g++/ninja (about 25 s, cached afterwards).
 """
 
-import sys
 from pathlib import Path
 
 import pytest
-from launching import assert_trained_full_model, check_logs, free_port, run_launched
+from launching import assert_trained_full_model, check_logs, launcher, run_launched
 
 
 pytestmark = pytest.mark.slow  # trains, on one and on two processes
@@ -24,14 +23,8 @@ TIMEOUT_S = 900  # generous: the machine is shared; a normal run takes well unde
 
 def _launch(output_dir: Path, accelerate_config: str, *extra: str, processes: int = 2):
     train_args = [str(SCRIPT), "--config", str(RECIPE), "--output_dir", str(output_dir), *extra]
-    launcher = [
-        sys.executable, "-m", "accelerate.commands.launch",
-        "--config_file", str(ROOT / "accelerate_configs" / accelerate_config),
-        "--num_processes", str(processes),
-        "--mixed_precision", "no",  # the trainer runs with bf16=False on CPU; the configs say bf16 for GPUs
-        "--main_process_port", str(free_port()),
-    ]  # fmt: skip
-    return run_launched([*launcher, *train_args], cwd=ROOT, timeout=TIMEOUT_S, clean=output_dir)
+    return run_launched([*launcher(processes, accelerate_config), *train_args], cwd=ROOT, timeout=TIMEOUT_S,
+                        clean=output_dir)  # fmt: skip
 
 
 def test_single_process_builtin_tiny(tiny_recipe_run):

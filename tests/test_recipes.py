@@ -239,11 +239,6 @@ def test_tiny_recipe_is_local_and_cpu():
     )
 
 
-def test_command_line_overrides_recipe():
-    _, c, model_args = parse(TINY_RECIPE, "--cegppo_beta1", "0.75", "--model_name_or_path", "/some/path")
-    assert c.cegppo_beta1 == 0.75 and model_args.model_name_or_path == "/some/path"
-
-
 @pytest.mark.parametrize("path", ACCELERATE_CONFIGS, ids=lambda p: p.name)
 def test_accelerate_configs_load(path):
     from accelerate.commands.config.config_args import load_config_from_file

@@ -14,16 +14,14 @@ on it is a different run. A checkpoint at a generation-batch boundary resumes th
   not (what docs/launch.md says).
 """
 
-import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from launching import free_port, subprocess_env
-from shared import recipe_id
+from launching import controller_state, launcher, saved_weights, step_logs, subprocess_env
+from shared import recipe_id, run_checked
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,42 +90,14 @@ RUN_ARGS = (
     "--cegppo_entropy_target", "2.0", "--cegppo_entropy_kp", "0.0", "--cegppo_entropy_ki", "0.05",
     "--save_strategy", "steps", "--save_steps", "1",
 )  # fmt: skip
-TIME_KEYS = ("step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second")
 
 
 def _train(output_dir: Path, model_dir: Path, processes: int, *extra: str) -> dict:
     train_args = [str(SCRIPT), "--config", str(TINY_RECIPE), "--model_name_or_path", str(model_dir)]
     train_args += [*RUN_ARGS, "--output_dir", str(output_dir), *extra]
-    if processes == 1:
-        cmd = [sys.executable, *train_args]
-    else:
-        cmd = [
-            sys.executable, "-m", "accelerate.commands.launch",
-            "--config_file", str(ROOT / "accelerate_configs" / "multi_gpu.yaml"),
-            "--num_processes", str(processes), "--mixed_precision", "no", "--main_process_port", str(free_port()),
-            *train_args,
-        ]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
-    if proc.returncode != 0:
-        pytest.fail(
-            f"command failed ({proc.returncode}): {' '.join(cmd)}\n--- stdout ---\n{proc.stdout[-4000:]}\n"
-            f"--- stderr ---\n{proc.stderr[-8000:]}"
-        )
-    state = json.loads((output_dir / "trainer_state.json").read_text())
-    assert state["global_step"] == MAX_STEPS
-    return {e["step"]: {k: v for k, v in e.items() if k not in TIME_KEYS} for e in state["log_history"] if "loss" in e}
-
-
-def _weights(output_dir: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    return load_file(output_dir / "model.safetensors")
-
-
-def _controller(checkpoint: Path) -> dict:
-    from cegppo_trl.trainer import CONTROLLER_STATE_FILE
-
-    return json.loads((checkpoint / CONTROLLER_STATE_FILE).read_text())
+    cmd = [*([sys.executable] if processes == 1 else launcher(processes, "multi_gpu.yaml")), *train_args]
+    run_checked(cmd, ROOT, subprocess_env(), TIMEOUT_S)
+    return step_logs(output_dir, MAX_STEPS)
 
 
 @pytest.mark.slow
@@ -144,7 +114,7 @@ def test_resume_at_a_generation_batch_boundary_is_the_uninterrupted_run(tiny_rec
     assert all(full[s]["grad_norm"] > 0 for s in full), "a step without policy gradient compares nothing"
 
     checkpoint = tmp_path / "full" / f"checkpoint-{BOUNDARY}"
-    assert _controller(checkpoint)["num_updates"] == BOUNDARY
+    assert controller_state(checkpoint)["num_updates"] == BOUNDARY
     resumed = _train(
         tmp_path / "resumed", tiny_recipe_model_dir, processes, "--resume_from_checkpoint", str(checkpoint)
     )
@@ -153,10 +123,10 @@ def test_resume_at_a_generation_batch_boundary_is_the_uninterrupted_run(tiny_rec
     assert sorted(resumed) == sorted(full)
     for step in resumed:
         assert resumed[step] == full[step], f"step {step} differs after resuming from checkpoint-{BOUNDARY}"
-    ours, theirs = _weights(tmp_path / "resumed"), _weights(tmp_path / "full")
+    ours, theirs = saved_weights(tmp_path / "resumed"), saved_weights(tmp_path / "full")
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
     last = f"checkpoint-{MAX_STEPS}"
-    assert _controller(tmp_path / "resumed" / last) == _controller(tmp_path / "full" / last)
+    assert controller_state(tmp_path / "resumed" / last) == controller_state(tmp_path / "full" / last)
 
     # The other side of the rule: from the checkpoint inside a generation batch the run continues with fresh
     # completions, and is another run from its first step on.
@@ -165,7 +135,7 @@ def test_resume_at_a_generation_batch_boundary_is_the_uninterrupted_run(tiny_rec
     assert "reward" in other[MIDDLE + 1], "no fresh generation after resuming inside a generation batch"
     assert other[MIDDLE + 1]["loss"] != full[MIDDLE + 1]["loss"]
     assert other[MAX_STEPS]["cegppo/beta1"] != full[MAX_STEPS]["cegppo/beta1"]
-    ours = _weights(tmp_path / "middle")
+    ours = saved_weights(tmp_path / "middle")
     assert any(not torch.equal(ours[k], theirs[k]) for k in ours)
     print(
         f"\n{processes} process(es): beta1 uninterrupted {[round(b, 4) for b in beta1]}; resumed at step {BOUNDARY} "
@@ -175,18 +145,10 @@ def test_resume_at_a_generation_batch_boundary_is_the_uninterrupted_run(tiny_rec
     )
 
 
-def test_resume_without_the_controller_state_names_the_file_and_the_fix(
-    tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path
-):
+def test_resume_without_the_controller_state_names_the_file_and_the_fix(tiny_trainer, tmp_path):
     """A process that cannot see `cegppo_controller_state.json` (a node without the shared output_dir) must not
     restart the controller from the config's betas while the other processes go on with the saved ones."""
-    from shared import cpu_config
-    from trl_batches import build_trainer
-
-    from cegppo_trl import CEGPPOConfig
-
-    args = cpu_config(CEGPPOConfig, tmp_path / "out", cegppo_entropy_target=2.0)
-    trainer = build_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, args)
+    trainer = tiny_trainer(output_dir=tmp_path / "out", cegppo_entropy_target=2.0)
     checkpoint = tmp_path / "checkpoint-4"
     checkpoint.mkdir()
     with pytest.raises(FileNotFoundError, match=r"cegppo_controller_state\.json.*shared|share"):

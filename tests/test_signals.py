@@ -4,7 +4,7 @@ A signal during training stops `cegppo-train` at the end of the step (every proc
 middle of a checkpoint write; it exits 130 (SIGINT) or 143 (SIGTERM) within seconds, names the last complete
 checkpoint and the resume command, leaves no process behind, and the checkpoint loads and resumes. The runs start
 their child with SIGINT at its default, so the tests pass when the suite itself runs in the background (`nohup ... &`),
-where SIGINT is ignored. The stress loop over many moments is benchmarks/stop_signals.py.
+where SIGINT is ignored. The stress loop over many moments is `python tests/signal_runs.py --runs 20`.
 """
 
 import json
@@ -158,28 +158,19 @@ def test_a_signal_while_grading_or_writing_a_checkpoint_stops_cleanly(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("launcher_only", [False, True], ids=["group", "launcher-alone"])
 @pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
-def test_two_gloo_processes_stop_together(tiny_dir, tmp_path, signal_name):
+def test_two_gloo_processes_stop_together(tiny_dir, tmp_path, signal_name, launcher_only):
     """`accelerate launch` with 2 processes: the signal reaches the launcher and both ranks (and the launcher relays
-    it again); both ranks stop at the same step, the launcher exits with the run's status, nothing is left."""
+    it again), or the launcher alone (Kubernetes signals the container's first process), which relays it to each
+    rank; both ranks stop at the same step, the launcher exits with the run's status, nothing is left."""
     out = tmp_path / "run"
     proc, argv = start_run(tmp_path, out, tiny_dir, signal_name, "step", 2, 2)
-    result = stop_run(proc, tmp_path, out, signal_name, "step")
+    result = stop_run(proc, tmp_path, out, signal_name, "step", launcher_only=launcher_only)
     last = check_stop(result, out, signal_name, argv)
     assert result["seconds"] < STOP_WITHIN_S, result["seconds"]
-    assert result["stderr"].count("Last checkpoint saved:") == 1  # one message, from rank 0
-    loads(last)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
-def test_a_signal_to_the_launcher_alone_stops_both_ranks(tiny_dir, tmp_path, signal_name):
-    """Kubernetes signals the container's first process, here `accelerate launch`: torchrun relays it to each rank."""
-    out = tmp_path / "run"
-    proc, argv = start_run(tmp_path, out, tiny_dir, signal_name, "step", 2, 2)
-    result = stop_run(proc, tmp_path, out, signal_name, "step", launcher_only=True)
-    last = check_stop(result, out, signal_name, argv)
-    assert result["seconds"] < STOP_WITHIN_S, result["seconds"]
+    if not launcher_only:
+        assert result["stderr"].count("Last checkpoint saved:") == 1  # one message, from rank 0
     loads(last)
 
 

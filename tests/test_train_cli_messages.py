@@ -3,7 +3,6 @@ fault also raised where a Python user of the library meets it (`CEGPPOConfig`, `
 `CEGPPOTrainer`). TrlParser's own errors answer an unknown key, an unknown flag and a wrong type. Also: the recipe
 spellings, the prompt words, rewards from the current directory, `--help`, and the message of a stopped run."""
 
-import json
 import os
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
+from cegppo_trl.data import write_jsonl
 from cegppo_trl.scripts.stopping import interrupted_message, last_complete_checkpoint
 from cegppo_trl.scripts.train import build_reward_funcs, main, make_parser
 
@@ -21,11 +21,6 @@ from cegppo_trl.scripts.train import build_reward_funcs, main, make_parser
 ROOT = Path(__file__).resolve().parents[1]
 TINY_RECIPE = ROOT / "recipes" / "tiny" / "cegppo" / "config_cpu.yaml"
 CEGPPO_TRAIN = str(Path(sys.executable).parent / "cegppo-train")
-
-
-def _jsonl(path: Path, rows: list[dict]) -> str:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return str(path)
 
 
 def _error_line(err: str) -> str:
@@ -93,7 +88,7 @@ def test_a_bad_data_set_is_one_line_and_exit_2(fault, tmp_path, capsys):
     from cegppo_trl.data import DatasetFormatError, load_math_dataset
 
     rows, words = DATA_FAULTS[fault]
-    data = _jsonl(tmp_path / "data.jsonl", rows)
+    data = write_jsonl(rows, tmp_path / "data.jsonl")
     assert main(["--config", str(TINY_RECIPE), "--dataset_name", data, "--output_dir", str(tmp_path / "o")]) == 2
     assert words in _error_line(capsys.readouterr().err)
     with pytest.raises(DatasetFormatError, match=words.replace("[", r"\[")):  # the Python user's error
@@ -102,7 +97,7 @@ def test_a_bad_data_set_is_one_line_and_exit_2(fault, tmp_path, capsys):
 
 def test_the_console_command_answers_a_bad_data_set_in_one_line(tmp_path):
     """As a user meets it: the console script, status 2, one line on stderr (was a traceback and status 1)."""
-    data = _jsonl(tmp_path / "data.jsonl", [{"question_text": "1+1?", "answer": "2"}])
+    data = write_jsonl([{"question_text": "1+1?", "answer": "2"}], tmp_path / "data.jsonl")
     argv = [CEGPPO_TRAIN, "--config", str(TINY_RECIPE), "--dataset_name", data, "--output_dir", str(tmp_path / "o")]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from shared import write_problems
+from shared import run_checked, write_problems
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,12 +60,7 @@ def env(**extra) -> dict:
 
 
 def run(argv: list[str], cwd: Path, expect: int = 0, **extra_env) -> subprocess.CompletedProcess:
-    command = [str(BIN / argv[0]), *argv[1:]]
-    proc = subprocess.run(command, cwd=cwd, env=env(**extra_env), capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert proc.returncode == expect, (
-        f"{shlex.join(argv)}: rc {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    )
-    return proc
+    return run_checked([BIN / argv[0], *argv[1:]], cwd, env(**extra_env), TIMEOUT_S, expect)
 
 
 @pytest.fixture(scope="module")

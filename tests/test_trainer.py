@@ -15,41 +15,13 @@ def history_values(trainer, key):
     return [h[key] for h in trainer.state.log_history if key in h]
 
 
-def test_checkpoint_save_and_resume(tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config, tmp_path):
-    config = make_config(CEGPPOConfig, tmp_path / "run", max_steps=4, save_strategy="steps", save_steps=2)
-    trainer = build_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, config, reward_funcs=reward_fn)
-    trainer.train()
-    checkpoint = tmp_path / "run" / "checkpoint-2"
-    assert (checkpoint / "model.safetensors").exists() and (checkpoint / "trainer_state.json").exists()
-    assert "CE-GPPO" in (tmp_path / "run" / "README.md").read_text()
-
-    from transformers import AutoModelForCausalLM
-
-    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "checkpoint-4")
-    for (name, p), q in zip(trainer.model.named_parameters(), reloaded.parameters()):
-        assert torch.equal(p.detach(), q.detach()), name
-
-    config = make_config(CEGPPOConfig, tmp_path / "run", max_steps=6, save_strategy="steps", save_steps=2)
-    resumed = build_trainer(reloaded, tiny_tokenizer, arithmetic_dataset, config, reward_funcs=reward_fn)
-    resumed.train(resume_from_checkpoint=str(checkpoint))
-    assert resumed.state.global_step == 6
-    assert (tmp_path / "run" / "checkpoint-6").exists()
-
-
-def test_lora_adapter_saves_and_loads(
-    tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config, tmp_path
-):
+def test_lora_adapter_saves_and_loads(tiny_trainer, tiny_checkpoint, tmp_path):
     from peft import AutoPeftModelForCausalLM, LoraConfig
 
-    config = make_config(CEGPPOConfig, tmp_path / "lora", max_steps=3, learning_rate=5e-2)
+    base_dir = str(tiny_checkpoint)
     peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
-    base_dir = tmp_path / "base"
-    from cegppo_trl.tiny_model import save_tiny
-
-    save_tiny(tiny_model, tiny_tokenizer, base_dir)
-    trainer = build_trainer(
-        str(base_dir), tiny_tokenizer, arithmetic_dataset, config, reward_funcs=reward_fn, peft_config=peft_config
-    )
+    trainer = tiny_trainer(base_dir, tmp_path / "lora", max_steps=3, learning_rate=5e-2,
+                           trainer_kwargs={"peft_config": peft_config})  # fmt: skip
     trainable = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     assert trainable and all("lora" in n for n in trainable)
     trainer.train()
@@ -66,36 +38,21 @@ def test_lora_adapter_saves_and_loads(
         assert torch.allclose(loaded(ids).logits, trainer.model(ids).logits, atol=1e-5)
 
 
-def test_eval_runs_with_cegppo_metrics(
-    tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config, tmp_path
-):
-    config = make_config(
-        CEGPPOConfig, tmp_path, max_steps=2, eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=8
-    )
-    trainer = build_trainer(
-        tiny_model,
-        tiny_tokenizer,
-        arithmetic_dataset,
-        config,
-        reward_funcs=reward_fn,
-        eval_dataset=arithmetic_dataset.select(range(8)),
-    )
+def test_eval_runs_with_cegppo_metrics(tiny_trainer, arithmetic_dataset):
+    trainer = tiny_trainer(max_steps=2, eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=8,
+                           trainer_kwargs={"eval_dataset": arithmetic_dataset.select(range(8))})  # fmt: skip
     trainer.train()
     assert history_values(trainer, "eval_cegppo/beta1_token_frac")
     assert history_values(trainer, "eval_loss")
 
 
-def test_sft_term_and_zero_advantage_denominator(
-    tiny_model, tiny_tokenizer, arithmetic_dataset, make_config, tmp_path
-):
+def test_sft_term_and_zero_advantage_denominator(tiny_trainer, arithmetic_dataset):
     def first_completion_wins(completions, **kwargs):
         # Group of 4: one completion +1, the rest -1, except every other group is all -1 (zero advantage).
         return [1.0 if i % 8 == 0 else -1.0 for i in range(len(completions))]
 
-    config = make_config(
-        CEGPPOConfig, tmp_path, max_steps=2, cegppo_sft_coef=0.1, cegppo_exclude_zero_advantage_groups=True
-    )
-    trainer = build_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, config, reward_funcs=first_completion_wins)
+    trainer = tiny_trainer(reward_funcs=first_completion_wins, max_steps=2, cegppo_sft_coef=0.1,
+                           cegppo_exclude_zero_advantage_groups=True)  # fmt: skip
     trainer.model.train()
     batch = trainer._generate_and_score_completions([arithmetic_dataset[i] for i in range(8)])
     sft_mask = batch["cegppo_sft_mask"]
@@ -109,16 +66,13 @@ def test_sft_term_and_zero_advantage_denominator(
     assert history_values(trainer, "cegppo/informative_group_frac")[0] == pytest.approx(0.5)
 
 
-def test_sft_term_adds_token_mean_nll(
-    tiny_model, tiny_tokenizer, arithmetic_dataset, make_config, reward_fn, tmp_path
-):
+def test_sft_term_adds_token_mean_nll(tiny_trainer, tiny_tokenizer):
     """The SFT term's value is coef * mean(-log pi) over the SFT tokens (one process, one accumulation step)."""
     from shared import make_loss_batch
 
-    config = make_config(CEGPPOConfig, tmp_path, cegppo_sft_coef=0.25, steps_per_generation=1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer = build_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, config, reward_funcs=reward_fn)
+        trainer = tiny_trainer(cegppo_sft_coef=0.25, steps_per_generation=1)
     ready_for_loss(trainer, accumulation=1)
     inputs = make_loss_batch(tiny_tokenizer, seed=3)
     sft_mask = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 0.0])
@@ -133,14 +87,12 @@ def test_sft_term_adds_token_mean_nll(
     assert with_sft - without == pytest.approx(expected, rel=1e-4)
 
 
-def test_inert_configuration_warns(tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config, tmp_path):
-    config = make_config(CEGPPOConfig, tmp_path, steps_per_generation=1, gradient_accumulation_steps=1)
+def test_inert_configuration_warns(tiny_trainer):
     with pytest.warns(UserWarning, match=r"steps_per_generation.*num_iterations.*8 optimizer steps"):
-        build_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, config, reward_funcs=reward_fn)
-    config = make_config(CEGPPOConfig, tmp_path, steps_per_generation=1, num_iterations=2)
+        tiny_trainer(steps_per_generation=1, gradient_accumulation_steps=1)
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
-        build_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, config, reward_funcs=reward_fn)
+        tiny_trainer(steps_per_generation=1, num_iterations=2)
 
 
 def test_plain_grpo_config_is_upgraded(
@@ -203,20 +155,16 @@ def test_paper_defaults():
     assert config.cegppo_entropy_target is None
 
 
-def test_betas_in_force_have_one_owner(
-    tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config, tmp_path
-):
+def test_betas_in_force_have_one_owner(tiny_trainer, tmp_path):
     from cegppo_trl import ClipParams
     from cegppo_trl.controller import EntropyController
 
-    config = make_config(CEGPPOConfig, tmp_path / "fixed", cegppo_beta1=0.75, epsilon_high=0.28, delta=10.0)
-    trainer = build_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, config, reward_funcs=reward_fn)
+    trainer = tiny_trainer(output_dir=tmp_path / "fixed", cegppo_beta1=0.75, epsilon_high=0.28, delta=10.0)
     assert trainer._controller is None
     assert trainer.clip_params == ClipParams(0.2, 0.28, 0.75, 1.0, 10.0)
     assert not hasattr(trainer, "cegppo_beta1") and not hasattr(trainer, "cegppo_beta2")
 
-    config = make_config(CEGPPOConfig, tmp_path / "controlled", cegppo_entropy_target=7.0)
-    trainer = build_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, config, reward_funcs=reward_fn)
+    trainer = tiny_trainer(output_dir=tmp_path / "controlled", cegppo_entropy_target=7.0)
     assert isinstance(trainer._controller, EntropyController)
     trainer._controller.update(1.0)  # entropy far below target: beta1 falls, beta2 rises
     params = trainer.clip_params

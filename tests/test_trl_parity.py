@@ -16,7 +16,6 @@ from trl import GRPOTrainer
 from trl_batches import (
     TRL_OPTIONS,
     add_off_policy,
-    build,
     current_logps,
     logged,
     loss_and_grad,
@@ -34,18 +33,9 @@ VARIANTS = {**TRL_OPTIONS, "vllm_is": {}, "tool_mask": {}}
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("loss_type", SUPPORTED_LOSS_TYPES)
-def test_mirror_of_trl_policy_loss_matches_grpo_trainer(
-    loss_type, variant, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path
-):
-    trainer = build(
-        tiny_model,
-        tiny_tokenizer,
-        arithmetic_dataset,
-        tmp_path,
-        loss_type=loss_type,
-        gradient_accumulation_steps=2,
-        steps_per_generation=4,
-        **VARIANTS[variant],
+def test_mirror_of_trl_policy_loss_matches_grpo_trainer(loss_type, variant, tiny_trainer, tiny_tokenizer):
+    trainer = tiny_trainer(
+        loss_type=loss_type, gradient_accumulation_steps=2, steps_per_generation=4, **VARIANTS[variant]
     )
     ready_for_loss(trainer)
     inputs = add_off_policy(trainer, make_loss_batch(tiny_tokenizer, seed=1))
@@ -80,17 +70,9 @@ def test_mirror_of_trl_policy_loss_matches_grpo_trainer(
     assert (terms.token_weight is not None) == (variant in ("off_policy_mask", "entropy_mask", "vllm_is"))
 
 
-def test_dapo_loss_is_the_papers_token_mean_objective(tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path):
+def test_dapo_loss_is_the_papers_token_mean_objective(tiny_trainer, tiny_tokenizer):
     """One process, one accumulation step: the trainer's loss and gradient equal -J of Eq. 8 computed directly."""
-    trainer = build(
-        tiny_model,
-        tiny_tokenizer,
-        arithmetic_dataset,
-        tmp_path,
-        steps_per_generation=1,
-        cegppo_beta1=0.5,
-        cegppo_beta2=1.0,
-    )
+    trainer = tiny_trainer(steps_per_generation=1, cegppo_beta1=0.5, cegppo_beta2=1.0)
     ready_for_loss(trainer)
     inputs = add_off_policy(trainer, make_loss_batch(tiny_tokenizer, seed=2))
     loss, grad = loss_and_grad(trainer, inputs)
@@ -111,32 +93,30 @@ def test_dapo_loss_is_the_papers_token_mean_objective(tiny_model, tiny_tokenizer
     assert logged(trainer)["cegppo/beta2_token_frac"][-1] > 0
 
 
-def _pair(loss_type, tiny_model, tiny_tokenizer, dataset, tmp_path, beta1, beta2, **overrides):
-    common = dict(loss_type=loss_type, gradient_accumulation_steps=2, steps_per_generation=4, **overrides)
-    grpo = build(copy.deepcopy(tiny_model), tiny_tokenizer, dataset, tmp_path / "g", cls=GRPOTrainer, **common)
-    ceg = build(
-        copy.deepcopy(tiny_model),
-        tiny_tokenizer,
-        dataset,
-        tmp_path / "c",
-        cegppo_beta1=beta1,
-        cegppo_beta2=beta2,
-        **common,
-    )
-    return ready_for_loss(grpo, ceg)
+@pytest.fixture
+def pair(tiny_trainer, tiny_model, tmp_path):
+    """`pair(loss_type, beta1, beta2, **overrides)`: TRL's GRPOTrainer and a CEGPPOTrainer with those betas, each on
+    its own copy of `model` (default: the tiny model), ready for `_compute_loss`."""
+
+    def make(loss_type, beta1, beta2, model=None, output_dir=tmp_path, **overrides):
+        model = tiny_model if model is None else model
+        common = dict(loss_type=loss_type, gradient_accumulation_steps=2, steps_per_generation=4, **overrides)
+        grpo = tiny_trainer(copy.deepcopy(model), output_dir / "g", cls=GRPOTrainer, **common)
+        ceg = tiny_trainer(copy.deepcopy(model), output_dir / "c", cegppo_beta1=beta1, cegppo_beta2=beta2, **common)
+        return ready_for_loss(grpo, ceg)
+
+    return make
 
 
 @pytest.mark.parametrize("loss_type", SUPPORTED_LOSS_TYPES)
-def test_beta_zero_has_grpo_gradient_and_beta_one_is_gppo(
-    loss_type, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path
-):
-    grpo, ceg0 = _pair(loss_type, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path, 0.0, 0.0)
+def test_beta_zero_has_grpo_gradient_and_beta_one_is_gppo(loss_type, pair, tiny_tokenizer, tmp_path):
+    grpo, ceg0 = pair(loss_type, 0.0, 0.0)
     inputs = add_off_policy(grpo, make_loss_batch(tiny_tokenizer, seed=3))
     grpo_loss, grpo_grad = loss_and_grad(grpo, inputs)
     _, ceg0_grad = loss_and_grad(ceg0, inputs)
     assert torch.allclose(ceg0_grad, grpo_grad, rtol=1e-5, atol=1e-8)
 
-    _, ceg1 = _pair(loss_type, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path / "1", 1.0, 1.0)
+    _, ceg1 = pair(loss_type, 1.0, 1.0, output_dir=tmp_path / "1")
     gppo_loss, gppo_grad = loss_and_grad(ceg1, inputs)
     assert torch.allclose(gppo_loss, grpo_loss, rtol=1e-5, atol=1e-7)  # GPPO keeps PPO's forward value
     assert not torch.allclose(gppo_grad, grpo_grad, rtol=1e-3, atol=1e-6)  # ... and the clipped tokens' gradient
@@ -144,8 +124,8 @@ def test_beta_zero_has_grpo_gradient_and_beta_one_is_gppo(
 
 
 @pytest.mark.parametrize("loss_type", SUPPORTED_LOSS_TYPES)
-def test_on_policy_ratio_one_is_grpo_exactly(loss_type, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path):
-    grpo, ceg = _pair(loss_type, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path, 0.5, 1.0)
+def test_on_policy_ratio_one_is_grpo_exactly(loss_type, pair, tiny_tokenizer):
+    grpo, ceg = pair(loss_type, 0.5, 1.0)
     inputs = make_loss_batch(tiny_tokenizer, seed=4)  # no old_per_token_logps: TRL uses logps.detach(), r == 1
     grpo_loss, grpo_grad = loss_and_grad(grpo, inputs)
     ceg_loss, ceg_grad = loss_and_grad(ceg, inputs)
@@ -154,12 +134,9 @@ def test_on_policy_ratio_one_is_grpo_exactly(loss_type, tiny_model, tiny_tokeniz
     assert logged(ceg)["cegppo/beta1_token_frac"][-1] == 0.0
 
 
-def test_kl_term_is_kept(tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path):
-    # With beta > 0 TRL loads a reference model by name, so hand it a saved local directory.
-    from cegppo_trl.tiny_model import save_tiny
-
-    model_dir = save_tiny(tiny_model, tiny_tokenizer, tmp_path / "tiny")
-    grpo, ceg = _pair("dapo", model_dir, tiny_tokenizer, arithmetic_dataset, tmp_path, 1.0, 1.0, beta=0.1)
+def test_kl_term_is_kept(pair, tiny_checkpoint, tiny_tokenizer):
+    # With beta > 0 TRL loads a reference model by name, so hand it the saved tiny model's directory.
+    grpo, ceg = pair("dapo", 1.0, 1.0, model=str(tiny_checkpoint), beta=0.1)
     inputs = add_off_policy(grpo, make_loss_batch(tiny_tokenizer, seed=6))
     gen = torch.Generator().manual_seed(7)
     inputs["ref_per_token_logps"] = inputs["old_per_token_logps"] + 0.3 * torch.randn(
@@ -178,9 +155,9 @@ def test_kl_term_is_kept(tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_pat
         {"entropy_coef": 0.05, "use_adaptive_entropy": True, "entropy_target": 10.0},
     ],
 )
-def test_entropy_bonus_is_kept(extra, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path):
+def test_entropy_bonus_is_kept(extra, pair, tiny_tokenizer):
     """TRL's entropy bonus (static or adaptive) is added unchanged: GPPO's loss still equals GRPO's."""
-    grpo, ceg = _pair("dapo", tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path, 1.0, 1.0, **extra)
+    grpo, ceg = pair("dapo", 1.0, 1.0, **extra)
     inputs = add_off_policy(grpo, make_loss_batch(tiny_tokenizer, seed=8))
     grpo_loss, _ = loss_and_grad(grpo, inputs)
     ceg_loss, _ = loss_and_grad(ceg, inputs)
@@ -188,9 +165,8 @@ def test_entropy_bonus_is_kept(extra, tiny_model, tiny_tokenizer, arithmetic_dat
     assert ceg._metrics["train"]["entropy_coef"] == grpo._metrics["train"]["entropy_coef"]
 
 
-def test_moe_aux_loss_is_kept(tiny_tokenizer, arithmetic_dataset, tmp_path):
-    moe = tiny_moe(tiny_tokenizer)
-    grpo, ceg = _pair("dapo", moe, tiny_tokenizer, arithmetic_dataset, tmp_path, 1.0, 1.0)
+def test_moe_aux_loss_is_kept(pair, tiny_tokenizer):
+    grpo, ceg = pair("dapo", 1.0, 1.0, model=tiny_moe(tiny_tokenizer))
     assert grpo.aux_loss_enabled and ceg.aux_loss_enabled
     inputs = add_off_policy(grpo, make_loss_batch(tiny_tokenizer, seed=9))
     grpo_loss, _ = loss_and_grad(grpo, inputs)

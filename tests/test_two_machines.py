@@ -8,17 +8,15 @@ stops with the message naming the file.
 What this cannot show: machines that do not share memory bandwidth or a network stack, NCCL, GPUs (docs/launch.md).
 """
 
-import json
 import os
 import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from launching import free_port, subprocess_env
+from launching import controller_state, free_port, launcher, saved_weights, step_logs, subprocess_env
 
 
 pytestmark = pytest.mark.slow  # launches 2-process runs
@@ -34,12 +32,10 @@ RUN_ARGS = (
     "--cegppo_entropy_target", "2.0", "--cegppo_entropy_kp", "0.0", "--cegppo_entropy_ki", "0.05",
     "--save_strategy", "steps", "--save_steps", str(BOUNDARY),
 )  # fmt: skip
-TIME_KEYS = ("step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second")
 
 
 def _launcher(config: str, port: int, machines: int, rank: int = 0) -> list[str]:
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "accelerate_configs" / config),
-           "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(port)]  # fmt: skip
+    cmd = launcher(2, config, port)
     if machines == 2:
         cmd += ["--num_machines", "2", "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1"]
     return cmd
@@ -79,21 +75,7 @@ def _train(config: str, model: Path, out: Path, machines: int, *extra: str) -> d
     outputs = _finish(procs)
     for proc, output in zip(procs, outputs):
         assert proc.returncode == 0, output[-8000:]
-    state = json.loads((out / "trainer_state.json").read_text())
-    assert state["global_step"] == MAX_STEPS
-    return {e["step"]: {k: v for k, v in e.items() if k not in TIME_KEYS} for e in state["log_history"] if "loss" in e}
-
-
-def _weights(out: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    return load_file(out / "model.safetensors")
-
-
-def _controller(checkpoint: Path) -> dict:
-    from cegppo_trl.trainer import CONTROLLER_STATE_FILE
-
-    return json.loads((checkpoint / CONTROLLER_STATE_FILE).read_text())
+    return step_logs(out, MAX_STEPS)
 
 
 @pytest.mark.parametrize("config", ["multi_gpu.yaml", "zero3.yaml"], ids=["ddp", "zero3"])
@@ -104,15 +86,15 @@ def test_two_machines_train_save_and_resume_as_one_machine(tiny_recipe_model_dir
     assert len(set(beta1)) == MAX_STEPS and all(one[s]["grad_norm"] > 0 for s in one), one
     assert two == one
     checkpoint = tmp_path / "two" / f"checkpoint-{BOUNDARY}"
-    assert _controller(checkpoint)["num_updates"] == BOUNDARY
+    assert controller_state(checkpoint)["num_updates"] == BOUNDARY
     resumed = _train(config, tiny_recipe_model_dir, tmp_path / "resumed", 2, "--resume_from_checkpoint", checkpoint)
     assert resumed == one
-    ones = _weights(tmp_path / "one")
+    ones = saved_weights(tmp_path / "one")
     for out in ("two", "resumed"):
-        theirs = _weights(tmp_path / out)
+        theirs = saved_weights(tmp_path / out)
         assert theirs.keys() == ones.keys() and all(torch.equal(theirs[k], ones[k]) for k in ones), out
     last = f"checkpoint-{MAX_STEPS}"
-    assert _controller(tmp_path / "resumed" / last) == _controller(tmp_path / "one" / last)
+    assert controller_state(tmp_path / "resumed" / last) == controller_state(tmp_path / "one" / last)
     print(f"\n{config}: beta1 {[round(b, 4) for b in beta1]}, the same on one machine, two, and two resumed")
 
     if config != "multi_gpu.yaml":
