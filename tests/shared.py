@@ -112,3 +112,53 @@ def wheel_env(venv: Path) -> dict:
         PYTHONUNBUFFERED="1",
     )
     return env
+
+
+# --- s3a ---
+EVAL_SETTING_NAMES = ["instruction", "system_prompt", "temperature", "top_p", "top_k", "max_new_tokens"]
+
+
+def eval_error(argv, capsys) -> str:
+    """`cegppo-eval`'s `main` on `argv` exits with status 2; what it wrote to stderr."""
+    import pytest
+
+    from cegppo_trl.scripts.eval import main
+
+    with pytest.raises(SystemExit) as error:
+        main([str(a) for a in argv])
+    assert error.value.code == 2
+    return capsys.readouterr().err
+
+
+def in_threads(fn, n=1, timeout=120) -> list:
+    """What `fn()` returns (or raises) in each of `n` threads run at once."""
+    import threading
+
+    out = {}
+
+    def call(i):
+        try:
+            out[i] = fn()
+        except BaseException as error:  # noqa: BLE001 - returned to the test
+            out[i] = error
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout)
+    assert not any(thread.is_alive() for thread in threads)
+    return [out[i] for i in range(n)]
+
+
+def assert_saved_settings(path: Path, instruction: str, temperature: float, max_new_tokens: int) -> None:
+    """A model saved by `cegppo-train` or `cegppo-demo` carries its prompt format and sampling settings."""
+    from cegppo_trl.prompt_settings import PROMPT_FILE, load_eval_settings
+
+    prompt = json.loads((path / PROMPT_FILE).read_text())
+    assert prompt["instruction"] == instruction and prompt["system_prompt"] is None
+    generation = json.loads((path / "generation_config.json").read_text())
+    assert generation["do_sample"] is True and generation["temperature"] == temperature and generation["top_k"] == 0
+    assert generation["top_p"] == 1.0 and generation["max_new_tokens"] == max_new_tokens
+    sampling = {"temperature": temperature, "top_p": 1.0, "top_k": 0, "max_new_tokens": max_new_tokens}
+    assert load_eval_settings(path) == {"instruction": instruction, "system_prompt": "", **sampling}

@@ -12,15 +12,13 @@ import subprocess
 import sys
 
 import pytest
+from shared import EVAL_SETTING_NAMES, assert_saved_settings
 
 from cegppo_trl import prompt_settings
 from cegppo_trl.demo import lm as demo
 
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
-
-
-SETTINGS = ["instruction", "system_prompt", "temperature", "top_p", "top_k", "max_new_tokens"]
 
 
 @pytest.fixture
@@ -40,22 +38,9 @@ def test_demo_saves_every_model_with_its_prompt_format(demo_run):
     out, summary = demo_run
     for path in (out / "warm_start", out / "runs" / "cegppo" / "final", out / "runs" / "grpo" / "final"):
         assert (path / "model.safetensors").is_file() and (path / "tokenizer.json").is_file(), path
-        prompt = json.loads((path / prompt_settings.PROMPT_FILE).read_text())
-        assert prompt["instruction"] == demo.DEMO_INSTRUCTION and prompt["system_prompt"] is None
-        generation = json.loads((path / "generation_config.json").read_text())
-        assert generation["do_sample"] is True and generation["temperature"] == 1.0 and generation["top_p"] == 1.0
-        assert generation["top_k"] == 0 and generation["max_new_tokens"] == 20
-        assert prompt_settings.load_eval_settings(path) == {
-            "instruction": demo.DEMO_INSTRUCTION,
-            "system_prompt": "",
-            "temperature": 1.0,
-            "top_p": 1.0,
-            "top_k": 0,
-            "max_new_tokens": 20,
-        }
+        assert_saved_settings(path, demo.DEMO_INSTRUCTION, temperature=1.0, max_new_tokens=20)
     rows = [json.loads(line) for line in (out / demo.HELDOUT_FILE).read_text().splitlines()]
     assert rows == demo.load_rows("builtin:arithmetic_eval", summary["sizes"]["eval_size"])
-    assert set(summary["eval_commands"]) == {"warm_start", "cegppo", "grpo"}
     figures = _figures(summary)
     assert 0 < figures["warm_start"] < 1, figures  # not trivially all wrong or all right
 
@@ -91,7 +76,7 @@ def test_cegppo_eval_reproduces_the_demo_figures(demo_run, tmp_path, capsys):
             err = capsys.readouterr().err
         assert "declares its evaluation settings" in err, (name, err[-2000:])
         report = json.loads(report_path.read_text())
-        assert report["settings"]["from_checkpoint"] == SETTINGS
+        assert report["settings"]["from_checkpoint"] == EVAL_SETTING_NAMES
         assert report["settings"]["instruction"] == demo.DEMO_INSTRUCTION and report["settings"]["temperature"] == 1.0
         (metrics,) = report["datasets"].values()
         k = sizes["eval_samples"]

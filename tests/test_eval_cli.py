@@ -5,6 +5,7 @@ flag or recipe key, an unknown instruction placeholder, an ``--output`` that can
 generation), a truncated ``model.safetensors`` (the file named), and a Hub kernel that an offline GPU machine cannot
 fetch (transformers' kernel loader replaced by a stand-in that raises what `kernels` raises)."""
 
+import copy
 import dataclasses
 import json
 import subprocess
@@ -12,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from shared import eval_error, write_problems
 
 from cegppo_trl.evaluation import EvalSettings, generation
 from cegppo_trl.evaluation.settings import EvalArguments
@@ -116,24 +118,48 @@ def test_the_paper_preset_gives_defaults_that_config_and_flags_override(tmp_path
 
 
 def test_compare_and_a_bad_protocol_as_a_user_runs_them(tmp_path):
-    """`cegppo-eval --compare A B` prints the sets side by side and warns about a different protocol (exit 0); an
-    unknown protocol and a report that is not one are one line, exit status 2."""
-    sampling = {"temperature": 0.6, "top_p": 0.95, "top_k": 0, "max_new_tokens": 8, "k": 2, "seed": 0, "backend": "hf"}
-    versions = {"math-verify": "0.9.0", "latex2sympy2_extended": "1.11.0"}
-    for name, protocol, figure in (("a.json", "boxed", 0.5), ("b.json", "authors", 0.25)):
-        report = {"protocol": protocol, "math_verify": versions, "sampling": sampling, "settings": {},
-                  "datasets": {"aime": {"k": 2, "avg@2": figure}}}  # fmt: skip
-        (tmp_path / name).write_text(json.dumps(report))
+    """`cegppo-eval --compare A B` prints the sets side by side (exit 0); a different protocol, math-verify minor
+    version, sampling or prompt is a warning, a patch version, the seed and the backend are not (the seed and backend:
+    a note). An unknown protocol and a report that is not one are one line, exit status 2."""
+    sampling = {"temperature": 0.6, "top_p": 0.95, "top_k": 0, "max_new_tokens": 8, "k": 4, "seed": 0, "backend": "hf"}
+    a = {"protocol": "authors", "math_verify": {"math-verify": "0.9.0", "latex2sympy2_extended": "1.11.0"},
+         "sampling": sampling, "settings": {"instruction": "", "system_prompt": ""},
+         "datasets": {"aime": {"k": 4, "avg@4": 0.25}, "math": {"k": 4, "avg@4": 0.5}}}  # fmt: skip
+    b = copy.deepcopy(a)
+    b["math_verify"]["math-verify"] = "0.9.1"
+    b["sampling"]["seed"] = 1
+    b["datasets"] = {"aime": {"k": 32, "avg@32": 0.3}}
+    (tmp_path / "a.json").write_text(json.dumps(a))
     (tmp_path / "bad.json").write_text("{")
 
     def cegppo_eval(*argv):
         return subprocess.run([str(BIN / "cegppo-eval"), *argv], cwd=tmp_path, capture_output=True, text=True,
                               timeout=300)  # fmt: skip
 
-    proc = cegppo_eval("--compare", "a.json", "b.json")
-    assert proc.returncode == 0, proc.stderr
-    assert "aime" in proc.stdout and "avg@2 50.0%" in proc.stdout and "avg@2 25.0%" in proc.stdout
-    assert "warning: graded by different protocols: A boxed, B authors; the figures are not comparable." in proc.stdout
+    def compare(b):
+        (tmp_path / "b.json").write_text(json.dumps(b))
+        proc = cegppo_eval("--compare", "a.json", "b.json")
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.splitlines()
+
+    lines = compare(b)
+    assert [line.split()[1:] for line in lines if line.startswith("aime")] == [["avg@4", "25.0%", "avg@32", "30.0%"]]
+    assert [line.split()[1:] for line in lines if line.startswith("math ")] == [["avg@4", "50.0%", "-"]]
+    assert not [line for line in lines if line.startswith("warning")]
+    assert [line for line in lines if line.startswith("note")] == [
+        "note: seed 0 (A) and 1 (B): other samples, same law"
+    ]
+    b.update(protocol="boxed", math_verify={"math-verify": "0.8.0", "latex2sympy2_extended": "1.10.2"})
+    b["sampling"]["temperature"] = 1.0
+    b["settings"]["instruction"] = "default"
+    warnings = [line for line in compare(b) if line.startswith("warning")]
+    assert len(warnings) == 5 and all(line.endswith("the figures are not comparable.") for line in warnings)
+    assert "warning: graded by different protocols: A authors, B boxed; the figures are not comparable." in warnings
+    for words in ("math-verify 0.9.0 (A) and 0.8.0 (B)", "latex2sympy2_extended", "temperature 0.6 (A) and 1.0 (B)",
+                  "instruction '' (A) and 'default' (B)"):  # fmt: skip
+        assert any(words in line for line in warnings), words
+    del b["protocol"]  # a report written before the protocol was recorded
+    assert any("A authors, B not recorded" in line for line in compare(b))
     for argv, words in (
         (["--compare", "a.json", "bad.json"], "--compare bad.json: not a JSON report"),
         (["m", "--datasets", "builtin:arithmetic_eval", "--protocol", "author"], "invalid choice: 'author'"),
@@ -143,9 +169,8 @@ def test_compare_and_a_bad_protocol_as_a_user_runs_them(tmp_path):
         assert proc.stderr.count("\n") == 1 and words in proc.stderr, proc.stderr
 
 
-def _one_line_error(capsys, *words: str) -> str:
+def _one_line_error(err: str, *words: str) -> str:
     """The command's last line is its one error line (progress lines may come before), holding `words`."""
-    err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("cegppo-eval: error: ")]
     assert len(errors) == 1 and err.endswith(errors[0] + "\n") and "Traceback" not in err, err
     assert all(word in errors[0] for word in words), (words, err)
@@ -167,13 +192,13 @@ def _one_line_error(capsys, *words: str) -> str:
         (["--model_name_or_path", "other"], ["two models", "give one"]),
         (["--backend", "trt"], ["argument --backend", "invalid choice: 'trt'"]),
         (["--use_kernels", "maybe"], ["argument --use_kernels", "true/false"]),
+        (None, ["no model: pass MODEL first"]),
     ],
 )
 def test_bad_command_lines_are_one_line_naming_the_flag(flags, words, tmp_path, capsys):
-    with pytest.raises(SystemExit) as error:
-        main(["model", "--datasets", "builtin:arithmetic_eval", *flags, "--output", str(tmp_path / "r.json")])
-    assert error.value.code == 2
-    _one_line_error(capsys, *words)
+    given = ["--datasets", "builtin:arithmetic_eval"]
+    argv = given if flags is None else ["model", *given, *flags, "--output", tmp_path / "r.json"]
+    _one_line_error(eval_error(argv, capsys), *words)
 
 
 @pytest.mark.usefixtures("no_model_loading")
@@ -190,17 +215,7 @@ def test_bad_config_files_are_one_line(text, words, tmp_path, capsys):
     config = tmp_path / "eval.yaml"
     if text is not None:
         config.write_text(text)
-    with pytest.raises(SystemExit) as error:
-        main(["model", "--config", str(config), "--output", str(tmp_path / "r.json")])
-    assert error.value.code == 2
-    _one_line_error(capsys, *words)
-
-
-def test_no_model_is_one_line(capsys):
-    with pytest.raises(SystemExit) as error:
-        main(["--datasets", "builtin:arithmetic_eval"])
-    assert error.value.code == 2
-    _one_line_error(capsys, "no model: pass MODEL first")
+    _one_line_error(eval_error(["model", "--config", config, "--output", tmp_path / "r.json"], capsys), *words)
 
 
 @pytest.mark.usefixtures("no_model_loading")
@@ -215,10 +230,8 @@ def test_an_unwritable_output_fails_before_anything_loads(where, model_dir, tmp_
         "a file as its folder": blocker / "reports" / "eval.json",
         "a directory": tmp_path,
     }[where]
-    with pytest.raises(SystemExit) as error:
-        main([str(model_dir), "--datasets", "builtin:arithmetic_eval", "--output", str(output), "--no-progress"])
-    assert error.value.code == 2
-    _one_line_error(capsys, f"--output '{output}'", "--output")
+    err = eval_error([model_dir, "--datasets", "builtin:arithmetic_eval", "--output", output, "--no-progress"], capsys)
+    _one_line_error(err, f"--output '{output}'", "--output")
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".cegppo-eval")] == []  # the probe is gone
 
 
@@ -235,10 +248,8 @@ def test_a_truncated_safetensors_file_is_named(weights, model_dir, tmp_path, mon
     data = (model / weights).read_bytes()
     (model / weights).write_bytes(data[: len(data) // 2])
     out = tmp_path / "report.json"
-    with pytest.raises(SystemExit) as error:
-        main([str(model), "--datasets", "builtin:arithmetic_eval", "--output", str(out), "--no-progress"])
-    assert error.value.code == 2
-    _one_line_error(capsys, f"cannot read the weights in {model / weights}", "Copy or download the model again")
+    err = eval_error([model, "--datasets", "builtin:arithmetic_eval", "--output", out, "--no-progress"], capsys)
+    _one_line_error(err, f"cannot read the weights in {model / weights}", "Copy or download the model again")
     assert not out.exists()
 
 
@@ -252,16 +263,14 @@ def test_an_offline_gpu_machine_gets_one_line_with_the_fix(
     from packaging.version import Version
 
     calls = offline_kernel_loader
-    data = tmp_path / "p.jsonl"
-    data.write_text(json.dumps({"problem": "What is 1+1?", "answer": "2"}) + "\n")
+    data = write_problems(tmp_path / "p.jsonl", [2])
     argv = [str(model_dir), "--datasets", str(data), "--k", "1", "--temperature", "0", "--max-new-tokens", "2"]
     argv += ["--device", "cpu", "--no-progress"]
     # transformers turns Hub kernels on by default from 5.25; at the floor (5.23) only a run that asks meets the case.
     ask = [] if Version(transformers.__version__) >= Version("5.25") else ["--use_kernels", "true"]
-    with pytest.raises(SystemExit) as error:
-        main([*argv, *ask, "--output", str(tmp_path / "r.json")])
-    assert error.value.code == 2 and calls
-    _one_line_error(capsys, "'kernels-community/rotary'", "USE_HUB_KERNELS=0", "--use_kernels false")
+    err = eval_error([*argv, *ask, "--output", tmp_path / "r.json"], capsys)
+    assert calls
+    _one_line_error(err, "'kernels-community/rotary'", "USE_HUB_KERNELS=0", "--use_kernels false")
 
     calls.clear()
     assert main([*argv, "--use_kernels", "false", "--output", str(tmp_path / "flag.json")]) == 0

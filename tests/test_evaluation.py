@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from shared import TINY_INSTRUCTION, write_problems
+from shared import EVAL_SETTING_NAMES, TINY_INSTRUCTION, eval_error, write_problems
 from transformers import TrainerCallback
 
 from cegppo_trl.evaluation import (
@@ -48,11 +48,6 @@ def brute_force_pass_at_k(outcomes, k):
     """Fraction of the k-subsets of the samples that contain at least one correct sample."""
     subsets = list(itertools.combinations(outcomes, k))
     return sum(any(s) for s in subsets) / len(subsets)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Estimators
-# ----------------------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("n", [1, 2, 5, 8])
@@ -138,15 +133,10 @@ def test_the_protocol_reaches_the_grader():
     }
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Settings: declared once, checked once
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def test_every_setting_is_one_field_one_flag_and_one_report_entry(model_dir, tmp_path):
+def test_every_setting_is_one_field_one_flag_and_one_report_entry():
     """The flags are EvalSettings' fields (plus EvalArguments'), each spelled --name, --name-with-dashes or as the
-    messages spell it (`EvalSettings.flag`); a command line sets exactly those fields, and the report records every
-    field."""
+    messages spell it (`EvalSettings.flag`); a command line sets exactly those fields (the report records every field:
+    test_cegppo_eval_writes_json_report)."""
     names = {f.name for f in dataclasses.fields(EvalSettings)}
     given = {
         "instruction": "{problem} Answer in \\boxed{}.", "system_prompt": "Be brief.", "temperature": 0.7,
@@ -171,10 +161,6 @@ def test_every_setting_is_one_field_one_flag_and_one_report_entry(model_dir, tmp
         datasets=["a", "b"], model_name_or_path="m", output="r.json", save_completions=True, progress=False
     )
 
-    data = write_problems(tmp_path / "p.jsonl", [1, 2])
-    report = evaluate_model(str(model_dir), [str(data)], k=1, max_new_tokens=2, temperature=0.0, progress=False)
-    assert set(report["settings"]) == names | {"from_checkpoint"}
-
 
 @pytest.mark.parametrize(
     "field, value, flag",
@@ -193,19 +179,8 @@ def test_bad_settings_fail_once_with_the_flag_named(field, value, flag, capsys, 
     with pytest.raises(ValueError, match=f"^{flag} \\({field}\\)") as error:
         EvalSettings(**{field: value}).validate()
     for spelling in (flag, "--" + field):  # the command, either spelling: the same message, before anything loads
-        with pytest.raises(SystemExit) as exit_info:
-            main(
-                [
-                    "model",
-                    "--datasets",
-                    "builtin:arithmetic_eval",
-                    spelling,
-                    str(value),
-                    "--output",
-                    str(tmp_path / "r"),
-                ]
-            )
-        assert exit_info.value.code == 2 and capsys.readouterr().err == f"cegppo-eval: error: {error.value}\n"
+        argv = ["model", "--datasets", "builtin:arithmetic_eval", spelling, value, "--output", tmp_path / "r"]
+        assert eval_error(argv, capsys) == f"cegppo-eval: error: {error.value}\n"
     if field in ("top_p", "temperature", "max_new_tokens", "top_k"):  # generation checks with the same code
         with pytest.raises(ValueError, match=f"^{flag} \\({field}\\)"):
             generate_completions(None, None, ["p"], 2, **{field: value})
@@ -260,11 +235,6 @@ def test_dataset_spec_refuses_a_split_on_a_file(tmp_path):
     assert (parse_dataset_spec(str(odd)).source, parse_dataset_spec(str(odd)).k) == (str(odd), None)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# What may be evaluated
-# ----------------------------------------------------------------------------------------------------------------
-
-
 @pytest.mark.parametrize(
     "name",
     ["missing-dir/model", "./model", "~/no/such/model/here", "out/runs/cegppo/final", "not a hub id"],
@@ -274,10 +244,7 @@ def test_cegppo_eval_names_a_missing_local_path(name, tmp_path, monkeypatch, cap
     Hub id), not as a Hub download error."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "missing-dir").mkdir()  # an existing parent: "missing-dir/model" is a path, not a Hub id
-    with pytest.raises(SystemExit) as error:
-        main([name, "--datasets", "builtin:arithmetic_eval", "--output", str(tmp_path / "x.json")])
-    assert error.value.code == 2
-    message = capsys.readouterr().err
+    message = eval_error([name, "--datasets", "builtin:arithmetic_eval", "--output", str(tmp_path / "x.json")], capsys)
     assert f"model path {name!r} does not exist" in message and "Hugging Face Hub id" in message
     assert resolve_model_source("org/model-name").path == "org/model-name"  # a valid Hub id passes the check
 
@@ -286,10 +253,7 @@ def test_cegppo_eval_names_a_directory_without_a_model(model_dir, tmp_path, caps
     run = tmp_path / "run"
     shutil.copytree(model_dir, run / "final")
     (run / "trainer_state.json").write_text("{}")
-    with pytest.raises(SystemExit) as error:
-        main([str(run), "--datasets", "builtin:arithmetic_eval", "--output", str(tmp_path / "x.json")])
-    assert error.value.code == 2
-    message = capsys.readouterr().err
+    message = eval_error([run, "--datasets", "builtin:arithmetic_eval", "--output", tmp_path / "x.json"], capsys)
     assert "holds no saved model (no config.json or adapter_config.json)" in message and str(run / "final") in message
 
 
@@ -308,11 +272,6 @@ def test_lora_adapter_source(adapter_dir, tiny_checkpoint, tmp_path):
         resolve_model_source(str(tiny_checkpoint), base_model=str(tiny_checkpoint))
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# The command on a tiny local model
-# ----------------------------------------------------------------------------------------------------------------
-
-
 @pytest.mark.usefixtures("one_torch_thread")
 def test_cegppo_eval_writes_json_report(model_dir, tmp_path, capsys):
     data = tmp_path / "probs.jsonl"
@@ -326,6 +285,7 @@ def test_cegppo_eval_writes_json_report(model_dir, tmp_path, capsys):
     assert main(argv) == 0
     report = json.loads(out.read_text())
     assert report["model"] == str(model_dir) and report["settings"]["k"] == 3 and report["pending"] == []
+    assert set(report["settings"]) == {f.name for f in dataclasses.fields(EvalSettings)} | {"from_checkpoint"}
     assert report["settings"]["temperature"] == 0.6 and report["settings"]["top_p"] == 0.95
     assert report["protocol"] == "boxed" and report["math_verify"]["math-verify"] == version("math-verify")
     assert report["sampling"] == {"temperature": 0.6, "top_p": 0.95, "top_k": 0, "max_new_tokens": 6, "k": 3,
@@ -387,46 +347,6 @@ def test_a_protocol_brings_its_prompt_and_each_set_its_own_k(model_dir, tmp_path
         evaluate_model(str(model_dir), [f"{data}@2"], pass_ks=[1, 3], k=4, progress=False)
 
 
-def test_compare_warns_where_two_reports_are_not_comparable():
-    """A different protocol, math-verify minor version, sampling or prompt is a warning; a patch version, the seed
-    and the backend are not (the seed and backend: a note)."""
-    from cegppo_trl.evaluation.compare import compare_reports
-
-    sampling = {
-        "temperature": 0.6,
-        "top_p": 0.95,
-        "top_k": 0,
-        "max_new_tokens": 64,
-        "k": 4,
-        "seed": 0,
-        "backend": "hf",
-    }
-    a = {"protocol": "authors", "math_verify": {"math-verify": "0.9.0", "latex2sympy2_extended": "1.11.0"},
-         "sampling": sampling, "settings": {"instruction": "", "system_prompt": ""},
-         "datasets": {"aime": {"k": 4, "avg@4": 0.25}, "math": {"k": 4, "avg@4": 0.5}}}  # fmt: skip
-    b = copy.deepcopy(a)
-    b["math_verify"]["math-verify"] = "0.9.1"
-    b["sampling"]["seed"] = 1
-    b["datasets"] = {"aime": {"k": 32, "avg@32": 0.3}}
-    lines = compare_reports(a, b)
-    assert [line.split()[1:] for line in lines if line.startswith("aime")] == [["avg@4", "25.0%", "avg@32", "30.0%"]]
-    assert [line.split()[1:] for line in lines if line.startswith("math ")] == [["avg@4", "50.0%", "-"]]
-    assert not [line for line in lines if line.startswith("warning")]
-    assert [line for line in lines if line.startswith("note")] == [
-        "note: seed 0 (A) and 1 (B): other samples, same law"
-    ]
-    b.update(protocol="boxed", math_verify={"math-verify": "0.8.0", "latex2sympy2_extended": "1.10.2"})
-    b["sampling"]["temperature"] = 1.0
-    b["settings"]["instruction"] = "default"
-    warnings = [line for line in compare_reports(a, b) if line.startswith("warning")]
-    assert len(warnings) == 5 and all(line.endswith("the figures are not comparable.") for line in warnings)
-    for words in ("protocols: A authors, B boxed", "math-verify 0.9.0 (A) and 0.8.0 (B)", "latex2sympy2_extended",
-                  "temperature 0.6 (A) and 1.0 (B)", "instruction '' (A) and 'default' (B)"):  # fmt: skip
-        assert any(words in line for line in warnings), words
-    del b["protocol"]  # a report written before the protocol was recorded
-    assert any("A authors, B not recorded" in line for line in compare_reports(a, b))
-
-
 @pytest.mark.usefixtures("no_model_loading")
 def test_every_set_is_checked_before_the_model_loads(model_dir, tmp_path, capsys):
     """A missing later set, a split on a file and an unknown built-in set are all reported at once, before any
@@ -434,10 +354,7 @@ def test_every_set_is_checked_before_the_model_loads(model_dir, tmp_path, capsys
     good = write_problems(tmp_path / "good.jsonl", [1, 2])
     bad = ["missing.jsonl", "builtin:arithmetic_eval:train", "builtin:nope"]
     out = tmp_path / "report.json"
-    with pytest.raises(SystemExit) as error:
-        main([str(model_dir), "--datasets", str(good), *bad, "--output", str(out), "--no-progress"])
-    assert error.value.code == 2
-    message = capsys.readouterr().err
+    message = eval_error([model_dir, "--datasets", good, *bad, "--output", out, "--no-progress"], capsys)
     assert "3 of 4 data sets cannot be used (nothing was evaluated" in message
     assert all(f"  {name}: " in message for name in bad) and f"  {good}: " not in message
     assert not out.exists()
@@ -473,10 +390,7 @@ def test_each_set_is_written_as_soon_as_it_finishes(model_dir, tmp_path, monkeyp
     monkeypatch.setattr(generation, "generate_completions", fail_on_the_second_set)
     out2 = tmp_path / "report2.json"
     argv = [str(model_dir), "--datasets", str(first), str(second), "--k", "2", "--max-new-tokens", "4"]
-    with pytest.raises(SystemExit) as error:
-        main([*argv, "--output", str(out2), "--no-progress"])
-    assert error.value.code == 2
-    message = capsys.readouterr().err
+    message = eval_error([*argv, "--output", str(out2), "--no-progress"], capsys)
     assert "out of memory (simulated)" in message and f"the finished sets ({first}) are in {out2}" in message
     kept = json.loads(out2.read_text())
     assert list(kept["datasets"]) == [str(first)] and kept["pending"] == [str(second)]
@@ -500,9 +414,7 @@ def test_eval_settings_travel_with_the_checkpoint(tiny_checkpoint, model_dir, tm
     assert (model_dir / PROMPT_FILE).is_file()
     saved = {"instruction": TINY_INSTRUCTION, "system_prompt": "", "temperature": 1.0, "top_p": 1.0, "top_k": 0}
     assert load_eval_settings(model_dir) == {**saved, "max_new_tokens": 6}
-    model = AutoModelForCausalLM.from_pretrained(
-        model_dir
-    )  # the standard place: plain `generate` samples the same way
+    model = AutoModelForCausalLM.from_pretrained(model_dir)  # the standard place: plain `generate` samples the same
     assert model.generation_config.do_sample and model.generation_config.max_new_tokens == 6
     assert model.generation_config.temperature == 1.0 and model.generation_config.top_k == 0
     resolved, used = EvalSettings(temperature=0.0, instruction="default", k=1).resolve(model_dir)
@@ -515,8 +427,7 @@ def test_eval_settings_travel_with_the_checkpoint(tiny_checkpoint, model_dir, tm
     assert main([*base, "--save-completions", "--output", str(tmp_path / "auto.json")]) == 0
     assert "declares its evaluation settings" in capsys.readouterr().err
     report = json.loads((tmp_path / "auto.json").read_text())
-    assert report["settings"]["from_checkpoint"] == ["instruction", "system_prompt", "temperature", "top_p", "top_k",
-                                                     "max_new_tokens"]  # fmt: skip
+    assert report["settings"]["from_checkpoint"] == EVAL_SETTING_NAMES
     assert {k: report["settings"][k] for k in saved} == saved and report["settings"]["max_new_tokens"] == 6
     (problem,) = report["datasets"][str(data)]["problems"][:1]
     assert problem["problem"] == "What is 0+1? Put the final answer in \\boxed{}."
@@ -526,12 +437,7 @@ def test_eval_settings_travel_with_the_checkpoint(tiny_checkpoint, model_dir, tm
     assert "declares" not in capsys.readouterr().err
     settings = json.loads((tmp_path / "flags.json").read_text())["settings"]
     assert settings["from_checkpoint"] == [] and settings["instruction"] == DEFAULT_INSTRUCTION
-    assert (settings["temperature"], settings["top_p"], settings["max_new_tokens"], settings["top_k"]) == (
-        0.6,
-        0.9,
-        4,
-        3,
-    )
+    assert [settings[k] for k in ("temperature", "top_p", "max_new_tokens", "top_k")] == [0.6, 0.9, 4, 3]
     assert settings["system_prompt"] == "Be brief."
 
 
@@ -562,11 +468,6 @@ def test_cegppo_eval_evaluates_a_lora_adapter_folder(adapter_dir, tiny_checkpoin
     prompts = list(load_math_dataset(str(data), instruction=TINY_INSTRUCTION)["prompt"])
     expected = generate_completions(merged, tokenizer, prompts, 2, temperature=1.0, top_p=1.0, max_new_tokens=6)
     assert [p["completions"] for p in report["datasets"][str(data)]["problems"]] == expected
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# vLLM: the wiring, with a stand-in module (no vLLM here)
-# ----------------------------------------------------------------------------------------------------------------
 
 
 @pytest.fixture
@@ -621,9 +522,8 @@ def test_vllm_backend_wiring_only_with_a_stand_in_module(standin_vllm, adapter_d
 def test_vllm_backend_without_vllm_says_how_to_install(model_dir, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
     data = write_problems(tmp_path / "p.jsonl", [1])
-    with pytest.raises(SystemExit) as error:
-        main([str(model_dir), "--backend", "vllm", "--datasets", str(data), "--output", str(tmp_path / "r.json")])
-    assert error.value.code == 2 and "pip install 'cegppo-trl[vllm]'" in capsys.readouterr().err
+    argv = [model_dir, "--backend", "vllm", "--datasets", data, "--output", tmp_path / "r.json"]
+    assert "pip install 'cegppo-trl[vllm]'" in eval_error(argv, capsys)
 
 
 def test_vllm_extra_is_trls_own_range():
@@ -643,11 +543,6 @@ def test_vllm_extra_is_trls_own_range():
     assert str(trl_range) == "<=0.31.0,>=0.22.0"
     pins = [spec.version for r in extra if r.name == "vllm" for spec in r.specifier if spec.operator == "=="]
     assert all(trl_range.contains(version) for version in pins) and {r.name for r in extra} <= {"trl", "vllm"}
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# TRL code the package mirrors (pinned to TRL 1.16)
-# ----------------------------------------------------------------------------------------------------------------
 
 
 @pytest.fixture
@@ -675,11 +570,6 @@ def test_grpo_trainers_log_folds_its_buffered_metrics(trainer):
 
     Trainer.log(trainer, {"heldout/avg@2": 0.5})
     assert "reward" not in trainer.state.log_history[-1] and trainer._metrics["train"]["reward"] == [0.25]
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# AvgAtKCallback on one process
-# ----------------------------------------------------------------------------------------------------------------
 
 
 class RecordLogs(TrainerCallback):
@@ -752,11 +642,6 @@ def test_avg_at_k_callback_checks_its_arguments(trainer):
     callback = AvgAtKCallback(trainer, rows, k=2, batch_size=4)
     assert callback.settings.max_new_tokens == trainer.args.max_completion_length
     assert callback.chunks() == [[0, 1], [2, 3], [4]]  # fixed chunks of <= batch_size sequences
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Layout: light imports (the lazy name table: test_public_api.py)
-# ----------------------------------------------------------------------------------------------------------------
 
 
 def test_settings_and_the_command_line_do_not_import_torch():

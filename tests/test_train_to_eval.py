@@ -1,19 +1,11 @@
 """From training to a number, as a user runs it: docs/evaluation.md's commands in an empty directory, console scripts
 in subprocesses, nothing downloaded (HF_HUB_OFFLINE=1).
 
-* `cegppo-train` on the tiny recipe, full and `--use_peft true`, saves the prompt format and sampling next to the model
-  and the adapter; `cegppo-eval` evaluates both with them, and its samples are exactly those of the saved model (the
-  adapter merged into the base named in adapter_config.json) prompted with the recipe's instruction.
-* The docs' LoRA merge, run on the tiny adapter, gives a full model that evaluates the same.
-* Several sets: a missing later set fails before the model loads; a run killed during a later set keeps every
-  finished set in its report, with the same figures as a run of that set alone.
-* The paper's five benchmarks in one command (the docs' command, full and LoRA): offline stand-ins of the five Hub
-  sets with the same ids, splits and columns (a datasets cache), and a stand-in `vllm` module that checks the wiring
-  only (one engine, the engine flags, one generate call per set)."""
+The paper's five benchmarks run on offline stand-ins of the five Hub sets (same ids, splits and columns, in a datasets
+cache) and a stand-in `vllm` module that checks the wiring only."""
 
 import json
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -23,7 +15,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from shared import run_checked, write_problems
+from doc_blocks import code_blocks
+from shared import EVAL_SETTING_NAMES, assert_saved_settings, run_checked, write_problems
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,9 +24,6 @@ DOC = ROOT / "docs" / "evaluation.md"
 BIN = Path(sys.executable).parent
 STANDINS = Path(__file__).resolve().parent / "standins"
 RECIPE = yaml.safe_load((ROOT / "recipes" / "tiny" / "cegppo" / "config_cpu.yaml").read_text())
-SETTINGS = ["instruction", "system_prompt", "temperature", "top_p", "top_k", "max_new_tokens"]
-TIMEOUT_S = 900
-FENCE_RE = re.compile(r"(?:<!--(?P<note>[^\n]*)-->\n)?^```(?P<lang>\w*)\n(?P<body>.*?)^```", re.S | re.M)
 # The five benchmarks: (Hub id, split, columns of one row) as docs/rewards_and_data.md describes them.
 PAPER_SETS = {
     "HuggingFaceH4/aime_2024": ("train", lambda q, a: {"problem": q, "answer": a, "solution": f"so \\boxed{{{a}}}"}),
@@ -45,7 +35,7 @@ PAPER_SETS = {
 
 
 def doc_blocks(lang: str) -> list[str]:
-    return [m["body"] for m in FENCE_RE.finditer(DOC.read_text()) if m["lang"] == lang]
+    return [block.body for block in code_blocks(DOC) if block.lang == lang]
 
 
 def doc_commands(marker: str) -> list[list[str]]:
@@ -60,7 +50,7 @@ def env(**extra) -> dict:
 
 
 def run(argv: list[str], cwd: Path, expect: int = 0, **extra_env) -> subprocess.CompletedProcess:
-    return run_checked([BIN / argv[0], *argv[1:]], cwd, env(**extra_env), TIMEOUT_S, expect)
+    return run_checked([BIN / argv[0], *argv[1:]], cwd, env(**extra_env), expect=expect)
 
 
 @pytest.fixture(scope="module")
@@ -73,9 +63,6 @@ def walk(tmp_path_factory):
     return cwd, procs
 
 
-# ----------------------------------------------------------------------------------------------------------------
-
-
 @pytest.mark.slow
 def test_saved_models_carry_their_prompt_and_sampling(walk):
     cwd, _ = walk
@@ -85,11 +72,7 @@ def test_saved_models_carry_their_prompt_and_sampling(walk):
     base = json.loads((lora / "adapter_config.json").read_text())["base_model_name_or_path"]
     assert os.path.isabs(base) and Path(base) == lora / "tiny-init"  # found from any directory
     for path in (full, lora):
-        prompt = json.loads((path / "cegppo_prompt.json").read_text())
-        assert prompt["instruction"] == RECIPE["instruction"] and prompt["system_prompt"] is None
-        generation = json.loads((path / "generation_config.json").read_text())
-        assert generation["do_sample"] is True and generation["temperature"] == RECIPE["temperature"]
-        assert generation["max_new_tokens"] == RECIPE["max_completion_length"] and generation["top_k"] == 0
+        assert_saved_settings(path, RECIPE["instruction"], RECIPE["temperature"], RECIPE["max_completion_length"])
 
 
 @pytest.mark.slow
@@ -99,7 +82,7 @@ def test_cegppo_eval_uses_the_prompt_they_were_trained_with(walk):
     for proc, name in ((procs[1], "tiny-cegppo"), (procs[3], "tiny-cegppo-lora")):
         assert text_block.strip().replace("outputs/tiny-cegppo", f"outputs/{name}") in proc.stderr
         report = json.loads((cwd / "outputs" / name / "eval.json").read_text())
-        assert report["settings"]["from_checkpoint"] == SETTINGS and report["pending"] == []
+        assert report["settings"]["from_checkpoint"] == EVAL_SETTING_NAMES and report["pending"] == []
         assert report["settings"]["instruction"] == RECIPE["instruction"]
         assert report["settings"]["max_new_tokens"] == RECIPE["max_completion_length"]
         metrics = report["datasets"]["builtin:arithmetic_eval"]
@@ -114,7 +97,8 @@ def test_cegppo_eval_uses_the_prompt_they_were_trained_with(walk):
 @pytest.mark.slow
 def test_the_samples_are_the_saved_models_own(walk, tmp_path, one_torch_thread):
     """The command's samples, from another directory, equal `generate` on the saved model (full) and on the base
-    with the adapter merged (LoRA), prompted with the recipe's instruction and sampled as in training."""
+    with the adapter merged (LoRA), prompted with the recipe's instruction and sampled as in training; the docs' LoRA
+    merge gives a full model with the adapter's settings and samples."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -122,47 +106,32 @@ def test_the_samples_are_the_saved_models_own(walk, tmp_path, one_torch_thread):
     from cegppo_trl.evaluation import generate_completions
 
     cwd, _ = walk
+    full, lora, merged = cwd / "outputs" / "tiny-cegppo", cwd / "outputs" / "tiny-cegppo-lora", tmp_path / "merged"
+    (block,) = [b for b in doc_blocks("python") if "merge_and_unload" in b]
+    source = block.replace('"outputs/DeepSeek-R1-Distill-Qwen-1.5B-CEGPPO-LoRA-merged"', repr(str(merged)))
+    source = source.replace('"outputs/DeepSeek-R1-Distill-Qwen-1.5B-CEGPPO-LoRA"', repr(str(lora)))
+    assert "DeepSeek" not in source
+    exec(compile(source, f"{DOC}:merge", "exec"), {"__name__": "__doc__"})
+    assert (merged / "config.json").is_file() and (merged / "cegppo_prompt.json").is_file()
+
     data = write_problems(tmp_path / "probs.jsonl", [3, 12, 40, 41, 7, 9])
     prompts = list(load_math_dataset(str(data), instruction=RECIPE["instruction"])["prompt"])
-    full, lora = cwd / "outputs" / "tiny-cegppo", cwd / "outputs" / "tiny-cegppo-lora"
     base = AutoModelForCausalLM.from_pretrained(lora / "tiny-init")
     models = {
         full: AutoModelForCausalLM.from_pretrained(full),
         lora: PeftModel.from_pretrained(base, lora).merge_and_unload(),
     }
-    for path, model in models.items():
+    reports = {}
+    for path in (full, lora, merged):
         out = tmp_path / f"{path.name}.json"
         run(["cegppo-eval", str(path), "--datasets", str(data), "--k", "3", "--save-completions", "--output", str(out)], tmp_path)  # fmt: skip
-        (metrics,) = json.loads(out.read_text())["datasets"].values()
-        sampling = dict(temperature=RECIPE["temperature"], top_p=1.0, max_new_tokens=RECIPE["max_completion_length"])
+        reports[path] = json.loads(out.read_text())
+    sampling = dict(temperature=RECIPE["temperature"], top_p=1.0, max_new_tokens=RECIPE["max_completion_length"])
+    for path, model in models.items():
         expected = generate_completions(model, AutoTokenizer.from_pretrained(path), prompts, 3, **sampling)
-        assert [p["completions"] for p in metrics["problems"]] == expected, path.name
-
-
-@pytest.mark.slow
-def test_the_docs_lora_merge(walk, tmp_path, one_torch_thread):
-    (block,) = [b for b in doc_blocks("python") if "merge_and_unload" in b]
-    cwd, _ = walk
-    adapter, merged = cwd / "outputs" / "tiny-cegppo-lora", tmp_path / "merged"
-    source = block.replace('"outputs/DeepSeek-R1-Distill-Qwen-1.5B-CEGPPO-LoRA-merged"', repr(str(merged)))
-    source = source.replace('"outputs/DeepSeek-R1-Distill-Qwen-1.5B-CEGPPO-LoRA"', repr(str(adapter)))
-    assert "DeepSeek" not in source
-    exec(compile(source, f"{DOC}:merge", "exec"), {"__name__": "__doc__"})
-    assert (merged / "config.json").is_file() and (merged / "cegppo_prompt.json").is_file()
-    data = write_problems(tmp_path / "probs.jsonl", [3, 12, 40])
-    reports = {}
-    for path in (adapter, merged):
-        out = tmp_path / f"{path.name}.json"
-        run(["cegppo-eval", str(path), "--datasets", str(data), "--k", "2", "--save-completions", "--output", str(out)], tmp_path)  # fmt: skip
-        reports[path.name] = json.loads(out.read_text())
-    assert reports["merged"]["settings"] == {**reports["tiny-cegppo-lora"]["settings"]}
-    completions = [[p["completions"] for p in r["datasets"][str(data)]["problems"]] for r in reports.values()]
-    assert completions[0] == completions[1]
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Several sets: nothing finished is lost
-# ----------------------------------------------------------------------------------------------------------------
+        assert [p["completions"] for p in reports[path]["datasets"][str(data)]["problems"]] == expected, path.name
+    assert reports[merged]["settings"] == reports[lora]["settings"]
+    assert reports[merged]["datasets"][str(data)]["problems"] == reports[lora]["datasets"][str(data)]["problems"]
 
 
 @pytest.mark.slow
@@ -193,11 +162,6 @@ def test_a_run_killed_in_a_later_set_keeps_the_finished_ones(walk, tmp_path):
     expected = json.loads(alone.read_text())["datasets"][str(first)]
     for key in ("avg@8", "pass@1", "pass@8", "num_problems", "problems"):
         assert kept["datasets"][str(first)][key] == expected[key], key
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# The paper's five benchmarks: offline stand-ins
-# ----------------------------------------------------------------------------------------------------------------
 
 
 def build_hub_standins(cache: Path, sets: dict[str, tuple[str, list[dict]]]) -> Path:
