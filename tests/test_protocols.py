@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import threading
 from pathlib import Path
 
 import pytest
+from shared import in_threads
 
 from cegppo_trl.data import DEFAULT_INSTRUCTION, build_prompt, resolve_instruction
 from cegppo_trl.rewards import grade_completions, grade_with_protocol, make_math_reward
@@ -51,10 +51,6 @@ def _anchored_version() -> str:
     return MATH_VERIFY
 
 
-def _disagreements(grade, anchor) -> set[str]:
-    return {c["id"] for c in CASES if (grade(c["completion"], c["gold"]) == "correct") != anchor(c)}
-
-
 def test_the_case_file_covers_what_issue_28_lists():
     ids = {c["id"] for c in CASES}
     assert len(ids) == len(CASES) == META["cases"] >= 60
@@ -64,19 +60,19 @@ def test_the_case_file_covers_what_issue_28_lists():
         assert needed in ids
 
 
-def test_authors_agrees_with_the_authors_procedure_on_every_case():
+@pytest.mark.parametrize(
+    "grade, anchor",
+    [
+        (authors, lambda c, version: c["authors"][version] == 1),  # on every case
+        (lighteval, lambda c, version: c["lighteval"]["pass_at_k"] == 1),  # except the listed cases
+        (lighteval_avg, lambda c, version: c["lighteval"]["avg_at_n"] == 1),
+    ],
+    ids=["authors", "lighteval_pass_at_k", "lighteval_avg_at_n"],
+)
+def test_each_protocol_agrees_with_its_anchor(grade, anchor):
     version = _anchored_version()
-    assert _disagreements(authors, lambda c: c["authors"][version] == 1) == set()
-
-
-def test_lighteval_agrees_with_lighteval_pass_at_k_except_the_listed_cases():
-    version = _anchored_version()
-    assert _disagreements(lighteval, lambda c: c["lighteval"]["pass_at_k"] == 1) == LIGHTEVAL_DIFFERENCES[version]
-
-
-def test_lighteval_avg_agrees_with_lighteval_avg_at_n_except_the_listed_cases():
-    version = _anchored_version()
-    assert _disagreements(lighteval_avg, lambda c: c["lighteval"]["avg_at_n"] == 1) == LIGHTEVAL_DIFFERENCES[version]
+    listed = set() if grade is authors else LIGHTEVAL_DIFFERENCES[version]
+    assert {c["id"] for c in CASES if (grade(c["completion"], c["gold"]) == "correct") != anchor(c, version)} == listed
 
 
 def test_lighteval_avg_at_n_keeps_the_think_block_and_pass_at_k_removes_it():
@@ -114,27 +110,14 @@ def test_the_pool_gives_the_in_process_verdicts_of_every_protocol():
 
 def test_protocols_run_from_a_thread_because_the_workers_hold_math_verify_timeouts():
     """math-verify's signal.alarm raises outside the main thread; the grading workers run it in theirs."""
-    out = []
-    thread = threading.Thread(target=lambda: out.extend(grade_with_protocol(["so \\boxed{4}"], ["4"], "authors")))
-    thread.start()
-    thread.join(120)
-    assert [g.status for g in out] == ["correct"]
+    ((result,),) = in_threads(lambda: grade_with_protocol(["so \\boxed{4}"], ["4"], "authors"))
+    assert result.status == "correct"
 
 
 @pytest.mark.parametrize("grade", [authors, lighteval, lighteval_avg])
 def test_in_process_grading_from_a_thread_is_refused_not_a_silent_wrong(grade):
-    errors = []
-
-    def call():
-        try:
-            grade("so \\boxed{4}", "4")
-        except RuntimeError as error:
-            errors.append(str(error))
-
-    thread = threading.Thread(target=call)
-    thread.start()
-    thread.join(60)
-    assert len(errors) == 1 and "grade_with_protocol" in errors[0]
+    (error,) = in_threads(lambda: grade("so \\boxed{4}", "4"), timeout=60)
+    assert isinstance(error, RuntimeError) and "grade_with_protocol" in str(error)
 
 
 def test_the_pool_hard_timeout_bounds_a_protocol():
@@ -205,9 +188,6 @@ def test_cegppo_train_names_the_authors_reward():
                            unparseable_reward=None, reward_timeout_s=3.0)  # fmt: skip
     default, authors_reward = build_reward_funcs(args)
     assert (default.__name__, default.protocol) == ("math_reward", "boxed")
-    assert (authors_reward.__name__, authors_reward.protocol, authors_reward.timeout_s) == (
-        "math_authors",
-        "authors",
-        3.0,
-    )
+    assert (authors_reward.__name__, authors_reward.protocol) == ("math_authors", "authors")
+    assert authors_reward.timeout_s == 3.0
     assert authors_reward(["<think>so 7</think>"], solution=["7"]) == [1.0]

@@ -8,11 +8,11 @@ import os
 import pickle
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
+from shared import in_threads
 
 from cegppo_trl.rewards import (
     extract_answer,
@@ -95,27 +95,20 @@ def _conversational(completion: str) -> list[dict[str, str]]:
     return [{"role": "assistant", "content": completion}]
 
 
-def _check_table(completions) -> None:
-    got = math_reward(completions, [gold for _, gold, _ in CASES])
+def test_table_has_enough_cases():
+    assert len(CASES) >= 40
+    assert {expected for *_, expected in CASES} == {1.0, -1.0, None}
+
+
+@pytest.mark.parametrize("form", [str, _conversational], ids=["string", "conversational"])
+def test_table(form):
+    got = math_reward([form(completion) for completion, _, _ in CASES], [gold for _, gold, _ in CASES])
     mismatches = [
         f"{completion!r} vs gold {gold!r}: expected {expected}, got {value}"
         for (completion, gold, expected), value in zip(CASES, got, strict=True)
         if value != expected
     ]
     assert not mismatches, "\n".join(mismatches)
-
-
-def test_table_has_enough_cases():
-    assert len(CASES) >= 40
-    assert {expected for *_, expected in CASES} == {1.0, -1.0, None}
-
-
-def test_table_string_completions():
-    _check_table([completion for completion, _, _ in CASES])
-
-
-def test_table_conversational_completions():
-    _check_table([_conversational(completion) for completion, _, _ in CASES])
 
 
 def test_conversational_takes_last_assistant_message():
@@ -192,11 +185,35 @@ def test_make_math_reward_rejects_bad_settings(kwargs, message):
         make_math_reward(**kwargs)
 
 
-def test_length_mismatch_and_missing_solution_are_clear_errors():
+# A string `solution` would be read one character per completion and silently mis-grade (`\boxed{42}` would score -1
+# and `\boxed{4}` +1), and `None` completions used to fail with a bare TypeError: refused, naming the argument and fix.
+def test_a_string_solution_is_refused_with_the_argument_named():
+    with pytest.raises(TypeError, match=r"^solution must be a list of gold answers.*got the string '42'") as error:
+        math_reward(["\\boxed{42}", "\\boxed{4}"], solution="42")
+    assert "['42'] * len(completions)" in str(error.value)
+    with pytest.raises(TypeError, match="^solution must be a list"):
+        make_math_reward(correct=1.0, wrong=0.0)(["\\boxed{1}"], solution=b"1")
+    with pytest.raises(TypeError, match="^solutions must be a list"):  # grade_completions names its own argument
+        grade_completions(["\\boxed{4}", "\\boxed{2}"], "42")
     with pytest.raises(ValueError, match="one gold answer per completion"):
         math_reward([r"\boxed{1}", r"\boxed{2}"], ["1"])
-    with pytest.raises(ValueError, match="solution"):
-        math_reward([r"\boxed{1}"])
+
+
+@pytest.mark.parametrize("completions", [None, "\\boxed{42}", 42])
+def test_completions_must_be_a_list(completions):
+    with pytest.raises(TypeError, match="^completions must be a list of completions") as error:
+        math_reward(completions, solution=["42"])
+    assert repr(completions)[:10] in str(error.value) or "the string" in str(error.value)
+
+
+def test_the_lists_trl_passes_still_grade():
+    from datasets import Dataset
+
+    column = Dataset.from_dict({"solution": ["42", "4"]})["solution"]  # a datasets Column, as a user may pass
+    assert math_reward(["\\boxed{42}", "\\boxed{4}"], solution=column) == [1.0, 1.0]
+    assert math_reward([[{"role": "assistant", "content": "\\boxed{42}"}]], solution=("41",)) == [-1.0]
+    with pytest.raises(ValueError, match="needs the gold answers in a `solution` dataset column"):
+        math_reward(["\\boxed{42}"])
 
 
 @pytest.mark.parametrize(
@@ -385,24 +402,9 @@ def test_pool_kills_hung_workers_and_survives_crashes():
 
 def test_called_from_worker_threads():
     """TRL may call rewards outside the main thread (async reward loop); the timeout must still hold there."""
-    outputs: dict[int, object] = {}
-
-    def work(k: int) -> None:
-        try:
-            outputs[k] = math_reward(
-                [r"\boxed{\frac{1}{2}}", r"\boxed{3}", r"\boxed{9^{9^{9}}}", r"\boxed{(x+1)^2}"],
-                ["0.5", "4", "1", "x^2+2x+1"],
-            )
-        except BaseException as e:  # noqa: BLE001 - reported below
-            outputs[k] = e
-
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert all(not t.is_alive() for t in threads)
-    assert outputs == {k: [1.0, -1.0, -1.0, 1.0] for k in range(3)}
+    completions = [r"\boxed{\frac{1}{2}}", r"\boxed{3}", r"\boxed{9^{9^{9}}}", r"\boxed{(x+1)^2}"]
+    outputs = in_threads(lambda: math_reward(completions, ["0.5", "4", "1", "x^2+2x+1"]), n=3, timeout=60)
+    assert outputs == [[1.0, -1.0, -1.0, 1.0]] * 3
 
 
 _RANK_SCRIPT = r"""
