@@ -10,13 +10,13 @@ import warnings
 from pathlib import Path
 
 from datasets import Dataset
+from shared import TINY_INSTRUCTION, cpu_config
 from transformers import AutoTokenizer, TrainerCallback
 
 from cegppo_trl import AvgAtKCallback, CEGPPOConfig, CEGPPOTrainer, load_math_dataset
 
 
 warnings.filterwarnings("ignore")
-INSTRUCTION = "{problem} Put the final answer in \\boxed{}."
 
 
 def length_reward(completions, **kwargs):
@@ -41,15 +41,12 @@ def main(model_dir: str, heldout: str, out_dir: str) -> None:
     train = Dataset.from_list(
         [{"prompt": [{"role": "user", "content": f"What is {a}+{b}?"}], "solution": str(a + b)} for a in range(8) for b in range(8)]
     )  # fmt: skip
-    config = CEGPPOConfig(
-        output_dir=out_dir, use_cpu=True, bf16=False, per_device_train_batch_size=4, num_generations=4,
-        max_completion_length=20, steps_per_generation=2, max_steps=1, learning_rate=1e-3, logging_steps=1,
-        report_to="none", save_strategy="no", seed=0,
-    )  # fmt: skip
+    config = cpu_config(CEGPPOConfig, out_dir, per_device_train_batch_size=4, max_completion_length=20,
+                        steps_per_generation=2, max_steps=1, learning_rate=1e-3)  # fmt: skip
     trainer = CEGPPOTrainer(
         model=model_dir, reward_funcs=length_reward, args=config, train_dataset=train, processing_class=tokenizer
     )
-    held_out = load_math_dataset(heldout, instruction=INSTRUCTION).select(range(30))
+    held_out = load_math_dataset(heldout, instruction=TINY_INSTRUCTION).select(range(30))
     callback = AvgAtKCallback(trainer, held_out, k=4, eval_steps=1, batch_size=16, eval_on_start=True, temperature=1.0)
     recorder = Recorder(callback)
     trainer.add_callback(callback)

@@ -101,11 +101,16 @@ def test_summarize_counts_leaves_out_unparseable_golds():
         summarize_counts([5], 4)
 
 
-@pytest.mark.parametrize("protocol", ["boxed", "authors", "lighteval", "lighteval_avg"])
-def test_every_sample_gets_a_counted_status(protocol):
+@pytest.mark.parametrize(
+    "protocol, think",
+    [("boxed", "no_answer"), ("authors", "correct"), ("lighteval", "no_answer"), ("lighteval_avg", "correct")],
+)
+def test_every_sample_gets_a_counted_status(protocol, think):
     """An empty completion, a whitespace one and one that is all think block with no answer are `no_answer`, an empty
     gold and one math-verify cannot parse `bad_gold` (the problem left out and counted in `num_skipped`), under every
-    protocol: counted in the report and in the printed line, never a crash or a silent 0."""
+    protocol: counted in the report and in the printed line, never a crash or a silent 0. The protocol reaches the
+    grader: an answer only inside the think block is `think` (the authors and lighteval's avg@n parse the whole
+    completion, lighteval's pass@k removes the think block and boxed reads after </think>)."""
     completions = [
         ["<think>so 12?</think> The answer is \\boxed{12}.", "", "<think>Let me think about this problem and", " "],
         ["\\boxed{3}"] * 4,
@@ -116,21 +121,7 @@ def test_every_sample_gets_a_counted_status(protocol):
     assert (report["num_skipped"], report["avg@4"]) == (1, 0.25)
     assert "1 skipped (unparseable gold); samples: 3 no_answer" in format_summary("set", report)
     assert evaluate_completions([["\\boxed{3}"]], ["\\frac{"], protocol=protocol)["num_skipped"] == 1
-
-
-def test_the_protocol_reaches_the_grader():
-    """An answer only inside the think block: the authors and lighteval's avg@n parse the whole completion (correct),
-    lighteval's pass@k removes the think block and boxed reads after </think> (no answer)."""
-    statuses = {
-        protocol: evaluate_completions([["<think>\\boxed{8}</think>"]], ["8"], protocol=protocol)["statuses"][0][0]
-        for protocol in ("boxed", "authors", "lighteval", "lighteval_avg")
-    }
-    assert statuses == {
-        "boxed": "no_answer",
-        "authors": "correct",
-        "lighteval": "no_answer",
-        "lighteval_avg": "correct",
-    }
+    assert evaluate_completions([["<think>\\boxed{8}</think>"]], ["8"], protocol=protocol)["statuses"] == [[think]]
 
 
 def test_every_setting_is_one_field_one_flag_and_one_report_entry():
@@ -274,8 +265,7 @@ def test_lora_adapter_source(adapter_dir, tiny_checkpoint, tmp_path):
 
 @pytest.mark.usefixtures("one_torch_thread")
 def test_cegppo_eval_writes_json_report(model_dir, tmp_path, capsys):
-    data = tmp_path / "probs.jsonl"
-    data.write_text("".join(json.dumps({"problem": f"What is {a}+1?", "answer": str(a + 1)}) + "\n" for a in range(3)))
+    data = write_problems(tmp_path / "probs.jsonl", [1, 2, 3])
     out = tmp_path / "reports" / "eval.json"
     argv = [
         str(model_dir), "--datasets", "builtin:arithmetic_eval", str(data), "--max-problems", "4", "--k", "3",
@@ -500,9 +490,7 @@ def test_vllm_backend_wiring_only_with_a_stand_in_module(standin_vllm, adapter_d
     assert "config.json" in engine.files and "tokenizer.json" in engine.files
     merged = AutoModelForCausalLM.from_pretrained(merged_dir)
     base = AutoModelForCausalLM.from_pretrained(tiny_checkpoint)
-    assert not torch.equal(
-        merged.model.layers[0].self_attn.q_proj.weight, base.model.layers[0].self_attn.q_proj.weight
-    )
+    assert not torch.equal(*(m.model.layers[0].self_attn.q_proj.weight for m in (merged, base)))
     assert len(standin_vllm.CALLS) == 2 and all(call[0] is engine for call in standin_vllm.CALLS)
     tokenizer = AutoTokenizer.from_pretrained(adapter_dir)
     for (_, inputs, params), path in zip(standin_vllm.CALLS, sets):

@@ -166,7 +166,9 @@ def test_a_run_killed_in_a_later_set_keeps_the_finished_ones(walk, tmp_path):
 
 def build_hub_standins(cache: Path, sets: dict[str, tuple[str, list[dict]]]) -> Path:
     """A datasets cache holding, for each Hub id, one prepared split with the given rows: with HF_HUB_OFFLINE=1 and
-    HF_DATASETS_CACHE=`cache`, `datasets.load_dataset(id, split=...)` returns them (and any other split is unknown)."""
+    HF_DATASETS_CACHE=`cache`, `datasets.load_dataset(id, split=...)` returns them (and any other split is unknown:
+    the end of test_the_paper_benchmarks_command_wiring_only_with_stand_ins). Nothing is downloaded: a cache miss
+    fails offline."""
     import shutil
 
     from datasets.naming import camelcase_to_snakecase
@@ -187,22 +189,6 @@ def build_hub_standins(cache: Path, sets: dict[str, tuple[str, list[dict]]]) -> 
         shutil.move(str(built), str(target))
         shutil.rmtree(build)
     return cache
-
-
-def test_hub_standins_have_the_splits(tmp_path):
-    """The Hub id only names a data set built here in a local datasets cache; the child runs with HF_HUB_OFFLINE=1, so
-    nothing is downloaded (a cache miss would fail, not fetch)."""
-    rows = [{"problem": "What is 1+1?", "answer": "2"}]
-    cache = build_hub_standins(tmp_path / "cache", {"HuggingFaceH4/aime_2024": ("train", rows)})
-    code = (
-        "import datasets\n"
-        "print(datasets.load_dataset('HuggingFaceH4/aime_2024', split='train')[0])\n"
-        "try:\n    datasets.load_dataset('HuggingFaceH4/aime_2024', split='test')\n"
-        "except ValueError as e:\n    print(e)\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], env=env(HF_DATASETS_CACHE=str(cache)), capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == [str(rows[0]), "Unknown split \"test\". Should be one of ['train']."]
 
 
 @pytest.fixture(scope="module")
@@ -270,14 +256,7 @@ def test_the_paper_benchmarks_command_wiring_only_with_stand_ins(walk, paper_sta
         else:
             assert engine["kwargs"]["model"] == argv[1]
         for event, k in zip(events[1:], PAPER_K):
-            assert event["params"] == {
-                "n": k,
-                "temperature": 0.6,
-                "top_p": 0.95,
-                "top_k": 0,
-                "max_tokens": 32768,
-                "seed": 0,
-            }
+            assert event["params"] == dict(n=k, temperature=0.6, top_p=0.95, top_k=0, max_tokens=32768, seed=0)
             assert len(event["prompts"]) == 5
         report = json.loads((tmp_path / flag["--output"]).read_text())
         assert list(report["datasets"]) == [f"{repo_id}:{split}" for repo_id, (split, _) in PAPER_SETS.items()]
