@@ -16,16 +16,14 @@ from transformers import AutoTokenizer, TrainerCallback
 from cegppo_trl import AvgAtKCallback, CEGPPOConfig, CEGPPOTrainer, load_math_dataset
 
 
-warnings.filterwarnings("ignore")
-
-
 def length_reward(completions, **kwargs):
     """Reward depending on the text only, so that groups have non-zero advantages."""
     return [float(len(c[0]["content"]) % 3) for c in completions]
 
 
 class Recorder(TrainerCallback):
-    """What a report_to integration sees (every `on_log`), and the callback's share at each of its entries."""
+    """What a report_to integration sees (every `on_log`, with its step) and the callback's share at each of its
+    entries (also tests/test_evaluation.py's recorder, on one process)."""
 
     def __init__(self, callback):
         self.callback, self.logs, self.shares = callback, [], []
@@ -64,4 +62,5 @@ def main(model_dir: str, heldout: str, out_dir: str) -> None:
 
 
 if __name__ == "__main__":
+    warnings.filterwarnings("ignore")
     main(*sys.argv[1:4])

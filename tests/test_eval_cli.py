@@ -1,9 +1,6 @@
 """`cegppo-eval`'s command line (issues 20 and 22): one argument system with `cegppo-train` (TRL's `TrlParser` over
-dataclasses, so every shared flag has one name and both spellings in both commands, and ``--config`` YAML), and bad
-input answered up front in one line naming the flag and the fix, exit status 2: a wrong value or type, an unknown
-flag or recipe key, an unknown instruction placeholder, an ``--output`` that cannot be written (checked before any
-generation), a truncated ``model.safetensors`` (the file named), and a Hub kernel that an offline GPU machine cannot
-fetch (transformers' kernel loader replaced by a stand-in that raises what `kernels` raises)."""
+dataclasses, and ``--config`` YAML), and bad input answered up front in one line naming the flag and the fix, exit
+status 2."""
 
 import copy
 import dataclasses
@@ -40,22 +37,13 @@ SHARED = {
 }
 
 
-def _eval_field(name: str) -> str:
-    """The field of EvalArguments / EvalSettings that reads `cegppo-eval --name` (its own name or an alias)."""
-    for cls in (EvalArguments, EvalSettings):
-        for f in dataclasses.fields(cls):
-            if name == f.name or f"--{name}" in f.metadata.get("aliases", ()):
-                return f.name
-    raise AssertionError(f"cegppo-eval has no flag --{name}")
-
-
-def _eval_options() -> set[str]:
-    """Every option name (underscore spelling) cegppo-eval reads."""
-    names = set()
-    for cls in (EvalArguments, EvalSettings):
-        for f in dataclasses.fields(cls):
-            names |= {f.name} | {a[2:] for a in f.metadata.get("aliases", ()) if "-" not in a[2:]}
-    return names
+# Every option name (underscore spelling) cegppo-eval reads -> the field of EvalArguments / EvalSettings it sets.
+EVAL_FIELDS = {
+    name: f.name
+    for cls in (EvalArguments, EvalSettings)
+    for f in dataclasses.fields(cls)
+    for name in (f.name, *(a[2:] for a in f.metadata.get("aliases", ()) if "-" not in a[2:]))
+}
 
 
 def _spell(name: str, dashed: bool) -> str:
@@ -72,11 +60,11 @@ def test_shared_flags_have_one_name_and_both_spellings_in_both_commands(dashed, 
     cpu = ["--output_dir", str(tmp_path), "--use_cpu", "true", "--bf16", "false", "--report_to", "none"]
     trained = make_parser().parse_args_and_config(args=[*argv, *cpu])
     train_names = {f.name for parsed in trained for f in dataclasses.fields(parsed)}
-    assert _eval_options() & train_names == set(SHARED), "SHARED lists every flag the two commands share"
+    assert set(EVAL_FIELDS) & train_names == set(SHARED), "SHARED lists every flag the two commands share"
 
     arguments, settings = parse_arguments(argv)
     for name in SHARED:
-        field = _eval_field(name)
+        field = EVAL_FIELDS[name]
         got = getattr(arguments, field) if hasattr(arguments, field) else getattr(settings, field)
         expected = next(getattr(parsed, name) for parsed in trained if hasattr(parsed, name))
         assert got == ([expected] if field == "datasets" else expected), name

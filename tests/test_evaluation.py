@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from avg_at_k_worker import Recorder
 from shared import EVAL_SETTING_NAMES, TINY_INSTRUCTION, eval_error, write_problems
-from transformers import TrainerCallback
 
 from cegppo_trl.evaluation import (
     PROMPT_FILE,
@@ -431,35 +431,6 @@ def test_eval_settings_travel_with_the_checkpoint(tiny_checkpoint, model_dir, tm
     assert settings["system_prompt"] == "Be brief."
 
 
-@pytest.mark.usefixtures("one_torch_thread")
-def test_cegppo_eval_evaluates_a_lora_adapter_folder(adapter_dir, tiny_checkpoint, tmp_path, capsys):
-    """An adapter folder (adapter_config.json, no config.json): the base comes from adapter_config.json, the adapter
-    is merged with peft, and the samples are exactly those of the merged model, prompted with the adapter's
-    declared instruction."""
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from cegppo_trl.data import load_math_dataset
-
-    data = write_problems(tmp_path / "probs.jsonl", [3, 5, 8])
-    out = tmp_path / "lora.json"
-    argv = [str(adapter_dir), "--datasets", str(data), "--k", "2", "--device", "cpu", "--save-completions"]
-    assert main([*argv, "--output", str(out), "--no-progress"]) == 0
-    assert "with the LoRA adapter" in capsys.readouterr().err
-    report = json.loads(out.read_text())
-    assert report["source"] == {"model": str(tiny_checkpoint), "adapter": str(adapter_dir)}
-    assert report["settings"]["instruction"] == TINY_INSTRUCTION and report["settings"]["max_new_tokens"] == 6
-
-    base = AutoModelForCausalLM.from_pretrained(tiny_checkpoint)
-    merged = PeftModel.from_pretrained(copy.deepcopy(base), adapter_dir).merge_and_unload()
-    changed = [n for n, p in merged.state_dict().items() if not torch.equal(p, base.state_dict()[n])]
-    assert changed and all("q_proj" in n or "v_proj" in n for n in changed)  # the adapter is really applied
-    tokenizer = AutoTokenizer.from_pretrained(adapter_dir)
-    prompts = list(load_math_dataset(str(data), instruction=TINY_INSTRUCTION)["prompt"])
-    expected = generate_completions(merged, tokenizer, prompts, 2, temperature=1.0, top_p=1.0, max_new_tokens=6)
-    assert [p["completions"] for p in report["datasets"][str(data)]["problems"]] == expected
-
-
 @pytest.fixture
 def standin_vllm(monkeypatch):
     spec = importlib.util.spec_from_file_location("vllm", STANDINS / "vllm.py")
@@ -560,16 +531,6 @@ def test_grpo_trainers_log_folds_its_buffered_metrics(trainer):
     assert "reward" not in trainer.state.log_history[-1] and trainer._metrics["train"]["reward"] == [0.25]
 
 
-class RecordLogs(TrainerCallback):
-    """What a report_to integration sees: every `on_log` call."""
-
-    def __init__(self):
-        self.logs = []
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        self.logs.append(dict(logs))
-
-
 @pytest.mark.usefixtures("one_torch_thread")
 def test_avg_at_k_callback_logs_through_the_trainer(tiny_trainer, tiny_model, tmp_path):
     from cegppo_trl.data import load_math_dataset
@@ -578,12 +539,9 @@ def test_avg_at_k_callback_logs_through_the_trainer(tiny_trainer, tiny_model, tm
     held_out = load_math_dataset("builtin:arithmetic_eval", instruction=TINY_INSTRUCTION).select(range(5))
     reference_model = copy.deepcopy(tiny_model)
 
-    def trainer_for(model, output_dir):
-        return tiny_trainer(model, output_dir, max_steps=2)
-
-    trainer = trainer_for(tiny_model, tmp_path / "with")
-    recorder = RecordLogs()
+    trainer = tiny_trainer(tiny_model, tmp_path / "with", max_steps=2)
     callback = AvgAtKCallback(trainer, held_out, k=2, eval_steps=1, max_new_tokens=4, batch_size=4, eval_on_start=True)
+    recorder = Recorder(callback)
     trainer.add_callback(callback)
     trainer.add_callback(recorder)
     trainer.train()
@@ -602,7 +560,7 @@ def test_avg_at_k_callback_logs_through_the_trainer(tiny_trainer, tiny_model, tm
 
     # The evaluation changes nothing else: same training log and weights as without it (its own RNG; the trainer's
     # metrics are not taken into its entries).
-    reference = trainer_for(reference_model, tmp_path / "without")
+    reference = tiny_trainer(reference_model, tmp_path / "without", max_steps=2)
     reference.train()
 
     def own_entries(trainer):  # the trainer's own log entries, without wall-clock figures

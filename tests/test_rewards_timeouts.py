@@ -47,9 +47,7 @@ def slow_gold_pool(monkeypatch):
         argv = [sys.executable, "-c", _SLOW_GOLD_WORKER, str(WORKER_FILE), str(slow_parses), *golds]
         pool = grading.GraderPool(1, argv=argv)
         pools.append(pool)
-        monkeypatch.setattr(
-            rewards.reward, "pool_for", lambda num_workers: pool
-        )  # where grade_completions looks it up
+        monkeypatch.setattr(rewards.reward, "pool_for", lambda num_workers: pool)  # grade_completions' lookup
         pool.grade([("1", "1")], timeout_s=60.0)  # start-up and warm-up, outside the timed calls
         return pool
 
