@@ -171,6 +171,7 @@ def _one_line_error(err: str, *words: str) -> str:
     [
         (["--temperature", "0"], ["--temperature (temperature) 0 is greedy", "pass --k 1 or a temperature > 0"]),
         (["--max_completion_length", "0"], ["--max-new-tokens (max_new_tokens) must be an integer >= 1"]),
+        (["--k", "2", "--pass-k", "3"], ["--pass-k (pass_ks) needs values between 1 and --k = 2"]),
         (["--k", "abc"], ["argument --k", "invalid int value: 'abc'", "cegppo-eval --help"]),
         (["--instruction", "{question} Think."], ["--instruction", "{question}", "{problem}"]),
         (["--tempreature", "0.6"], ["'--tempreature', '0.6'"]),

@@ -177,14 +177,6 @@ def test_bad_settings_fail_once_with_the_flag_named(field, value, flag, capsys, 
             generate_completions(None, None, ["p"], 2, **{field: value})
 
 
-def test_greedy_needs_one_sample_and_pass_k_at_most_k():
-    with pytest.raises(ValueError, match="greedy"):
-        EvalSettings(temperature=0.0, k=4).validate()
-    EvalSettings(temperature=0.0, k=1).validate()
-    with pytest.raises(ValueError, match="--pass-k"):
-        EvalSettings(k=2, pass_ks=[3]).validate()
-
-
 def test_prompt_words_none_and_default():
     from cegppo_trl.data import DEFAULT_INSTRUCTION
 

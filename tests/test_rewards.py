@@ -146,16 +146,14 @@ def test_trl_calling_convention_and_metrics():
 
 def test_make_math_reward_values_name_and_pickling():
     reward = make_math_reward(correct=2.0, wrong=-0.5, unparseable=-1.0, timeout_s=2.0, num_workers=1, name="mv")
-    assert reward.__name__ == "mv"
     from trl.trainer.utils import get_callable_name
 
     assert get_callable_name(reward) == "mv"
     assert get_callable_name(math_reward) == "math_reward"
-    completions = [r"\boxed{\sqrt{8}}", r"\boxed{3}", "nothing", r"\boxed{1}"]
-    assert reward(completions, [r"2\sqrt{2}", "4", "4", None]) == [2.0, -0.5, -1.0, None]
     clone = pickle.loads(pickle.dumps(reward))  # TRL's async rollout worker pickles reward functions
-    assert clone(completions, [r"2\sqrt{2}", "4", "4", None]) == [2.0, -0.5, -1.0, None]
-    assert clone.__name__ == "mv"
+    for fn in (reward, clone):
+        completions = [r"\boxed{\sqrt{8}}", r"\boxed{3}", "nothing", r"\boxed{1}"]
+        assert fn(completions, [r"2\sqrt{2}", "4", "4", None]) == [2.0, -0.5, -1.0, None] and fn.__name__ == "mv"
     default = make_math_reward()
     assert (default.correct, default.wrong, default.unparseable) == (1.0, -1.0, -1.0)
     # One name constructs it (no `MathReward` class beside the factory), and the repr says how to rebuild it.
