@@ -5,12 +5,11 @@ status 2."""
 import copy
 import dataclasses
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from shared import eval_error, write_problems
+from shared import eval_error, run_checked, write_problems
 
 from cegppo_trl.evaluation import EvalSettings, generation
 from cegppo_trl.evaluation.settings import EvalArguments
@@ -120,15 +119,9 @@ def test_compare_and_a_bad_protocol_as_a_user_runs_them(tmp_path):
     (tmp_path / "a.json").write_text(json.dumps(a))
     (tmp_path / "bad.json").write_text("{")
 
-    def cegppo_eval(*argv):
-        return subprocess.run([str(BIN / "cegppo-eval"), *argv], cwd=tmp_path, capture_output=True, text=True,
-                              timeout=300)  # fmt: skip
-
     def compare(b):
         (tmp_path / "b.json").write_text(json.dumps(b))
-        proc = cegppo_eval("--compare", "a.json", "b.json")
-        assert proc.returncode == 0, proc.stderr
-        return proc.stdout.splitlines()
+        return run_checked([BIN / "cegppo-eval", "--compare", "a.json", "b.json"], tmp_path).stdout.splitlines()
 
     lines = compare(b)
     assert [line.split()[1:] for line in lines if line.startswith("aime")] == [["avg@4", "25.0%", "avg@32", "30.0%"]]
@@ -152,8 +145,8 @@ def test_compare_and_a_bad_protocol_as_a_user_runs_them(tmp_path):
         (["--compare", "a.json", "bad.json"], "--compare bad.json: not a JSON report"),
         (["m", "--datasets", "builtin:arithmetic_eval", "--protocol", "author"], "invalid choice: 'author'"),
     ):
-        proc = cegppo_eval(*argv)
-        assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr, proc.stderr
+        proc = run_checked([BIN / "cegppo-eval", *argv], tmp_path, expect=2)
+        assert proc.stdout == "" and "Traceback" not in proc.stderr, proc.stderr
         assert proc.stderr.count("\n") == 1 and words in proc.stderr, proc.stderr
 
 
