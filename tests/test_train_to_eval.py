@@ -92,6 +92,7 @@ def test_cegppo_eval_uses_the_prompt_they_were_trained_with(walk):
     lora_report = json.loads((cwd / "outputs" / "tiny-cegppo-lora" / "eval.json").read_text())
     assert lora_report["source"]["adapter"] == "outputs/tiny-cegppo-lora"
     assert lora_report["source"]["model"] == str(cwd / "outputs" / "tiny-cegppo-lora" / "tiny-init")
+    assert "with the LoRA adapter outputs/tiny-cegppo-lora" in procs[3].stderr
 
 
 @pytest.mark.slow
@@ -99,6 +100,7 @@ def test_the_samples_are_the_saved_models_own(walk, tmp_path, one_torch_thread):
     """The command's samples, from another directory, equal `generate` on the saved model (full) and on the base
     with the adapter merged (LoRA), prompted with the recipe's instruction and sampled as in training; the docs' LoRA
     merge gives a full model with the adapter's settings and samples."""
+    import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -121,6 +123,10 @@ def test_the_samples_are_the_saved_models_own(walk, tmp_path, one_torch_thread):
         full: AutoModelForCausalLM.from_pretrained(full),
         lora: PeftModel.from_pretrained(base, lora).merge_and_unload(),
     }
+    initial = AutoModelForCausalLM.from_pretrained(lora / "tiny-init").state_dict()
+    changed = [n for n, p in models[lora].state_dict().items() if not torch.equal(p, initial[n])]
+    targets = json.loads((lora / "adapter_config.json").read_text())["target_modules"]
+    assert changed and all(any(t in n for t in targets) for n in changed)  # the adapter is really applied
     reports = {}
     for path in (full, lora, merged):
         out = tmp_path / f"{path.name}.json"
@@ -277,7 +283,6 @@ def test_checkpoints_get_the_prompt_and_sampling_too(tiny_checkpoint, tmp_path):
 
     from transformers import TrainerControl, TrainerState
 
-    from cegppo_trl.evaluation import load_eval_settings
     from cegppo_trl.scripts.train import make_parser, prompt_and_sampling_callback
 
     script_args, training_args, _ = make_parser().parse_args_and_config(
@@ -285,7 +290,4 @@ def test_checkpoints_get_the_prompt_and_sampling_too(tiny_checkpoint, tmp_path):
     )
     shutil.copytree(tiny_checkpoint, tmp_path / "checkpoint-2")
     prompt_and_sampling_callback(script_args).on_save(training_args, TrainerState(global_step=2), TrainerControl())
-    assert load_eval_settings(tmp_path / "checkpoint-2") == {
-        "instruction": RECIPE["instruction"], "system_prompt": "", "temperature": 1.0, "top_p": 1.0, "top_k": 0,
-        "max_new_tokens": RECIPE["max_completion_length"],
-    }  # fmt: skip
+    assert_saved_settings(tmp_path / "checkpoint-2", RECIPE["instruction"], 1.0, RECIPE["max_completion_length"])
