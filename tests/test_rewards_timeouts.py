@@ -59,12 +59,7 @@ def slow_gold_pool(monkeypatch):
 def _call(reward, completions, golds):
     metrics: dict[str, float] = {}
     extra: dict[str, list] = {}
-    values = reward(
-        completions,
-        golds,
-        log_metric=metrics.__setitem__,
-        log_extra=lambda column, v: extra.__setitem__(column, v),
-    )
+    values = reward(completions, golds, log_metric=metrics.__setitem__, log_extra=extra.__setitem__)
     return values, metrics, extra[f"{reward.__name__}/status"]
 
 
