@@ -104,10 +104,10 @@ def test_the_paper_preset_gives_defaults_that_config_and_flags_override(tmp_path
     assert arguments.datasets == ["local.jsonl@2"]
 
 
-def test_compare_and_a_bad_protocol_as_a_user_runs_them(tmp_path):
+def test_compare_and_a_bad_protocol_as_a_user_runs_them(tmp_path, monkeypatch, capsys):
     """`cegppo-eval --compare A B` prints the sets side by side (exit 0); a different protocol, math-verify minor
     version, sampling or prompt is a warning, a patch version, the seed and the backend are not (the seed and backend:
-    a note). An unknown protocol and a report that is not one are one line, exit status 2."""
+    a note). An unknown protocol and a report that is not one are one line, exit status 2 (the console script)."""
     sampling = {"temperature": 0.6, "top_p": 0.95, "top_k": 0, "max_new_tokens": 8, "k": 4, "seed": 0, "backend": "hf"}
     a = {"protocol": "authors", "math_verify": {"math-verify": "0.9.0", "latex2sympy2_extended": "1.11.0"},
          "sampling": sampling, "settings": {"instruction": "", "system_prompt": ""},
@@ -119,9 +119,12 @@ def test_compare_and_a_bad_protocol_as_a_user_runs_them(tmp_path):
     (tmp_path / "a.json").write_text(json.dumps(a))
     (tmp_path / "bad.json").write_text("{")
 
-    def compare(b):
+    def compare(b):  # the command's function, in this process (so coverage sees compare.py)
         (tmp_path / "b.json").write_text(json.dumps(b))
-        return run_checked([BIN / "cegppo-eval", "--compare", "a.json", "b.json"], tmp_path).stdout.splitlines()
+        assert main(["--compare", "a.json", "b.json"]) == 0
+        return capsys.readouterr().out.splitlines()
+
+    monkeypatch.chdir(tmp_path)
 
     lines = compare(b)
     assert [line.split()[1:] for line in lines if line.startswith("aime")] == [["avg@4", "25.0%", "avg@32", "30.0%"]]
