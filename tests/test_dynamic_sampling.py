@@ -281,37 +281,6 @@ def _step_range(step: int, ranks) -> range:
     return range(step * accumulation, (step + 1) * accumulation)
 
 
-@pytest.mark.parametrize(
-    "field, value",
-    [("scale_rewards", "batch"), ("multi_objective_aggregation", "normalize_then_sum")],
-)
-def test_dynamic_sampling_refuses_batch_wide_normalisation(field, value, tmp_path):
-    from cegppo_trl import CEGPPOConfig
-
-    with pytest.raises(ValueError, match=rf"cegppo_exclude_zero_advantage_groups=True with `{field}={value!r}`"):
-        CEGPPOConfig(
-            str(tmp_path), use_cpu=True, bf16=False, cegppo_exclude_zero_advantage_groups=True, **{field: value}
-        )
-    CEGPPOConfig(str(tmp_path), use_cpu=True, bf16=False, **{field: value})  # fine without dynamic sampling
-
-
-def test_dynamic_sampling_refuses_steps_that_straddle_generation_batches(tmp_path):
-    from cegppo_trl import CEGPPOConfig
-
-    with pytest.raises(
-        ValueError, match="steps_per_generation=6` is not a multiple of `gradient_accumulation_steps=4"
-    ):
-        CEGPPOConfig(
-            str(tmp_path),
-            use_cpu=True,
-            bf16=False,
-            per_device_train_batch_size=8,
-            gradient_accumulation_steps=4,
-            steps_per_generation=6,
-            cegppo_exclude_zero_advantage_groups=True,
-        )
-
-
 @pytest.mark.parametrize("iterable", [False, True])
 def test_oversampling_enlarges_each_generation_batch(
     iterable, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path

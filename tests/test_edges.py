@@ -11,7 +11,16 @@ import warnings
 import pytest
 import torch
 from shared import make_loss_batch
-from trl_batches import add_off_policy, current_logps, logged, loss_and_grad, ready_for_loss, select_rows, tiny_moe
+from trl_batches import (
+    add_off_policy,
+    current_logps,
+    logged,
+    loss_and_grad,
+    noisy,
+    ready_for_loss,
+    select_rows,
+    tiny_moe,
+)
 
 import cegppo_trl.trainer as trainer_module
 from cegppo_trl.config import SUPPORTED_LOSS_TYPES
@@ -37,10 +46,7 @@ def build(tiny_trainer):
 # ---------------------------------------------------------------------------------------------------------------------
 def _batch_with_everything(trainer, tokenizer, seed, kept):
     inputs = add_off_policy(trainer, make_loss_batch(tokenizer, batch_size=8, seed=seed))
-    gen = torch.Generator().manual_seed(seed + 100)
-    inputs["ref_per_token_logps"] = inputs["old_per_token_logps"] + 0.3 * torch.randn(
-        inputs["old_per_token_logps"].shape, generator=gen
-    )
+    inputs["ref_per_token_logps"] = noisy(inputs["old_per_token_logps"], seed=seed + 100)
     kept_mask = torch.zeros(8, dtype=torch.bool)
     kept_mask[kept] = True
     # The generation batch's counts, computed over the kept rows only (as `_generate_and_score_completions` does).

@@ -190,11 +190,6 @@ def test_old_entropies_are_the_current_policys_from_the_old_log_prob_pass(
     assert torch.allclose(output["old_per_token_logps"].double()[mask], policy_logps[mask], rtol=1e-4, atol=1e-5)
 
 
-def test_on_policy_erc_is_inert_and_warns(tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path):
-    with pytest.warns(UserWarning, match="cegppo_entropy_ratio_clip"):
-        _build(tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path, steps_per_generation=1)
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # One and two launched processes, through trainer.train()
 # ----------------------------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from trl_batches import (
     current_logps,
     logged,
     loss_and_grad,
+    noisy,
     ready_for_loss,
     tiny_moe,
 )
@@ -134,42 +135,27 @@ def test_on_policy_ratio_one_is_grpo_exactly(loss_type, pair, tiny_tokenizer):
     assert logged(ceg)["cegppo/beta1_token_frac"][-1] == 0.0
 
 
-def test_kl_term_is_kept(pair, tiny_checkpoint, tiny_tokenizer):
-    # With beta > 0 TRL loads a reference model by name, so hand it the saved tiny model's directory.
-    grpo, ceg = pair("dapo", 1.0, 1.0, model=str(tiny_checkpoint), beta=0.1)
-    inputs = add_off_policy(grpo, make_loss_batch(tiny_tokenizer, seed=6))
-    gen = torch.Generator().manual_seed(7)
-    inputs["ref_per_token_logps"] = inputs["old_per_token_logps"] + 0.3 * torch.randn(
-        inputs["old_per_token_logps"].shape, generator=gen
-    )
+@pytest.mark.parametrize("term", ["kl", "entropy_bonus", "adaptive_entropy_bonus", "moe_aux_loss"])
+def test_trl_terms_are_kept(term, pair, tiny_checkpoint, tiny_tokenizer):
+    """TRL's KL term, entropy bonus (static or adaptive) and MoE aux loss are added unchanged: GPPO's loss still equals
+    GRPO's, and so does TRL's metric of the term."""
+    overrides, metric, seed = {
+        "kl": (dict(model=str(tiny_checkpoint), beta=0.1), "kl", 6),  # beta > 0: TRL loads the reference by name
+        "entropy_bonus": (dict(entropy_coef=0.05), "entropy_coef", 8),
+        "adaptive_entropy_bonus": (
+            dict(entropy_coef=0.05, use_adaptive_entropy=True, entropy_target=10.0),
+            "entropy_coef",
+            8,
+        ),
+        "moe_aux_loss": (dict(model=tiny_moe(tiny_tokenizer)), "aux_loss", 9),
+    }[term]
+    grpo, ceg = pair("dapo", 1.0, 1.0, **overrides)
+    assert grpo.aux_loss_enabled == ceg.aux_loss_enabled == (term == "moe_aux_loss")
+    inputs = add_off_policy(grpo, make_loss_batch(tiny_tokenizer, seed=seed))
+    if term == "kl":
+        inputs["ref_per_token_logps"] = noisy(inputs["old_per_token_logps"], seed=7)
     grpo_loss, _ = loss_and_grad(grpo, inputs)
     ceg_loss, _ = loss_and_grad(ceg, inputs)
     assert torch.allclose(ceg_loss, grpo_loss, rtol=1e-5, atol=1e-7)
-    assert grpo._metrics["train"]["kl"][-1] > 0 and ceg._metrics["train"]["kl"][-1] == grpo._metrics["train"]["kl"][-1]
-
-
-@pytest.mark.parametrize(
-    "extra",
-    [
-        {"entropy_coef": 0.05},
-        {"entropy_coef": 0.05, "use_adaptive_entropy": True, "entropy_target": 10.0},
-    ],
-)
-def test_entropy_bonus_is_kept(extra, pair, tiny_tokenizer):
-    """TRL's entropy bonus (static or adaptive) is added unchanged: GPPO's loss still equals GRPO's."""
-    grpo, ceg = pair("dapo", 1.0, 1.0, **extra)
-    inputs = add_off_policy(grpo, make_loss_batch(tiny_tokenizer, seed=8))
-    grpo_loss, _ = loss_and_grad(grpo, inputs)
-    ceg_loss, _ = loss_and_grad(ceg, inputs)
-    assert torch.allclose(ceg_loss, grpo_loss, rtol=1e-5, atol=1e-7)
-    assert ceg._metrics["train"]["entropy_coef"] == grpo._metrics["train"]["entropy_coef"]
-
-
-def test_moe_aux_loss_is_kept(pair, tiny_tokenizer):
-    grpo, ceg = pair("dapo", 1.0, 1.0, model=tiny_moe(tiny_tokenizer))
-    assert grpo.aux_loss_enabled and ceg.aux_loss_enabled
-    inputs = add_off_policy(grpo, make_loss_batch(tiny_tokenizer, seed=9))
-    grpo_loss, _ = loss_and_grad(grpo, inputs)
-    ceg_loss, _ = loss_and_grad(ceg, inputs)
-    assert torch.allclose(ceg_loss, grpo_loss, rtol=1e-5, atol=1e-7)
-    assert ceg._metrics["train"]["aux_loss"] == grpo._metrics["train"]["aux_loss"]
+    assert ceg._metrics["train"][metric] == grpo._metrics["train"][metric]
+    assert term != "kl" or grpo._metrics["train"]["kl"][-1] > 0

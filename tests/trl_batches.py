@@ -52,13 +52,14 @@ def current_logps(trainer, inputs):
     return logps, entropies
 
 
+def noisy(logps, seed, scale=0.3):
+    """`logps` + `scale` x standard normal noise from a generator seeded with `seed`."""
+    return logps + scale * torch.randn(logps.shape, generator=torch.Generator().manual_seed(seed))
+
+
 def add_off_policy(trainer, inputs, seed=0, scale=0.4):
     """Old log-probs = current ones + noise, so ratios spread over both clip edges."""
-    logps = current_logps(trainer, inputs)[0].detach()
-    gen = torch.Generator().manual_seed(seed)
-    inputs = dict(inputs)
-    inputs["old_per_token_logps"] = logps + scale * torch.randn(logps.shape, generator=gen)
-    return inputs
+    return dict(inputs, old_per_token_logps=noisy(current_logps(trainer, inputs)[0].detach(), seed, scale))
 
 
 def logged(trainer, mode="train"):
