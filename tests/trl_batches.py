@@ -2,7 +2,12 @@
 TRL's own for parity, and the helpers that score a hand-built micro-batch (`conftest.make_loss_batch`): old
 log-probs off the current policy, the forward pass, the logged metrics, loss and gradient, row selection."""
 
+import json
+import sys
+from pathlib import Path
+
 import torch
+from launching import launcher, run_launched
 from shared import contains_answer_reward, cpu_config
 from trl import GRPOConfig, GRPOTrainer
 
@@ -86,6 +91,27 @@ def select_rows(inputs, rows):
     return {
         k: v[index] if isinstance(v, torch.Tensor) and v.ndim > 0 and v.size(0) == n else v for k, v in inputs.items()
     }
+
+
+def launched_runs(world, scenarios, model_dir, out_dir, config=None, timeout=1800) -> dict[str, list[dict]]:
+    """`training_worker.py` over `scenarios` on one process, or on `world` (DDP, or the shipped accelerate `config`):
+    each scenario's records, one per process, by name."""
+    scenarios_file = out_dir / "scenarios.json"
+    scenarios_file.write_text(json.dumps(scenarios))
+    worker = [str(Path(__file__).with_name("training_worker.py")), str(model_dir), str(out_dir), str(scenarios_file)]
+    run_launched([*([sys.executable] if world == 1 else launcher(world, config)), *worker], timeout=timeout)
+    return {
+        s["name"]: [torch.load(out_dir / f"{s['name']}.rank{r}.pt", weights_only=False) for r in range(world)]
+        for s in scenarios
+    }
+
+
+def update_error(run_final, initial, reference_final) -> float:
+    """The run's parameter update against the reference's, relative to the reference's (which must be non-zero)."""
+    run = torch.cat([(run_final[n] - initial[n]).flatten() for n in reference_final])
+    reference = torch.cat([(reference_final[n].detach() - initial[n]).flatten() for n in reference_final])
+    assert reference.norm() > 0
+    return ((run - reference).norm() / reference.norm()).item()
 
 
 def tiny_moe(tokenizer):
