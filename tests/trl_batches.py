@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 from launching import launcher, run_launched
-from shared import contains_answer_reward, cpu_config
+from shared import contains_answer_reward, cpu_config, make_loss_batch
 from trl import GRPOConfig, GRPOTrainer
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
@@ -65,6 +65,23 @@ def noisy(logps, seed, scale=0.3):
 def add_off_policy(trainer, inputs, seed=0, scale=0.4):
     """Old log-probs = current ones + noise, so ratios spread over both clip edges."""
     return dict(inputs, old_per_token_logps=noisy(current_logps(trainer, inputs)[0].detach(), seed, scale))
+
+
+def batch_with_dropped_rows(trainer, tokenizer, seed, kept=None):
+    """An off-policy micro-batch of 8 rows with reference log-probs and SFT rows, as `_select_training_rows` hands it
+    to the loss when only the rows `kept` are trained on (`None`: no selection): the others keep an empty loss mask,
+    and the token counts (of a generation batch 3 times this micro-batch) cover the kept rows only. Returns it and the
+    micro-batch before the selection."""
+    inputs = add_off_policy(trainer, make_loss_batch(tokenizer, batch_size=8, seed=seed))
+    inputs["ref_per_token_logps"] = noisy(inputs["old_per_token_logps"], seed=seed + 100)
+    keep = torch.ones(8) if kept is None else torch.zeros(8).index_fill_(0, torch.tensor(kept, dtype=torch.long), 1.0)
+    mask = inputs["completion_mask"]
+    inputs["num_items_in_batch"] = (mask * keep.unsqueeze(1)).sum() * 3
+    inputs["cegppo_sft_mask"] = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0]) * keep
+    inputs["cegppo_num_sft_tokens"] = (mask * inputs["cegppo_sft_mask"].unsqueeze(1)).sum() * 3
+    if kept is None:
+        return inputs, inputs
+    return dict(inputs, completion_mask=mask * keep.unsqueeze(1).to(mask.dtype), cegppo_keep=keep), inputs
 
 
 def logged(trainer, mode="train"):
