@@ -202,10 +202,6 @@ def _scenarios(world: int) -> list[dict]:
     return out
 
 
-def _params(config: dict) -> ClipParams:
-    return ClipParams(0.2, 0.2, config["cegppo_beta1"], config["cegppo_beta2"], config.get("delta"))
-
-
 def _replay(model_dir, ranks, config, band):
     """The two SGD steps of the run, in float64 through the oracle: each step's loss is the sum over the processes'
     micro-batches of dapo's token sums / (generation batch tokens x GA / steps_per_generation) (DDP's average over
@@ -213,7 +209,8 @@ def _replay(model_dir, ranks, config, band):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir).double()
-    params, sft = _params(config), config.get("cegppo_sft_coef", 0.0)
+    params = ClipParams(0.2, 0.2, config["cegppo_beta1"], config["cegppo_beta2"], config.get("delta"))
+    sft = config.get("cegppo_sft_coef", 0.0)
     for step in range(2):
         model.zero_grad()
         total = 0.0

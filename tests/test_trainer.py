@@ -38,21 +38,15 @@ def test_lora_adapter_saves_and_loads(tiny_trainer, tiny_checkpoint, tmp_path):
         assert torch.allclose(loaded(ids).logits, trainer.model(ids).logits, atol=1e-5)
 
 
-def test_eval_runs_with_cegppo_metrics(tiny_trainer, arithmetic_dataset):
-    trainer = tiny_trainer(max_steps=2, eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=8,
-                           trainer_kwargs={"eval_dataset": arithmetic_dataset.select(range(8))})  # fmt: skip
-    trainer.train()
-    assert history_values(trainer, "eval_cegppo/beta1_token_frac")
-    assert history_values(trainer, "eval_loss")
-
-
-def test_sft_term_and_zero_advantage_denominator(tiny_trainer, arithmetic_dataset):
+def test_sft_term_and_zero_advantage_denominator_and_eval(tiny_trainer, arithmetic_dataset):
     def first_completion_wins(completions, **kwargs):
         # Group of 4: one completion +1, the rest -1, except every other group is all -1 (zero advantage).
         return [1.0 if i % 8 == 0 else -1.0 for i in range(len(completions))]
 
     trainer = tiny_trainer(reward_funcs=first_completion_wins, max_steps=2, cegppo_sft_coef=0.1,
-                           cegppo_exclude_zero_advantage_groups=True)  # fmt: skip
+                           cegppo_exclude_zero_advantage_groups=True, eval_strategy="steps", eval_steps=2,
+                           per_device_eval_batch_size=8,
+                           trainer_kwargs={"eval_dataset": arithmetic_dataset.select(range(8))})  # fmt: skip
     trainer.model.train()
     batch = trainer._generate_and_score_completions([arithmetic_dataset[i] for i in range(8)])
     sft_mask = batch["cegppo_sft_mask"]
@@ -64,6 +58,7 @@ def test_sft_term_and_zero_advantage_denominator(tiny_trainer, arithmetic_datase
     trainer.train()
     assert history_values(trainer, "cegppo/sft_nll")
     assert history_values(trainer, "cegppo/informative_group_frac")[0] == pytest.approx(0.5)
+    assert history_values(trainer, "eval_cegppo/beta1_token_frac") and history_values(trainer, "eval_loss")
 
 
 def test_sft_term_adds_token_mean_nll(tiny_trainer, tiny_tokenizer):

@@ -42,12 +42,8 @@ def test_mirror_of_trl_policy_loss_matches_grpo_trainer(loss_type, variant, tiny
     inputs = add_off_policy(trainer, make_loss_batch(tiny_tokenizer, seed=1))
     inputs["num_items_in_batch"] = inputs["completion_mask"].sum() * 3  # as if the generation batch were larger
     if variant == "tool_mask":  # multi-turn tool output tokens are excluded from the loss
-        inputs["tool_mask"] = (
-            (torch.arange(inputs["completion_ids"].size(1)) % 3 != 1)
-            .long()
-            .expand_as(inputs["completion_mask"])
-            .clone()
-        )
+        mask = inputs["completion_mask"]
+        inputs["tool_mask"] = (torch.arange(mask.size(1)) % 3 != 1).long().expand_as(mask).clone()
     if variant == "vllm_is":
         trainer.use_vllm, trainer.vllm_importance_sampling_correction = True, True
         gen = torch.Generator().manual_seed(5)
