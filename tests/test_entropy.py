@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 from shared import cpu_config
+from trl_batches import history
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer, EntropyController
 from cegppo_trl.demo.toy import (
@@ -211,10 +212,6 @@ def test_controller_from_config(tmp_path):
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _values(history, key):
-    return [(h["step"], h[key]) for h in history if key in h]
-
-
 def test_trainer_saves_checkpoints_and_resumes_them_with_the_controller_state(tiny_trainer, tiny_model, tmp_path):
     import copy
 
@@ -229,13 +226,11 @@ def test_trainer_saves_checkpoints_and_resumes_them_with_the_controller_state(ti
     saving = dict(output_dir=tmp_path / "run", save_strategy="steps", save_steps=2, **controller_args)
     trainer = tiny_trainer(max_steps=4, **saving)
     trainer.train()
-    history = trainer.state.log_history
-    beta1 = [v for _, v in _values(history, "cegppo/beta1")]
-    beta2 = [v for _, v in _values(history, "cegppo/beta2")]
+    beta1, beta2 = (list(history(trainer, key).values()) for key in ("cegppo/beta1", "cegppo/beta2"))
     assert len(beta1) == 4 and beta1[0] == 0.5 and beta2[0] == 1.0  # step 1 runs with the initial betas
     assert all(b < a for a, b in zip(beta1, beta1[1:])), beta1  # entropy below target: beta1 keeps falling
     assert all(b > a for a, b in zip(beta2, beta2[1:])), beta2
-    errors = [v for _, v in _values(history, "cegppo/entropy_error")]
+    errors = list(history(trainer, "cegppo/entropy_error").values())
     assert len(errors) == 4 and all(e > 0 for e in errors)
 
     saved_path = tmp_path / "run" / "checkpoint-2" / CONTROLLER_STATE_FILE
@@ -257,7 +252,7 @@ def test_trainer_saves_checkpoints_and_resumes_them_with_the_controller_state(ti
     resumed.train(resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-2"))
     assert resumed.state.global_step == 6 and (tmp_path / "run" / "checkpoint-6").exists()
     assert resumed._controller.num_updates == 6  # 2 restored + 4 new
-    resumed_beta1 = dict(_values(resumed.state.log_history, "cegppo/beta1"))
+    resumed_beta1 = history(resumed, "cegppo/beta1")
     assert resumed_beta1[3] == pytest.approx(saved["beta1"])  # not the initial 0.5
     assert resumed_beta1[4] < resumed_beta1[3]
 
@@ -289,7 +284,7 @@ def test_off_policy_training_changes_every_weight_and_logs_the_clipping_and_the_
     trainer.train()
     assert all(not torch.equal(before[n], p.detach()) for n, p in trainer.model.named_parameters())
     assert (tmp_path / "checkpoint-8").is_dir() and not (tmp_path / "checkpoint-8" / CONTROLLER_STATE_FILE).exists()
-    assert not _values(trainer.state.log_history, "cegppo/entropy_error")
+    assert not history(trainer, "cegppo/entropy_error")
     logs = [h for h in trainer.state.log_history if "cegppo/beta1_token_frac" in h]
     assert len(logs) == 8 == len(trainer.recorded)
     for log in logs:

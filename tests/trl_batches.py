@@ -90,6 +90,11 @@ def logged(trainer, mode="train"):
     return trainer._metrics[mode]
 
 
+def history(trainer, key) -> dict:
+    """`key`'s logged values by step."""
+    return {h["step"]: h[key] for h in trainer.state.log_history if key in h}
+
+
 def grads(model):
     return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
 
