@@ -36,10 +36,6 @@ def build(tiny_trainer):
     return make
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Dynamic sampling (cegppo_exclude_zero_advantage_groups): a dropped row keeps an empty loss mask; the update equals
-# that of the same micro-batch with the row physically removed
-# ---------------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("loss_type", ["dapo", "bnpo"])
 @pytest.mark.parametrize("level", ["token", "sequence"])
 def test_excluded_groups_equal_physical_removal_for_every_term(
@@ -143,9 +139,6 @@ def test_multimodal_batch_is_refused_with_the_field_name(build, arithmetic_datas
         trainer._generate_and_score_completions([arithmetic_dataset[i] for i in range(8)])
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# `cegppo/policy_loss` is the CE-GPPO policy term at the scale of TRL's `policy_loss`, which stays TRL's
-# ---------------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("loss_type", ["grpo", "dapo", "luspo"])
 @pytest.mark.parametrize("extra", [{"entropy_coef": 0.05}, {"use_adaptive_entropy": True, "entropy_target": 10.0}])
 def test_logged_policy_loss_is_the_cegppo_policy_term(loss_type, extra, build, tiny_tokenizer):
@@ -178,9 +171,6 @@ def test_logged_policy_loss_is_the_cegppo_policy_term(loss_type, extra, build, t
     assert expected != pytest.approx(trl_expected, rel=1e-3)  # the clipped tokens make them differ
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Finite loss and gradient at any log-ratio
-# ---------------------------------------------------------------------------------------------------------------------
 def _extreme_batch(trainer, tokenizer, dtype, seed=31):
     inputs = add_off_policy(trainer, make_loss_batch(tokenizer, seed=seed), seed=seed)
     logps = current_logps(trainer, inputs)[0].detach()

@@ -22,11 +22,6 @@ from cegppo_trl.demo.toy import (
 )
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Toy: first-order formula
-# ----------------------------------------------------------------------------------------------------------------
-
-
 def test_first_order_formula_matches_one_small_step():
     """One SGD step of the real CE-GPPO loss on one token vs `dH = -eta F A s_a`, in all three branches."""
     small = first_order_check(lr=1e-4, trials=32)
@@ -78,11 +73,6 @@ def test_toy_entropy_decomposition_tracks_the_actual_change():
         assert p == pytest.approx(m, rel=0.05, abs=1e-4)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Toy: the direction of the paper's findings
-# ----------------------------------------------------------------------------------------------------------------
-
-
 @pytest.fixture(scope="module")
 def toy_grid():
     config = dataclasses.replace(TOY_PRESETS["sequence"], steps=60)
@@ -119,11 +109,6 @@ def test_toy_betas_move_entropy_in_the_papers_direction(toy_grid):
 def test_toy_is_deterministic():
     config = ToyConfig(steps=3)
     assert run_toy(0.5, 1.0, seed=7, config=config).entropy == run_toy(0.5, 1.0, seed=7, config=config).entropy
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Entropy controller: pure logic
-# ----------------------------------------------------------------------------------------------------------------
 
 
 def make_controller(**overrides):
@@ -207,11 +192,6 @@ def test_controller_from_config(tmp_path):
     assert (controller.target, controller.kp, controller.beta1, controller.beta2) == (0.7, 2.0, 0.25, 1.0)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Entropy controller inside CEGPPOTrainer
-# ----------------------------------------------------------------------------------------------------------------
-
-
 def test_trainer_saves_checkpoints_and_resumes_them_with_the_controller_state(tiny_trainer, tiny_model, tmp_path):
     import copy
 
@@ -256,10 +236,6 @@ def test_trainer_saves_checkpoints_and_resumes_them_with_the_controller_state(ti
     assert resumed_beta1[3] == pytest.approx(saved["beta1"])  # not the initial 0.5
     assert resumed_beta1[4] < resumed_beta1[3]
 
-
-# ----------------------------------------------------------------------------------------------------------------
-# Quadrant metrics on a short off-policy run
-# ----------------------------------------------------------------------------------------------------------------
 
 QUADRANTS = ("pos_high", "pos_low", "neg_high", "neg_low")
 

@@ -130,11 +130,6 @@ def test_full_vocab_entropy_oracle_divides_by_the_temperature():
     assert full_vocab_entropy(logits, 0.7) != full_vocab_entropy(logits, 1.0)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# The setting: validation and parsing
-# ----------------------------------------------------------------------------------------------------------------
-
-
 @pytest.mark.parametrize(
     "band",
     [[1.0, 1.05], [0.95, 1.0], [0.0, 1.05], [-0.5, 2.0], [0.95], [0.9, 1.1, 1.2], [float("nan"), 1.05],

@@ -174,10 +174,6 @@ def test_old_entropies_are_the_current_policys_from_the_old_log_prob_pass(
     assert torch.allclose(output["old_per_token_logps"].double()[mask], policy_logps[mask], rtol=1e-4, atol=1e-5)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# One and two launched processes, through trainer.train()
-# ----------------------------------------------------------------------------------------------------------------
-
 SCENARIOS = {
     # GA 2, steps_per_generation 4, 4 rows per micro-batch: each process generates 4 prompts x 4 completions.
     "cegppo": {"config": {"cegppo_beta1": 0.5, "cegppo_beta2": 1.0, "delta": 1.5}, "kinds": {1: ["varied"] * 4}},
