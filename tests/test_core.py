@@ -18,6 +18,13 @@ from cegppo_trl.core import (
 )
 
 
+def random_tokens(seed, shape, scale, adv_shape):
+    """Float64 log-ratios ~ N(0, scale^2) (requiring grad) and advantages ~ N(0, 1), from one seeded generator."""
+    gen = torch.Generator().manual_seed(seed)
+    log_ratio = (torch.randn(shape, generator=gen, dtype=torch.float64) * scale).requires_grad_(True)
+    return log_ratio, torch.randn(adv_shape, generator=gen, dtype=torch.float64)
+
+
 def check_against_scalar(log_ratio, adv, params, atol=1e-12):
     log_ratio = log_ratio.clone().requires_grad_(True)
     out = cegppo_per_token_loss(log_ratio, adv, params)
@@ -38,17 +45,13 @@ def check_against_scalar(log_ratio, adv, params, atol=1e-12):
 @pytest.mark.parametrize("beta1,beta2", [(0.5, 1.0), (0.75, 1.0), (0.0, 0.0), (1.0, 1.0), (2.0, 0.3)])
 @pytest.mark.parametrize("eps_low,eps_high", [(0.2, 0.2), (0.2, 0.28)])
 def test_random_tokens_match_eq8(beta1, beta2, eps_low, eps_high):
-    gen = torch.Generator().manual_seed(0)
-    log_ratio = torch.randn(6, 9, generator=gen, dtype=torch.float64) * 0.4
-    adv = torch.randn(6, 1, generator=gen, dtype=torch.float64)
+    log_ratio, adv = random_tokens(0, (6, 9), 0.4, (6, 1))
     out = check_against_scalar(log_ratio, adv, ClipParams(eps_low, eps_high, beta1, beta2))
     assert out.beta1_mask.any() and out.beta2_mask.any()  # both branches exercised
 
 
 def test_per_token_advantages_and_dual_clip():
-    gen = torch.Generator().manual_seed(1)
-    log_ratio = torch.randn(5, 7, generator=gen, dtype=torch.float64) * 1.5  # some ratios exceed delta = 3
-    adv = torch.randn(5, 7, generator=gen, dtype=torch.float64)
+    log_ratio, adv = random_tokens(1, (5, 7), 1.5, (5, 7))  # some ratios exceed delta = 3
     assert (torch.exp(log_ratio) > 3).any()
     check_against_scalar(log_ratio, adv, ClipParams(0.2, 0.2, 0.5, 1.0, delta=3.0))
 
@@ -87,9 +90,7 @@ def test_zero_advantage_gives_zero_loss_and_gradient():
 @pytest.mark.parametrize("delta", [None, 4.0])
 def test_reductions_gppo_and_ppo(delta):
     """beta = 1: GPPO (PPO's forward value, gradient kept); beta = 0: PPO-clip's gradient exactly."""
-    gen = torch.Generator().manual_seed(2)
-    log_ratio = (torch.randn(4, 11, generator=gen, dtype=torch.float64) * 0.8).requires_grad_(True)
-    adv = torch.randn(4, 1, generator=gen, dtype=torch.float64)
+    log_ratio, adv = random_tokens(2, (4, 11), 0.8, (4, 1))
     ppo = ppo_clip_per_token_loss(log_ratio, adv, ClipParams(0.2, 0.2, 0.0, 0.0, delta))
     (ppo_grad,) = torch.autograd.grad(ppo.sum(), log_ratio)
 
@@ -111,9 +112,7 @@ def test_reductions_gppo_and_ppo(delta):
     [(0.5, 1.0, 0.2, 0.2, None), (0.0, 0.0, 0.2, 0.28, None), (1.0, 1.0, 0.1, 0.3, 3.0), (0.75, 0.25, 0.2, 0.2, 1.5)],
 )
 def test_correction_is_cegppo_minus_ppo_and_zero_outside_clipped_sets(beta1, beta2, eps_low, eps_high, delta):
-    gen = torch.Generator().manual_seed(3)
-    log_ratio = (torch.randn(6, 10, generator=gen, dtype=torch.float64) * 0.5).requires_grad_(True)
-    adv = torch.randn(6, 1, generator=gen, dtype=torch.float64)
+    log_ratio, adv = random_tokens(3, (6, 10), 0.5, (6, 1))
     adv[0] = 0.0
     params = ClipParams(eps_low, eps_high, beta1, beta2, delta)
     correction, sets = gradient_preserving_correction(log_ratio, adv, params)
@@ -133,15 +132,13 @@ def test_correction_is_cegppo_minus_ppo_and_zero_outside_clipped_sets(beta1, bet
 
 
 def test_token_mean_with_masks_and_ragged_lengths():
-    gen = torch.Generator().manual_seed(4)
     lengths = [1, 4, 7, 0, 5]
     mask = torch.zeros(5, 7, dtype=torch.float64)
     for i, n in enumerate(lengths):
         mask[i, :n] = 1
-    log_ratio = (torch.randn(5, 7, generator=gen, dtype=torch.float64) * 0.5).requires_grad_(True)
+    log_ratio, adv = random_tokens(4, (5, 7), 0.5, (5, 1))
     # Padding positions hold garbage that must not leak into value or gradient.
     garbage = torch.where(mask.bool(), torch.zeros_like(mask), torch.full_like(mask, 50.0))
-    adv = torch.randn(5, 1, generator=gen, dtype=torch.float64)
     loss = cegppo_token_mean_loss(log_ratio + garbage, adv, mask, ClipParams(0.2, 0.2, 0.5, 1.0))
     (grad,) = torch.autograd.grad(loss, log_ratio)
 

@@ -18,7 +18,7 @@ import math
 import pytest
 import torch
 from training_worker import make_config, make_dataset, position_reward
-from trl_batches import build, build_trainer, launched_runs, select_rows, update_error
+from trl_batches import build, build_trainer, launched_runs, logged, select_rows, update_error
 
 
 LOSS_TYPES = ("bnpo", "dapo")
@@ -154,14 +154,12 @@ def _replay(model_dir, scenario: dict, records: list[list[dict]], tmp_path):
             batch["cegppo_num_sft_tokens"] = sft_tokens / num_steps
             reference.accelerator.gradient_state._set_sync_gradients(i == len(pairs) - 1)
             reference._compute_loss(model, batch).backward()
-            reference._device_metrics.flush("train", reference._metrics["train"])
-            tokens = batch["completion_mask"].sum().item()
-            logged = reference._metrics["train"]
+            tokens, logged_now = batch["completion_mask"].sum().item(), logged(reference)
             for name in METRICS_SUMMED:
-                sums[m][name][0] += logged[name][-1] * tokens
+                sums[m][name][0] += logged_now[name][-1] * tokens
                 sums[m][name][1] += tokens
             for name in extremes[m]:
-                extremes[m][name].append(logged[name][-1])
+                extremes[m][name].append(logged_now[name][-1])
         # transformers' loop calls it between the last backward and the optimizer step: the step check (issue 35),
         # which also moves the controller's sums to the host and updates the betas for the next step.
         reference._get_grad_norm(model)
@@ -221,13 +219,13 @@ def test_dynamic_sampling_equals_physical_selection(world, backend, tiny_checkpo
         assert error < 1e-4, f"{name}: the update differs from the physically selected batch's by {error:.2e}"
         assert ranks[0]["betas"] == pytest.approx(betas, rel=1e-5), name  # the controller saw the kept tokens only
         for step, expected in enumerate(expected_metrics):
-            logged = ranks[0]["logged"][step]
+            step_logs = ranks[0]["logged"][step]
             for metric, values in expected.items():
                 expected_values = pytest.approx(values, rel=1e-5, abs=1e-7, nan_ok=True)
-                assert logged.get(metric, []) == expected_values, (name, step, metric)
+                assert step_logs.get(metric, []) == expected_values, (name, step, metric)
             fill = sum(len(_kept_rows(records[r][m])) for r in range(world) for m in _step_range(step, ranks))
             rows = sum(records[r][m]["completion_ids"].size(0) for r in range(world) for m in _step_range(step, ranks))
-            assert logged["cegppo/batch_fill"] == pytest.approx([fill / rows]), (name, step)
+            assert step_logs["cegppo/batch_fill"] == pytest.approx([fill / rows]), (name, step)
     wanted = {"a micro-batch is empty on every process", "full micro-batches everywhere"}
     if world == 2:
         wanted |= {"processes keep different numbers of rows", "a process keeps no row", "rows move between processes"}

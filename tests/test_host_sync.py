@@ -1,11 +1,7 @@
-"""CE-GPPO adds no device-to-host transfer per micro-batch, and at most one per optimizer step (project issue 21).
-
-On a GPU, `Tensor.item()` / `tolist()` / `bool(tensor)` / `cpu()` wait for every queued kernel. The test counts those
-calls (and `float()` / `int()` of a tensor) while `CEGPPOTrainer._compute_loss` and TRL's own `GRPOTrainer._compute_loss`
-run on the same micro-batch of a tiny model, and requires the same count inside an accumulation window and at most one
-more at its boundary: the check of the step before the optimizer applies it (issue 35: its loss and gradient norm,
-`divergence.StepGuard`), which also carries the entropy controller's measurement for the next step's betas. CE-GPPO's
-metrics wait on the device until `log`, which moves them to the host in one transfer.
+"""CE-GPPO adds no device-to-host transfer per micro-batch, and at most one per optimizer step (project issue 21): on a
+GPU, `item()` / `tolist()` / `bool()` / `cpu()` / `float()` / `int()` of a tensor wait for every queued kernel. The
+one at a step's boundary is the step check (issue 35, `divergence.StepGuard`), which also carries the entropy
+controller's measurement; CE-GPPO's metrics wait on the device until `log` moves them to the host in one transfer.
 """
 
 import contextlib

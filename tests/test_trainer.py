@@ -34,7 +34,7 @@ def test_lora_adapter_saves_and_loads(tiny_trainer, tiny_checkpoint, tmp_path):
         assert torch.allclose(loaded(ids).logits, trainer.model(ids).logits, atol=1e-5)
 
 
-def test_sft_term_and_zero_advantage_denominator_and_eval(tiny_trainer, arithmetic_dataset):
+def test_sft_term_with_dynamic_sampling_trains_and_evaluates(tiny_trainer, arithmetic_dataset):
     def first_completion_wins(completions, **kwargs):
         # Group of 4: one completion +1, the rest -1, except every other group is all -1 (zero advantage).
         return [1.0 if i % 8 == 0 else -1.0 for i in range(len(completions))]
@@ -43,14 +43,6 @@ def test_sft_term_and_zero_advantage_denominator_and_eval(tiny_trainer, arithmet
                            cegppo_exclude_zero_advantage_groups=True, eval_strategy="steps", eval_steps=2,
                            per_device_eval_batch_size=8,
                            trainer_kwargs={"eval_dataset": arithmetic_dataset.select(range(8))})  # fmt: skip
-    trainer.model.train()
-    batch = trainer._generate_and_score_completions([arithmetic_dataset[i] for i in range(8)])
-    sft_mask = batch["cegppo_sft_mask"]
-    assert sft_mask.tolist() == [1.0 if i % 8 == 0 else 0.0 for i in range(8)]
-    loss_mask = batch["completion_mask"]
-    assert batch["cegppo_num_sft_tokens"].item() == (loss_mask * sft_mask.unsqueeze(1)).sum().item()
-    # Groups 0 (rows 0-3) is informative, group 1 (rows 4-7) is all -1: only group 0 counts in the denominator.
-    assert batch["num_items_in_batch"].item() == loss_mask[:4].sum().item()
     trainer.train()
     assert history(trainer, "cegppo/sft_nll")
     assert history(trainer, "cegppo/informative_group_frac")[1] == pytest.approx(0.5)
@@ -93,12 +85,9 @@ def test_inert_configuration_warns(overrides, warning, tiny_trainer):
         tiny_trainer(steps_per_generation=1, num_iterations=2)
 
 
-def test_plain_grpo_config_is_upgraded(
-    tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config, tmp_path
-):
-    config = make_config(GRPOConfig, tmp_path, max_steps=1, epsilon=0.25)
+def test_plain_grpo_config_is_upgraded(tiny_trainer):
     with pytest.warns(UserWarning, match="plain GRPOConfig"):
-        trainer = build_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, config, reward_funcs=reward_fn)
+        trainer = tiny_trainer(config_cls=GRPOConfig, max_steps=1, epsilon=0.25)
     assert isinstance(trainer.args, CEGPPOConfig)
     assert trainer.args.cegppo_beta1 == 0.5 and trainer.args.epsilon == 0.25
     assert trainer.args.steps_per_generation == 4 and trainer.args.generation_batch_size == 32

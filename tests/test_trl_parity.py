@@ -75,13 +75,8 @@ def test_dapo_loss_is_the_papers_token_mean_objective(tiny_trainer, tiny_tokeniz
     loss, grad = loss_and_grad(trainer, inputs)
 
     def paper(model, x):
-        logps, _ = current_logps(trainer, x)
-        return cegppo_token_mean_loss(
-            logps - x["old_per_token_logps"],
-            x["advantages"].unsqueeze(1),
-            x["completion_mask"],
-            ClipParams(0.2, 0.2, 0.5, 1.0),
-        )
+        log_ratio, advantages = current_logps(trainer, x)[0] - x["old_per_token_logps"], x["advantages"].unsqueeze(1)
+        return cegppo_token_mean_loss(log_ratio, advantages, x["completion_mask"], ClipParams(0.2, 0.2, 0.5, 1.0))
 
     ref_loss, ref_grad = loss_and_grad(trainer, inputs, paper)
     assert torch.allclose(loss, ref_loss, rtol=1e-5, atol=1e-7)

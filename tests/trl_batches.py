@@ -32,10 +32,10 @@ def build_trainer(model, tokenizer, dataset, args, cls=CEGPPOTrainer, reward_fun
 
 
 def build(model, tokenizer, dataset, tmp_path, cls=CEGPPOTrainer, reward_funcs=contains_answer_reward,
-          trainer_kwargs=None, **overrides):  # fmt: skip
-    """`build_trainer` with `conftest.cpu_config` (plus `overrides`) of the trainer's own config class;
-    `trainer_kwargs` (`peft_config`, `eval_dataset`, ...) go to the trainer."""
-    config_cls = GRPOConfig if cls is GRPOTrainer else CEGPPOConfig
+          trainer_kwargs=None, config_cls=None, **overrides):  # fmt: skip
+    """`build_trainer` with `conftest.cpu_config` (plus `overrides`) of `config_cls` (default: the trainer's own config
+    class); `trainer_kwargs` (`peft_config`, `eval_dataset`, ...) go to the trainer."""
+    config_cls = config_cls or (GRPOConfig if cls is GRPOTrainer else CEGPPOConfig)
     args = cpu_config(config_cls, tmp_path, **overrides)
     return build_trainer(model, tokenizer, dataset, args, cls, reward_funcs, **(trainer_kwargs or {}))
 
