@@ -45,20 +45,17 @@ METRICS_SUMMED = (
 
 
 def _scenarios(world: int) -> list[dict]:
-    scenarios = []
-    for loss_type in LOSS_TYPES:
-        for level in ("token", "sequence"):
-            for oversampling in (1.0, 2.0):
-                config = dict(OPTIONS, loss_type=loss_type, importance_sampling_level=level)
-                scenarios.append(
-                    {
-                        "name": f"{loss_type}-{level}-x{oversampling:g}",
-                        "kinds": KINDS[(world, oversampling, level)],
-                        "oversampling": oversampling,
-                        "config": config,
-                    }
-                )
-    return scenarios
+    return [
+        {
+            "name": f"{loss_type}-{level}-x{oversampling:g}",
+            "kinds": KINDS[(world, oversampling, level)],
+            "oversampling": oversampling,
+            "config": dict(OPTIONS, loss_type=loss_type, importance_sampling_level=level),
+        }
+        for loss_type in LOSS_TYPES
+        for level in ("token", "sequence")
+        for oversampling in (1.0, 2.0)
+    ]
 
 
 def _kept_rows(batch: dict) -> list[int]:
@@ -244,17 +241,10 @@ def test_oversampling_enlarges_each_generation_batch(
     """Each loader batch (one process's share of a generation batch) holds `cegppo_oversampling` times the rows it
     trains on: whole groups of distinct prompts, repeated for the batch's optimizer steps as TRL's sampler does."""
     dataset = arithmetic_dataset.to_iterable_dataset() if iterable else arithmetic_dataset
-    rows = {}
+    rows, options = {}, dict(steps_per_generation=2, cegppo_exclude_zero_advantage_groups=True)
     for oversampling in (1.0, 2.0):
-        trainer = build(
-            tiny_model,
-            tiny_tokenizer,
-            dataset,
-            tmp_path / str(oversampling),
-            steps_per_generation=2,
-            cegppo_exclude_zero_advantage_groups=True,
-            cegppo_oversampling=oversampling,
-        )
+        out = tmp_path / str(oversampling)
+        trainer = build(tiny_model, tiny_tokenizer, dataset, out, cegppo_oversampling=oversampling, **options)
         batches = iter(trainer.get_train_dataloader())
         first, repeat = next(batches), next(batches)
         prompts = [str(example["prompt"]) for example in first]

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from launching import controller_state
 from shared import cpu_config
 from trl_batches import history
 
@@ -197,8 +198,6 @@ def test_trainer_saves_checkpoints_and_resumes_them_with_the_controller_state(ti
 
     from transformers import AutoModelForCausalLM
 
-    from cegppo_trl.trainer import CONTROLLER_STATE_FILE
-
     start_weights = copy.deepcopy(tiny_model)
     # A random tiny model has ~log(vocab) nats of entropy; a target above that means "entropy too low". kp=0: pure
     # integral action, so the betas move monotonically while the error stays positive.
@@ -213,13 +212,10 @@ def test_trainer_saves_checkpoints_and_resumes_them_with_the_controller_state(ti
     errors = list(history(trainer, "cegppo/entropy_error").values())
     assert len(errors) == 4 and all(e > 0 for e in errors)
 
-    saved_path = tmp_path / "run" / "checkpoint-2" / CONTROLLER_STATE_FILE
-    assert saved_path.exists()
-    saved = json.loads(saved_path.read_text())
+    saved = controller_state(tmp_path / "run" / "checkpoint-2")
     assert saved["num_updates"] == 2 and saved["target"] == 7.0
     assert saved["beta1"] == pytest.approx(beta1[2])  # the betas in force at step 3
-    final = json.loads((tmp_path / "run" / "checkpoint-4" / CONTROLLER_STATE_FILE).read_text())
-    assert final == dataclasses.asdict(trainer._controller)
+    assert controller_state(tmp_path / "run" / "checkpoint-4") == dataclasses.asdict(trainer._controller)
     assert (tmp_path / "run" / "checkpoint-2" / "model.safetensors").exists()
     assert "CE-GPPO" in (tmp_path / "run" / "README.md").read_text()
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "checkpoint-4")

@@ -1,10 +1,7 @@
 """Entropy-ratio clipping through the real trainer: its gradient equals the float64 oracle of `tests/oracles.py` (which
-shares no code with cegppo_trl) on one process in-process, and on one and two launched processes (DDP over gloo)
-through `trainer.train()`; the old entropies are the old policy's, from the old-log-prob pass; the metrics count the
-tokens outside the band; a wrong band fails the same checks.
-
-`training_worker.py` trains two optimizer steps (one generation batch) with plain SGD and records every micro-batch the loss
-saw; the test replays them through the oracle in float64 (forward, loss, SGD step, twice) and compares the updates.
+shares no code with cegppo_trl) in-process, and its update on one and two launched processes (DDP over gloo) through
+`trainer.train()` equals the oracle's replay of the micro-batches `training_worker.py` recorded (two SGD steps); the
+old entropies are the old policy's; the metrics count the tokens outside the band; a wrong band fails the checks.
 """
 
 import copy
@@ -176,26 +173,25 @@ def test_old_entropies_are_the_current_policys_from_the_old_log_prob_pass(
 
 SCENARIOS = {
     # GA 2, steps_per_generation 4, 4 rows per micro-batch: each process generates 4 prompts x 4 completions.
-    "cegppo": {"config": {"cegppo_beta1": 0.5, "cegppo_beta2": 1.0, "delta": 1.5}, "kinds": {1: ["varied"] * 4}},
+    "cegppo": {"config": {"cegppo_beta1": 0.5, "cegppo_beta2": 1.0, "delta": 1.5}, "kinds": ["varied"] * 4},
     # The authors' options: GPPO, dual clip 10, SFT 0.1, dynamic sampling over a 2x over-generated batch.
     "authors": {
         "config": {
             "cegppo_beta1": 1.0, "cegppo_beta2": 1.0, "delta": 10.0, "cegppo_sft_coef": 0.1,
             "cegppo_exclude_zero_advantage_groups": True, "cegppo_oversampling": 2.0,
         },
-        "kinds": {1: ["varied", "flat", "varied", "varied", "flat", "varied", "flat", "flat"]},
+        "kinds": ["varied", "flat", "varied", "varied", "flat", "varied", "flat", "flat"],
     },
 }  # fmt: skip
 GA, SPG, LR = 2, 4, 1.0
 
 
 def _scenarios(world: int) -> list[dict]:
-    out = []
-    for name, s in SCENARIOS.items():
-        kinds = s["kinds"][1] * world  # each process's share of prompts, the same mix
-        config = dict(temperature=TEMPERATURE, learning_rate=LR, cegppo_entropy_ratio_clip=list(BAND), **s["config"])
-        out.append({"name": name, "config": config, "kinds": kinds})
-    return out
+    """Each scenario on `world` processes, each process's share of prompts the same mix."""
+    common = dict(temperature=TEMPERATURE, learning_rate=LR, cegppo_entropy_ratio_clip=list(BAND))
+    return [
+        {"name": n, "config": {**common, **s["config"]}, "kinds": s["kinds"] * world} for n, s in SCENARIOS.items()
+    ]
 
 
 def _replay(model_dir, ranks, config, band):

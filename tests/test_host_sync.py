@@ -30,7 +30,6 @@ CASES = {
 def counting_host_transfers():
     """Count the calls of `HOST_TRANSFERS` on any tensor while the block runs."""
     counts = {"calls": 0}
-    originals = {name: getattr(torch.Tensor, name) for name in HOST_TRANSFERS}
 
     def counted(original):
         def wrapper(self, *args, **kwargs):
@@ -39,13 +38,10 @@ def counting_host_transfers():
 
         return wrapper
 
-    for name, original in originals.items():
-        setattr(torch.Tensor, name, counted(original))
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        for name in HOST_TRANSFERS:
+            patch.setattr(torch.Tensor, name, counted(getattr(torch.Tensor, name)))
         yield counts
-    finally:
-        for name, original in originals.items():
-            setattr(torch.Tensor, name, original)
 
 
 def _transfers(trainer, inputs, sync_gradients: bool) -> tuple[int, int]:

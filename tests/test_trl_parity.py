@@ -1,10 +1,6 @@
-"""Exactness through the real trainer, and drift detection against TRL's own GRPOTrainer.
-
-`CEGPPOTrainer` computes TRL's loss and adds a CE-GPPO correction built from a mirror of TRL 1.16's ratio, masks and
-aggregation (`trl_mirror.policy_term_inputs`, `trl_mirror.aggregate`). The first test rebuilds TRL's PPO-clip loss from that mirror
-and compares it with TRL's `GRPOTrainer._compute_loss` on the same batch for every supported loss type and option:
-if TRL changes any of them, it fails.
-"""
+"""Exactness through the real trainer, and drift detection against TRL's own GRPOTrainer: `CEGPPOTrainer` adds to
+TRL's loss a correction built from a mirror of TRL 1.16's ratio, masks and aggregation (`trl_mirror`); the first test
+rebuilds TRL's PPO-clip loss from that mirror for every supported loss type and option, so it fails if TRL changes."""
 
 import copy
 
