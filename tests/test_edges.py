@@ -1,8 +1,8 @@
 """Edge cases of the loss path (project issue 10), each on a hand-built batch through a tiny trainer's `_compute_loss`:
 dynamic sampling as physical removal, TRL's `policy_loss` metric, finite loss and gradient at any log-ratio."""
 
+import functools
 import math
-import warnings
 
 import pytest
 import torch
@@ -13,7 +13,7 @@ from trl_batches import (
     current_logps,
     logged,
     loss_and_grad,
-    ready_for_loss,
+    loss_ready,
     select_rows,
     tiny_moe,
 )
@@ -25,15 +25,7 @@ from cegppo_trl.core import LOG_RATIO_CLAMP, ClipParams, cegppo_per_token_loss, 
 
 @pytest.fixture
 def build(tiny_trainer):
-    """`tiny_trainer` off-policy (gradient accumulation 2 of 4 steps per generation), ready for `_compute_loss`."""
-
-    def make(model=None, output_dir=None, **overrides):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            values = {"gradient_accumulation_steps": 2, "steps_per_generation": 4, **overrides}
-            return ready_for_loss(tiny_trainer(model, output_dir, **values))
-
-    return make
+    return functools.partial(loss_ready, tiny_trainer)
 
 
 @pytest.mark.parametrize("loss_type", ["dapo", "bnpo"])

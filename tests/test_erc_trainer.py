@@ -5,13 +5,14 @@ old entropies are the old policy's; the metrics count the tokens outside the ban
 """
 
 import copy
+import functools
 import math
 
 import pytest
 import torch
 from oracles import completion_log_probs_and_entropies, gppo_erc_per_token_loss
 from shared import make_loss_batch
-from trl_batches import TRL_OPTIONS, launched_runs, loss_and_grad, ready_for_loss, update_error
+from trl_batches import TRL_OPTIONS, launched_runs, loss_and_grad, loss_ready, update_error
 
 from cegppo_trl.config import SUPPORTED_LOSS_TYPES
 from cegppo_trl.core import ClipParams
@@ -24,13 +25,9 @@ TEMPERATURE = 0.7
 
 @pytest.fixture
 def erc_trainer(tiny_trainer):
-    """`tiny_trainer` with the band on, at `TEMPERATURE`, one step per generation unless told, ready for the loss."""
-
-    def make(model=None, output_dir=None, **overrides):
-        values = {"steps_per_generation": 1, "temperature": TEMPERATURE, "cegppo_entropy_ratio_clip": list(BAND)}
-        return ready_for_loss(tiny_trainer(model, output_dir, **{**values, **overrides}))
-
-    return make
+    """`loss_ready` with the band on, at `TEMPERATURE`, on-policy (one step per generation) unless told otherwise."""
+    erc = dict(temperature=TEMPERATURE, cegppo_entropy_ratio_clip=list(BAND))
+    return functools.partial(loss_ready, tiny_trainer, steps_per_generation=1, gradient_accumulation_steps=1, **erc)
 
 
 def _off_policy_batch(oracle_model, tokenizer, seed, entropy_factor=None):

@@ -5,12 +5,11 @@ controller's measurement; CE-GPPO's metrics wait on the device until `log` moves
 """
 
 import contextlib
-import warnings
 
 import pytest
 import torch
 from trl import GRPOTrainer
-from trl_batches import batch_with_dropped_rows, ready_for_loss
+from trl_batches import batch_with_dropped_rows, loss_ready
 
 
 HOST_TRANSFERS = ("item", "tolist", "__bool__", "cpu", "__float__", "__int__")
@@ -59,12 +58,8 @@ def _transfers(trainer, inputs, sync_gradients: bool) -> tuple[int, int]:
 @pytest.mark.parametrize("case", CASES)
 def test_no_host_transfer_per_micro_batch_and_at_most_one_per_step(case, tiny_trainer, tiny_tokenizer, tmp_path):
     trl_options, cegppo_options = CASES[case]
-    common = dict(gradient_accumulation_steps=2, steps_per_generation=4, **trl_options)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        grpo = tiny_trainer(output_dir=tmp_path / "g", cls=GRPOTrainer, **common)
-        cegppo = tiny_trainer(output_dir=tmp_path / "c", **common, **cegppo_options)
-    ready_for_loss(grpo, cegppo)
+    grpo = loss_ready(tiny_trainer, output_dir=tmp_path / "g", cls=GRPOTrainer, **trl_options)
+    cegppo = loss_ready(tiny_trainer, output_dir=tmp_path / "c", **trl_options, **cegppo_options)
     dynamic_sampling = cegppo_options.get("cegppo_exclude_zero_advantage_groups")
     inputs, _ = batch_with_dropped_rows(
         cegppo, tiny_tokenizer, seed=5, kept=[0, 1, 2, 3] if dynamic_sampling else None

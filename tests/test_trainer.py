@@ -6,7 +6,7 @@ import warnings
 import pytest
 import torch
 from trl import GRPOConfig
-from trl_batches import build_trainer, current_logps, history, ready_for_loss
+from trl_batches import build_trainer, current_logps, history, loss_ready
 
 from cegppo_trl import CEGPPOConfig
 
@@ -53,10 +53,7 @@ def test_sft_term_adds_token_mean_nll(tiny_trainer, tiny_tokenizer):
     """The SFT term's value is coef * mean(-log pi) over the SFT tokens (one process, one accumulation step)."""
     from shared import make_loss_batch
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        trainer = tiny_trainer(cegppo_sft_coef=0.25, steps_per_generation=1)
-    ready_for_loss(trainer, accumulation=1)
+    trainer = loss_ready(tiny_trainer, cegppo_sft_coef=0.25, steps_per_generation=1, gradient_accumulation_steps=1)
     inputs = make_loss_batch(tiny_tokenizer, seed=3)
     sft_mask = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 0.0])
     inputs["cegppo_sft_mask"] = sft_mask

@@ -15,6 +15,7 @@ from trl_batches import (
     current_logps,
     logged,
     loss_and_grad,
+    loss_ready,
     noisy,
     ready_for_loss,
     tiny_moe,
@@ -31,10 +32,7 @@ VARIANTS = {**TRL_OPTIONS, "vllm_is": {}, "tool_mask": {}}
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("loss_type", SUPPORTED_LOSS_TYPES)
 def test_mirror_of_trl_policy_loss_matches_grpo_trainer(loss_type, variant, tiny_trainer, tiny_tokenizer):
-    trainer = tiny_trainer(
-        loss_type=loss_type, gradient_accumulation_steps=2, steps_per_generation=4, **VARIANTS[variant]
-    )
-    ready_for_loss(trainer)
+    trainer = loss_ready(tiny_trainer, loss_type=loss_type, **VARIANTS[variant])
     inputs = add_off_policy(trainer, make_loss_batch(tiny_tokenizer, seed=1))
     inputs["num_items_in_batch"] = inputs["completion_mask"].sum() * 3  # as if the generation batch were larger
     if variant == "tool_mask":  # multi-turn tool output tokens are excluded from the loss
@@ -65,8 +63,7 @@ def test_mirror_of_trl_policy_loss_matches_grpo_trainer(loss_type, variant, tiny
 
 def test_dapo_loss_is_the_papers_token_mean_objective(tiny_trainer, tiny_tokenizer):
     """One process, one accumulation step: the trainer's loss and gradient equal -J of Eq. 8 computed directly."""
-    trainer = tiny_trainer(steps_per_generation=1, cegppo_beta1=0.5, cegppo_beta2=1.0)
-    ready_for_loss(trainer)
+    trainer = loss_ready(tiny_trainer, steps_per_generation=1, gradient_accumulation_steps=1, cegppo_beta1=0.5)
     inputs = add_off_policy(trainer, make_loss_batch(tiny_tokenizer, seed=2))
     loss, grad = loss_and_grad(trainer, inputs)
 

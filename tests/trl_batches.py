@@ -4,6 +4,7 @@ log-probs off the current policy, the forward pass, the logged metrics, loss and
 
 import json
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -46,6 +47,15 @@ def ready_for_loss(*trainers, accumulation=None):
         trainer.model.train()
         trainer.current_gradient_accumulation_steps = accumulation or trainer.args.gradient_accumulation_steps
     return trainers[0] if len(trainers) == 1 else trainers
+
+
+def loss_ready(tiny_trainer, *args, **overrides):
+    """`tiny_trainer(*args, **overrides)` (the conftest fixture) with its configuration warnings silenced, ready for
+    `_compute_loss`; off-policy (gradient accumulation 2 of 4 steps per generation) unless told otherwise."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = tiny_trainer(*args, **{"gradient_accumulation_steps": 2, "steps_per_generation": 4, **overrides})
+    return ready_for_loss(trainer)
 
 
 def current_logps(trainer, inputs):
