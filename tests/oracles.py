@@ -61,30 +61,25 @@ def gppo_erc_per_token_loss(
     return torch.where(inside, loss, loss.detach())
 
 
+def eq8_scalar(r: float, a: float, p: ClipParams) -> tuple[float, float]:
+    """Eq. 8 for one token, written from the paper: returns (l_t, d l_t / d log pi_theta)."""
+    if r < 1 - p.epsilon_low and a < 0:  # r / sg(r) is 1 in value, d log pi in gradient
+        return (p.beta1 * (1 - p.epsilon_low) * a,) * 2
+    if r > 1 + p.epsilon_high and a > 0:
+        return (p.beta2 * (1 + p.epsilon_high) * a,) * 2
+    if p.delta is not None and r > p.delta:
+        return p.delta * a, 0.0  # dual-clip: capped ratio, no gradient
+    return r * a, r * a  # d(r a) / d log pi = r a
+
+
 def expected_erc_gradient(
     log_ratio: torch.Tensor, advantages: torch.Tensor, rho: torch.Tensor, params: ClipParams, band
 ) -> torch.Tensor:
     """`d(-l_t) / d log pi_theta` token by token, by the case analysis of the definitions (no autograd): outside the
-    band 0; inside, `-beta1 (1 - eps_low) A` on the beta1 set, `-beta2 (1 + eps_high) A` on the beta2 set, 0 where
-    the dual clip caps the ratio (`r > delta`), `-r A` elsewhere."""
-    p = params
-    r = torch.exp(log_ratio.double())
-    a = advantages.double()
-    grad = torch.empty_like(r)
-    for i in range(r.numel()):
-        ri, ai, rhoi = r.flatten()[i].item(), a.flatten()[i].item(), rho.flatten()[i].item()
-        if band is not None and not band[0] < rhoi < band[1]:
-            g = 0.0
-        elif ri < 1 - p.epsilon_low and ai < 0:
-            g = -p.beta1 * (1 - p.epsilon_low) * ai
-        elif ri > 1 + p.epsilon_high and ai > 0:
-            g = -p.beta2 * (1 + p.epsilon_high) * ai
-        elif p.delta is not None and ri > p.delta:
-            g = 0.0
-        else:
-            g = -ri * ai
-        grad.view(-1)[i] = g
-    return grad
+    band 0; inside, Eq. 8's (`eq8_scalar`)."""
+    tokens = zip(*(x.flatten().tolist() for x in (log_ratio.double().exp(), advantages.double(), rho.double())))
+    grad = [0.0 if band and not band[0] < q < band[1] else -eq8_scalar(r, a, params)[1] for r, a, q in tokens]
+    return torch.tensor(grad, dtype=torch.float64).view(log_ratio.shape)
 
 
 def completion_log_probs_and_entropies(model, batch: dict, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:

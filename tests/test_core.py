@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from oracles import cegppo_token_mean_loss
+from oracles import cegppo_token_mean_loss, eq8_scalar
 
 from cegppo_trl.core import (
     LOG_RATIO_CLAMP,
@@ -18,50 +18,42 @@ from cegppo_trl.core import (
 )
 
 
-def eq8_scalar(r: float, a: float, eps_low, eps_high, beta1, beta2, delta=None):
-    """Eq. 8 for one token, written from the paper: returns (l_t, d l_t / d log pi_theta)."""
-    if r < 1 - eps_low and a < 0:
-        return beta1 * (1 - eps_low) * a, beta1 * (1 - eps_low) * a  # r / sg(r) == 1, d(r / sg(r)) = d log pi
-    if r > 1 + eps_high and a > 0:
-        return beta2 * (1 + eps_high) * a, beta2 * (1 + eps_high) * a
-    if delta is not None and r > delta:
-        return delta * a, 0.0  # dual-clip: capped ratio, no gradient
-    return r * a, r * a  # d(r a) / d log pi = r a
+def random_tokens(seed, shape, scale, adv_shape):
+    """Float64 log-ratios ~ N(0, scale^2) (requiring grad) and advantages ~ N(0, 1), from one seeded generator."""
+    gen = torch.Generator().manual_seed(seed)
+    log_ratio = (torch.randn(shape, generator=gen, dtype=torch.float64) * scale).requires_grad_(True)
+    return log_ratio, torch.randn(adv_shape, generator=gen, dtype=torch.float64)
 
 
-def check_against_scalar(log_ratio, adv, eps_low, eps_high, beta1, beta2, delta=None, atol=1e-12):
+def check_against_scalar(log_ratio, adv, params, atol=1e-12):
     log_ratio = log_ratio.clone().requires_grad_(True)
-    out = cegppo_per_token_loss(log_ratio, adv, ClipParams(eps_low, eps_high, beta1, beta2, delta))
+    out = cegppo_per_token_loss(log_ratio, adv, params)
     (grad,) = torch.autograd.grad(out.per_token_loss.sum(), log_ratio)
     ratio = torch.exp(log_ratio.detach())
     adv_b = adv.expand_as(ratio)
     for idx in itertools.product(*(range(n) for n in ratio.shape)):
         r, a = ratio[idx].item(), adv_b[idx].item()
-        value, dvalue = eq8_scalar(r, a, eps_low, eps_high, beta1, beta2, delta)
+        value, dvalue = eq8_scalar(r, a, params)
         assert out.per_token_loss[idx].item() == pytest.approx(-value, abs=atol, rel=1e-9), (idx, r, a)
         assert grad[idx].item() == pytest.approx(-dvalue, abs=atol, rel=1e-9), (idx, r, a)
         assert out.grad_coef[idx].item() == pytest.approx(dvalue, abs=atol, rel=1e-9), (idx, r, a)
-        assert bool(out.beta1_mask[idx]) == (r < 1 - eps_low and a < 0)
-        assert bool(out.beta2_mask[idx]) == (r > 1 + eps_high and a > 0)
+        assert bool(out.beta1_mask[idx]) == (r < 1 - params.epsilon_low and a < 0)
+        assert bool(out.beta2_mask[idx]) == (r > 1 + params.epsilon_high and a > 0)
     return out
 
 
 @pytest.mark.parametrize("beta1,beta2", [(0.5, 1.0), (0.75, 1.0), (0.0, 0.0), (1.0, 1.0), (2.0, 0.3)])
 @pytest.mark.parametrize("eps_low,eps_high", [(0.2, 0.2), (0.2, 0.28)])
 def test_random_tokens_match_eq8(beta1, beta2, eps_low, eps_high):
-    gen = torch.Generator().manual_seed(0)
-    log_ratio = torch.randn(6, 9, generator=gen, dtype=torch.float64) * 0.4
-    adv = torch.randn(6, 1, generator=gen, dtype=torch.float64)
-    out = check_against_scalar(log_ratio, adv, eps_low, eps_high, beta1, beta2)
+    log_ratio, adv = random_tokens(0, (6, 9), 0.4, (6, 1))
+    out = check_against_scalar(log_ratio, adv, ClipParams(eps_low, eps_high, beta1, beta2))
     assert out.beta1_mask.any() and out.beta2_mask.any()  # both branches exercised
 
 
 def test_per_token_advantages_and_dual_clip():
-    gen = torch.Generator().manual_seed(1)
-    log_ratio = torch.randn(5, 7, generator=gen, dtype=torch.float64) * 1.5  # some ratios exceed delta = 3
-    adv = torch.randn(5, 7, generator=gen, dtype=torch.float64)
+    log_ratio, adv = random_tokens(1, (5, 7), 1.5, (5, 7))  # some ratios exceed delta = 3
     assert (torch.exp(log_ratio) > 3).any()
-    check_against_scalar(log_ratio, adv, 0.2, 0.2, 0.5, 1.0, delta=3.0)
+    check_against_scalar(log_ratio, adv, ClipParams(0.2, 0.2, 0.5, 1.0, delta=3.0))
 
 
 def _exact_log(target: float) -> float:
@@ -80,7 +72,7 @@ def test_clip_edges_are_strict():
     lo, hi = 1 - eps, 1 + eps
     log_ratio = torch.tensor([[_exact_log(lo), _exact_log(hi), _exact_log(lo), _exact_log(hi)]], dtype=torch.float64)
     adv = torch.tensor([[-1.0, 1.0, 1.0, -1.0]], dtype=torch.float64)
-    out = check_against_scalar(log_ratio, adv, eps, eps, 0.5, 1.0)
+    out = check_against_scalar(log_ratio, adv, ClipParams(eps, eps, 0.5, 1.0))
     # On the edges nothing is clipped: "otherwise" branch, l = r A with gradient r A.
     assert not out.beta1_mask.any() and not out.beta2_mask.any()
     assert torch.allclose(out.per_token_loss, -torch.exp(log_ratio) * adv)
@@ -98,9 +90,7 @@ def test_zero_advantage_gives_zero_loss_and_gradient():
 @pytest.mark.parametrize("delta", [None, 4.0])
 def test_reductions_gppo_and_ppo(delta):
     """beta = 1: GPPO (PPO's forward value, gradient kept); beta = 0: PPO-clip's gradient exactly."""
-    gen = torch.Generator().manual_seed(2)
-    log_ratio = (torch.randn(4, 11, generator=gen, dtype=torch.float64) * 0.8).requires_grad_(True)
-    adv = torch.randn(4, 1, generator=gen, dtype=torch.float64)
+    log_ratio, adv = random_tokens(2, (4, 11), 0.8, (4, 1))
     ppo = ppo_clip_per_token_loss(log_ratio, adv, ClipParams(0.2, 0.2, 0.0, 0.0, delta))
     (ppo_grad,) = torch.autograd.grad(ppo.sum(), log_ratio)
 
@@ -122,9 +112,7 @@ def test_reductions_gppo_and_ppo(delta):
     [(0.5, 1.0, 0.2, 0.2, None), (0.0, 0.0, 0.2, 0.28, None), (1.0, 1.0, 0.1, 0.3, 3.0), (0.75, 0.25, 0.2, 0.2, 1.5)],
 )
 def test_correction_is_cegppo_minus_ppo_and_zero_outside_clipped_sets(beta1, beta2, eps_low, eps_high, delta):
-    gen = torch.Generator().manual_seed(3)
-    log_ratio = (torch.randn(6, 10, generator=gen, dtype=torch.float64) * 0.5).requires_grad_(True)
-    adv = torch.randn(6, 1, generator=gen, dtype=torch.float64)
+    log_ratio, adv = random_tokens(3, (6, 10), 0.5, (6, 1))
     adv[0] = 0.0
     params = ClipParams(eps_low, eps_high, beta1, beta2, delta)
     correction, sets = gradient_preserving_correction(log_ratio, adv, params)
@@ -144,15 +132,13 @@ def test_correction_is_cegppo_minus_ppo_and_zero_outside_clipped_sets(beta1, bet
 
 
 def test_token_mean_with_masks_and_ragged_lengths():
-    gen = torch.Generator().manual_seed(4)
     lengths = [1, 4, 7, 0, 5]
     mask = torch.zeros(5, 7, dtype=torch.float64)
     for i, n in enumerate(lengths):
         mask[i, :n] = 1
-    log_ratio = (torch.randn(5, 7, generator=gen, dtype=torch.float64) * 0.5).requires_grad_(True)
+    log_ratio, adv = random_tokens(4, (5, 7), 0.5, (5, 1))
     # Padding positions hold garbage that must not leak into value or gradient.
     garbage = torch.where(mask.bool(), torch.zeros_like(mask), torch.full_like(mask, 50.0))
-    adv = torch.randn(5, 1, generator=gen, dtype=torch.float64)
     loss = cegppo_token_mean_loss(log_ratio + garbage, adv, mask, ClipParams(0.2, 0.2, 0.5, 1.0))
     (grad,) = torch.autograd.grad(loss, log_ratio)
 
@@ -160,7 +146,7 @@ def test_token_mean_with_masks_and_ragged_lengths():
     ratio = torch.exp(log_ratio.detach())
     for i, n in enumerate(lengths):
         for t in range(n):
-            value, dvalue = eq8_scalar(ratio[i, t].item(), adv[i, 0].item(), 0.2, 0.2, 0.5, 1.0)
+            value, dvalue = eq8_scalar(ratio[i, t].item(), adv[i, 0].item(), ClipParams(0.2, 0.2, 0.5, 1.0))
             total += value
             expected_grad[i, t] = -dvalue / sum(lengths)
     assert loss.item() == pytest.approx(-total / sum(lengths), rel=1e-10)
@@ -172,7 +158,7 @@ def test_sequence_level_ratio_broadcasts():
     """(B, 1) sequence-level ratios (GSPO-style) use the same branches per sequence."""
     log_ratio = torch.tensor([[math.log(0.7)], [math.log(1.3)], [0.0]], dtype=torch.float64)
     adv = torch.tensor([[-1.0], [1.0], [1.0]], dtype=torch.float64)
-    out = check_against_scalar(log_ratio, adv, 0.2, 0.2, 0.5, 1.0)
+    out = check_against_scalar(log_ratio, adv, ClipParams(0.2, 0.2, 0.5, 1.0))
     assert out.beta1_mask.squeeze(1).tolist() == [True, False, False]
     assert out.beta2_mask.squeeze(1).tolist() == [False, True, False]
 

@@ -1,43 +1,24 @@
 """Dynamic sampling (`cegppo_exclude_zero_advantage_groups`, `cegppo_oversampling`) on one and on two processes: the
-rows trained on are the ones docs/method.md says, and the update equals that of the physically selected batch.
+rows trained on, and the update, are what docs/method.md ("Dynamic sampling") says; the options and launchers checked
+are listed there too.
 
-The meaning checked (docs/method.md, "Dynamic sampling"): after scoring, the informative groups fill the training
-batch in generation order (the first ones, when the generation batch was over-generated), the first uninformative
-groups fill what is left as dropped rows, and the training batch is split over processes in that order, rows moving
-between processes. A dropped row keeps an empty loss mask: the update is TRL's on the micro-batches without those
-rows, where a (process, micro-batch) pair left with no row contributes nothing (TRL's own value for a micro-batch
-without a loss token) and still counts in the accumulation and the average over processes; dapo's token mean and the
-SFT term count the kept tokens of the training batch.
-
-`training_worker.py` trains two optimizer steps (one generation batch, off-policy: both clipped sets are
-populated) with plain SGD, so that any change of scale moves the parameters, and records the generation batch before
-and after the selection and every micro-batch the loss saw. The test checks the selection against the rewards (which
-rows, in which order, on which process, with their prompts, completions, advantages and old log-probs), then replays
-the recorded micro-batches on one process through `CEGPPOTrainer` with the option off: the dropped rows sliced away,
-empty pairs skipped, the step's accumulation set to its (process, micro-batch) pairs, then the same SGD step. Both
-loss types that dynamic sampling accepts (dapo, bnpo), at token and sequence level, with and without over-generation,
-with KL, the entropy bonus, the SFT term and the entropy controller on, under DDP and the shipped DeepSpeed ZeRO-2 /
-ZeRO-3 accelerate configs. FSDP2 is not checked here: accelerate 1.16 runs an FSDP config as DDP on a CPU-only
-machine. The rewards fix which groups are informative independently of the sampled text, and the test asserts that
-the runs cover: full micro-batches everywhere, rows moved between processes, processes keeping different numbers of
-rows, a process keeping none, and a micro-batch left empty on every process.
+`training_worker.py` trains two optimizer steps (one generation batch, off-policy) with plain SGD, so that any change
+of scale moves the parameters, and records the generation batch before and after the selection and every micro-batch
+the loss saw. The test checks the selection against the rewards (which rows, in which order, on which process, with
+their prompts, completions, advantages and old log-probs), then replays the recorded micro-batches on one process
+through `CEGPPOTrainer` with the option off: the dropped rows sliced away, empty pairs skipped, the step's
+accumulation set to its (process, micro-batch) pairs, then the same SGD step. The rewards fix which groups are
+informative independently of the sampled text, and the test asserts that the runs cover: full micro-batches
+everywhere, rows moved between processes, processes keeping different numbers of rows, a process keeping none, and a
+micro-batch left empty on every process.
 """
 
-import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-from launching import launcher, run_launched
-
-
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from training_worker import make_config, make_dataset, position_reward  # noqa: E402
-from trl_batches import build, build_trainer, select_rows  # noqa: E402
+from training_worker import make_config, make_dataset, position_reward
+from trl_batches import build, build_trainer, launched_runs, logged, select_rows, update_error
 
 
 LOSS_TYPES = ("bnpo", "dapo")
@@ -61,33 +42,20 @@ METRICS_SUMMED = (
     "cegppo/beta2_token_frac",
     "cegppo/quadrant/neg_low/token_frac",
 )
-TIMEOUT_S = 1800
 
 
-def _scenarios(world: int, loss_types=LOSS_TYPES) -> list[dict]:
-    scenarios = []
-    for loss_type in loss_types:
-        for level in ("token", "sequence"):
-            for oversampling in (1.0, 2.0):
-                config = dict(OPTIONS, loss_type=loss_type, importance_sampling_level=level)
-                scenarios.append(
-                    {
-                        "name": f"{loss_type}-{level}-x{oversampling:g}",
-                        "kinds": KINDS[(world, oversampling, level)],
-                        "oversampling": oversampling,
-                        "config": config,
-                    }
-                )
-    return scenarios
-
-
-def _launch(world: int, backend: str, scenarios: list[dict], model_dir: Path, out_dir: Path) -> None:
-    scenarios_file = out_dir / "scenarios.json"
-    scenarios_file.write_text(json.dumps(scenarios))
-    worker = [str(HERE / "training_worker.py"), str(model_dir), str(out_dir), str(scenarios_file)]
-    # DDP, or the shipped accelerate config, as the recipes launch it
-    start = [sys.executable] if world == 1 else launcher(world, None if backend == "ddp" else f"{backend}.yaml")
-    run_launched([*start, *worker], timeout=TIMEOUT_S)
+def _scenarios(world: int) -> list[dict]:
+    return [
+        {
+            "name": f"{loss_type}-{level}-x{oversampling:g}",
+            "kinds": KINDS[(world, oversampling, level)],
+            "oversampling": oversampling,
+            "config": dict(OPTIONS, loss_type=loss_type, importance_sampling_level=level),
+        }
+        for loss_type in LOSS_TYPES
+        for level in ("token", "sequence")
+        for oversampling in (1.0, 2.0)
+    ]
 
 
 def _kept_rows(batch: dict) -> list[int]:
@@ -146,7 +114,7 @@ def _clip_extremes(records, m, level, per_pair):
     return (min(lows) if lows else math.nan), (max(highs) if highs else math.nan)
 
 
-def _replay(model_dir: Path, scenario: dict, records: list[list[dict]], tmp_path: Path):
+def _replay(model_dir, scenario: dict, records: list[list[dict]], tmp_path):
     """The physically selected run: returns (parameters after each step, expected metrics per step, betas)."""
     args = make_config(tmp_path / "reference" / scenario["name"], scenario, exclude=False)
     reference = build_trainer(str(model_dir), None, make_dataset(scenario), args, reward_funcs=position_reward)
@@ -183,14 +151,12 @@ def _replay(model_dir: Path, scenario: dict, records: list[list[dict]], tmp_path
             batch["cegppo_num_sft_tokens"] = sft_tokens / num_steps
             reference.accelerator.gradient_state._set_sync_gradients(i == len(pairs) - 1)
             reference._compute_loss(model, batch).backward()
-            reference._device_metrics.flush("train", reference._metrics["train"])
-            tokens = batch["completion_mask"].sum().item()
-            logged = reference._metrics["train"]
+            tokens, logged_now = batch["completion_mask"].sum().item(), logged(reference)
             for name in METRICS_SUMMED:
-                sums[m][name][0] += logged[name][-1] * tokens
+                sums[m][name][0] += logged_now[name][-1] * tokens
                 sums[m][name][1] += tokens
             for name in extremes[m]:
-                extremes[m][name].append(logged[name][-1])
+                extremes[m][name].append(logged_now[name][-1])
         # transformers' loop calls it between the last backward and the optimizer step: the step check (issue 35),
         # which also moves the controller's sums to the host and updates the betas for the next step.
         reference._get_grad_norm(model)
@@ -225,51 +191,38 @@ def _coverage(records: list[list[dict]]) -> set[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "world, backend, loss_types",
-    [
-        (1, "single", LOSS_TYPES),
-        (2, "ddp", LOSS_TYPES),
-        # Sharded: the same check on both loss types (one normalised per micro-batch, one per training batch).
-        (2, "zero2", LOSS_TYPES),
-        (2, "zero3", LOSS_TYPES),
-        # Not fsdp2.yaml: accelerate 1.16 runs FSDP configs as DDP on CPU, so it would test DDP again.
-    ],
-)
-def test_dynamic_sampling_equals_physical_selection(world, backend, loss_types, tiny_checkpoint, tmp_path):
+# Sharded: the same check on both loss types (one normalised per micro-batch, one per training batch). Not fsdp2.yaml:
+# accelerate 1.16 runs FSDP configs as DDP on CPU, so it would test DDP again.
+@pytest.mark.parametrize("world, backend", [(1, "single"), (2, "ddp"), (2, "zero2"), (2, "zero3")])
+def test_dynamic_sampling_equals_physical_selection(world, backend, tiny_checkpoint, tmp_path):
     from transformers import AutoModelForCausalLM
 
     if backend.startswith("zero"):
         pytest.importorskip("deepspeed", reason="the `deepspeed` extra is not installed")
     initial = dict(AutoModelForCausalLM.from_pretrained(tiny_checkpoint).named_parameters())
-    scenarios = _scenarios(world, loss_types)
-    _launch(world, backend, scenarios, tiny_checkpoint, tmp_path)
+    scenarios = _scenarios(world)
+    # DDP, or the shipped accelerate config, as the recipes launch it
+    config = None if backend in ("single", "ddp") else f"{backend}.yaml"
+    runs = launched_runs(world, scenarios, tiny_checkpoint, tmp_path, config)
     covered = set()
     for scenario in scenarios:
-        ranks = [torch.load(tmp_path / f"{scenario['name']}.rank{r}.pt", weights_only=False) for r in range(world)]
+        name, ranks = scenario["name"], runs[scenario["name"]]
         records = [r["recorded"] for r in ranks]
         assert all(len(r["selections"]) == 1 for r in ranks)  # one generation batch
         covered |= _check_selection([r["selections"][0] for r in ranks], scenario["oversampling"])
         covered |= _coverage(records)
         final, expected_metrics, betas = _replay(tiny_checkpoint, scenario, records, tmp_path)
-        name = scenario["name"]
-        run_update = torch.cat([(ranks[0]["final"][n] - initial[n]).flatten() for n in final])
-        reference_update = torch.cat([(final[n] - initial[n]).flatten() for n in final])
-        assert reference_update.norm() > 0, name
-        error = ((run_update - reference_update).norm() / reference_update.norm()).item()
+        error = update_error(ranks[0]["final"], initial, final)
         assert error < 1e-4, f"{name}: the update differs from the physically selected batch's by {error:.2e}"
         assert ranks[0]["betas"] == pytest.approx(betas, rel=1e-5), name  # the controller saw the kept tokens only
         for step, expected in enumerate(expected_metrics):
-            logged = ranks[0]["logged"][step]
+            step_logs = ranks[0]["logged"][step]
             for metric, values in expected.items():
-                assert logged.get(metric, []) == pytest.approx(values, rel=1e-5, abs=1e-7, nan_ok=True), (
-                    name,
-                    step,
-                    metric,
-                )
+                expected_values = pytest.approx(values, rel=1e-5, abs=1e-7, nan_ok=True)
+                assert step_logs.get(metric, []) == expected_values, (name, step, metric)
             fill = sum(len(_kept_rows(records[r][m])) for r in range(world) for m in _step_range(step, ranks))
             rows = sum(records[r][m]["completion_ids"].size(0) for r in range(world) for m in _step_range(step, ranks))
-            assert logged["cegppo/batch_fill"] == pytest.approx([fill / rows]), (name, step)
+            assert step_logs["cegppo/batch_fill"] == pytest.approx([fill / rows]), (name, step)
     wanted = {"a micro-batch is empty on every process", "full micro-batches everywhere"}
     if world == 2:
         wanted |= {"processes keep different numbers of rows", "a process keeps no row", "rows move between processes"}
@@ -281,37 +234,6 @@ def _step_range(step: int, ranks) -> range:
     return range(step * accumulation, (step + 1) * accumulation)
 
 
-@pytest.mark.parametrize(
-    "field, value",
-    [("scale_rewards", "batch"), ("multi_objective_aggregation", "normalize_then_sum")],
-)
-def test_dynamic_sampling_refuses_batch_wide_normalisation(field, value, tmp_path):
-    from cegppo_trl import CEGPPOConfig
-
-    with pytest.raises(ValueError, match=rf"cegppo_exclude_zero_advantage_groups=True with `{field}={value!r}`"):
-        CEGPPOConfig(
-            str(tmp_path), use_cpu=True, bf16=False, cegppo_exclude_zero_advantage_groups=True, **{field: value}
-        )
-    CEGPPOConfig(str(tmp_path), use_cpu=True, bf16=False, **{field: value})  # fine without dynamic sampling
-
-
-def test_dynamic_sampling_refuses_steps_that_straddle_generation_batches(tmp_path):
-    from cegppo_trl import CEGPPOConfig
-
-    with pytest.raises(
-        ValueError, match="steps_per_generation=6` is not a multiple of `gradient_accumulation_steps=4"
-    ):
-        CEGPPOConfig(
-            str(tmp_path),
-            use_cpu=True,
-            bf16=False,
-            per_device_train_batch_size=8,
-            gradient_accumulation_steps=4,
-            steps_per_generation=6,
-            cegppo_exclude_zero_advantage_groups=True,
-        )
-
-
 @pytest.mark.parametrize("iterable", [False, True])
 def test_oversampling_enlarges_each_generation_batch(
     iterable, tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path
@@ -319,17 +241,10 @@ def test_oversampling_enlarges_each_generation_batch(
     """Each loader batch (one process's share of a generation batch) holds `cegppo_oversampling` times the rows it
     trains on: whole groups of distinct prompts, repeated for the batch's optimizer steps as TRL's sampler does."""
     dataset = arithmetic_dataset.to_iterable_dataset() if iterable else arithmetic_dataset
-    rows = {}
+    rows, options = {}, dict(steps_per_generation=2, cegppo_exclude_zero_advantage_groups=True)
     for oversampling in (1.0, 2.0):
-        trainer = build(
-            tiny_model,
-            tiny_tokenizer,
-            dataset,
-            tmp_path / str(oversampling),
-            steps_per_generation=2,
-            cegppo_exclude_zero_advantage_groups=True,
-            cegppo_oversampling=oversampling,
-        )
+        out = tmp_path / str(oversampling)
+        trainer = build(tiny_model, tiny_tokenizer, dataset, out, cegppo_oversampling=oversampling, **options)
         batches = iter(trainer.get_train_dataloader())
         first, repeat = next(batches), next(batches)
         prompts = [str(example["prompt"]) for example in first]

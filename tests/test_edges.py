@@ -1,17 +1,22 @@
-"""Edge cases of the loss path (project issue 10): dynamic sampling as physical removal, TRL's `policy_loss` metric,
-finite loss and gradient at any log-ratio, and the luspo loss type.
+"""Edge cases of the loss path (project issue 10), each on a hand-built batch through a tiny trainer's `_compute_loss`:
+dynamic sampling as physical removal, TRL's `policy_loss` metric, finite loss and gradient at any log-ratio."""
 
-Each test builds a tiny local trainer and calls `_compute_loss` on a hand-built batch (see `conftest.make_loss_batch`);
-nothing is downloaded.
-"""
-
+import functools
 import math
-import warnings
 
 import pytest
 import torch
 from shared import make_loss_batch
-from trl_batches import add_off_policy, current_logps, logged, loss_and_grad, ready_for_loss, select_rows, tiny_moe
+from trl_batches import (
+    add_off_policy,
+    batch_with_dropped_rows,
+    current_logps,
+    logged,
+    loss_and_grad,
+    loss_ready,
+    select_rows,
+    tiny_moe,
+)
 
 import cegppo_trl.trainer as trainer_module
 from cegppo_trl.config import SUPPORTED_LOSS_TYPES
@@ -20,42 +25,7 @@ from cegppo_trl.core import LOG_RATIO_CLAMP, ClipParams, cegppo_per_token_loss, 
 
 @pytest.fixture
 def build(tiny_trainer):
-    """`tiny_trainer` off-policy (gradient accumulation 2 of 4 steps per generation), ready for `_compute_loss`."""
-
-    def make(model=None, output_dir=None, **overrides):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            values = {"gradient_accumulation_steps": 2, "steps_per_generation": 4, **overrides}
-            return ready_for_loss(tiny_trainer(model, output_dir, **values))
-
-    return make
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Dynamic sampling (cegppo_exclude_zero_advantage_groups): a dropped row keeps an empty loss mask; the update equals
-# that of the same micro-batch with the row physically removed
-# ---------------------------------------------------------------------------------------------------------------------
-def _batch_with_everything(trainer, tokenizer, seed, kept):
-    inputs = add_off_policy(trainer, make_loss_batch(tokenizer, batch_size=8, seed=seed))
-    gen = torch.Generator().manual_seed(seed + 100)
-    inputs["ref_per_token_logps"] = inputs["old_per_token_logps"] + 0.3 * torch.randn(
-        inputs["old_per_token_logps"].shape, generator=gen
-    )
-    kept_mask = torch.zeros(8, dtype=torch.bool)
-    kept_mask[kept] = True
-    # The generation batch's counts, computed over the kept rows only (as `_generate_and_score_completions` does).
-    loss_mask = inputs["completion_mask"].float()
-    inputs["num_items_in_batch"] = (loss_mask * kept_mask.unsqueeze(1)).sum() * 3
-    sft = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0]) * kept_mask
-    inputs["cegppo_sft_mask"] = sft
-    inputs["cegppo_num_sft_tokens"] = (loss_mask * sft.unsqueeze(1)).sum() * 3
-    return inputs, kept_mask
-
-
-def _as_selected(inputs, keep):
-    """The micro-batch as `_select_training_rows` hands it to the loss: dropped rows with an empty loss mask."""
-    mask = inputs["completion_mask"] * keep.unsqueeze(1).to(inputs["completion_mask"].dtype)
-    return dict(inputs, completion_mask=mask, cegppo_keep=keep.float())
+    return functools.partial(loss_ready, tiny_trainer)
 
 
 @pytest.mark.parametrize("loss_type", ["dapo", "bnpo"])
@@ -76,8 +46,7 @@ def test_excluded_groups_equal_physical_removal_for_every_term(
     )
     on, ref = build(model_dir, tmp_path / "on", **common), build(model_dir, tmp_path / "ref", **common)
     kept = [0, 1, 2, 3, 6]
-    inputs, keep = _batch_with_everything(on, tiny_tokenizer, seed=11, kept=kept)
-    full = _as_selected(inputs, keep)
+    full, inputs = batch_with_dropped_rows(on, tiny_tokenizer, seed=11, kept=kept)
     before = {k: v.clone() for k, v in full.items() if isinstance(v, torch.Tensor)}
     loss, grad = loss_and_grad(on, full)
     removed_loss, removed_grad = loss_and_grad(ref, select_rows(inputs, kept))
@@ -105,10 +74,10 @@ def test_moe_aux_loss_is_refused_with_dynamic_sampling(build, tiny_tokenizer):
 @pytest.mark.parametrize("loss_type", ["bnpo", "dapo"])
 def test_micro_batch_with_every_group_excluded_has_zero_loss_and_gradient(loss_type, build, tiny_tokenizer):
     on = build(loss_type=loss_type, entropy_coef=0.05, cegppo_sft_coef=0.1, cegppo_exclude_zero_advantage_groups=True)
-    inputs, keep = _batch_with_everything(on, tiny_tokenizer, seed=13, kept=[])
+    inputs, _ = batch_with_dropped_rows(on, tiny_tokenizer, seed=13, kept=[])
     inputs["num_items_in_batch"] = torch.tensor(40.0)  # other micro-batches of the generation batch had kept rows
     inputs["cegppo_num_sft_tokens"] = torch.tensor(10.0)
-    loss, grad = loss_and_grad(on, _as_selected(inputs, keep))
+    loss, grad = loss_and_grad(on, inputs)
     assert loss.item() == 0.0
     assert torch.equal(grad, torch.zeros_like(grad))
     # No loss token on any process: CE-GPPO's own metrics of this micro-batch are NaN, which TRL's `log` skips.
@@ -151,24 +120,17 @@ def test_generation_keeps_informative_groups_on_rewards_not_advantages(build, ar
     assert logged(trainer)["cegppo/informative_group_frac"][-1] == pytest.approx(1 / 3)
 
 
-def test_multimodal_batch_is_refused_with_the_field_name(build, arithmetic_dataset):
+def test_multimodal_batch_is_refused_with_the_field_name(build, arithmetic_dataset, monkeypatch):
     trainer = build(cegppo_exclude_zero_advantage_groups=True)
     original = trainer_module.GRPOTrainer._generate_and_score_completions
-
-    def with_pixels(self, inputs):
-        return dict(original(self, inputs), pixel_values=torch.zeros(1))
-
-    trainer_module.GRPOTrainer._generate_and_score_completions = with_pixels
-    try:
-        with pytest.raises(ValueError, match="cegppo_exclude_zero_advantage_groups.*pixel_values"):
-            trainer._generate_and_score_completions([arithmetic_dataset[i] for i in range(8)])
-    finally:
-        trainer_module.GRPOTrainer._generate_and_score_completions = original
+    with_pixels = {"pixel_values": torch.zeros(1)}
+    monkeypatch.setattr(
+        trainer_module.GRPOTrainer, "_generate_and_score_completions", lambda *args: original(*args) | with_pixels
+    )
+    with pytest.raises(ValueError, match="cegppo_exclude_zero_advantage_groups.*pixel_values"):
+        trainer._generate_and_score_completions([arithmetic_dataset[i] for i in range(8)])
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# `cegppo/policy_loss` is the CE-GPPO policy term at the scale of TRL's `policy_loss`, which stays TRL's
-# ---------------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("loss_type", ["grpo", "dapo", "luspo"])
 @pytest.mark.parametrize("extra", [{"entropy_coef": 0.05}, {"use_adaptive_entropy": True, "entropy_target": 10.0}])
 def test_logged_policy_loss_is_the_cegppo_policy_term(loss_type, extra, build, tiny_tokenizer):
@@ -201,9 +163,6 @@ def test_logged_policy_loss_is_the_cegppo_policy_term(loss_type, extra, build, t
     assert expected != pytest.approx(trl_expected, rel=1e-3)  # the clipped tokens make them differ
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Finite loss and gradient at any log-ratio
-# ---------------------------------------------------------------------------------------------------------------------
 def _extreme_batch(trainer, tokenizer, dtype, seed=31):
     inputs = add_off_policy(trainer, make_loss_batch(tokenizer, seed=seed), seed=seed)
     logps = current_logps(trainer, inputs)[0].detach()
@@ -232,7 +191,7 @@ def test_loss_and_gradient_are_finite_at_any_log_ratio(loss_type, dtype, build, 
 
 
 @pytest.mark.parametrize("loss_type", SUPPORTED_LOSS_TYPES)
-def test_clamp_changes_nothing_within_the_bound(loss_type, build, tiny_tokenizer):
+def test_clamp_changes_nothing_within_the_bound(loss_type, build, tiny_tokenizer, monkeypatch):
     """Bit-identical loss and gradient to the trainer without the clamp when every |log-ratio| <= 20."""
     trainer = build(loss_type=loss_type, delta=4.0)
     inputs = add_off_policy(trainer, make_loss_batch(tiny_tokenizer, seed=41), scale=3.0)
@@ -243,10 +202,9 @@ def test_clamp_changes_nothing_within_the_bound(loss_type, build, tiny_tokenizer
         trainer.importance_sampling_level = level
         clamped_loss, clamped_grad = loss_and_grad(trainer, inputs)
         assert logged(trainer)["cegppo/log_ratio_clamped_frac"][-1] == 0.0
-        original = trainer_module.clamp_old_log_probs
-        trainer_module.clamp_old_log_probs = lambda logps, old: (old, torch.zeros_like(old, dtype=torch.bool))
-        try:
+        with monkeypatch.context() as patch:
+            patch.setattr(
+                trainer_module, "clamp_old_log_probs", lambda logps, old: (old, torch.zeros_like(old).bool())
+            )
             loss, grad = loss_and_grad(trainer, inputs)
-        finally:
-            trainer_module.clamp_old_log_probs = original
         assert torch.equal(clamped_loss, loss) and torch.equal(clamped_grad, grad), level

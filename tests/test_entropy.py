@@ -7,6 +7,9 @@ import math
 
 import pytest
 import torch
+from launching import controller_state
+from shared import cpu_config
+from trl_batches import history
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer, EntropyController
 from cegppo_trl.demo.toy import (
@@ -18,11 +21,6 @@ from cegppo_trl.demo.toy import (
     run_toy,
     single_step_entropy_change,
 )
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Toy: first-order formula
-# ----------------------------------------------------------------------------------------------------------------
 
 
 def test_first_order_formula_matches_one_small_step():
@@ -44,6 +42,7 @@ def test_first_order_formula_matches_one_small_step():
         (0.9, 1.4, 0.5, 1.0, 1.0 * 1.2),  # beta2 set: F = beta2 (1 + eps_high)
         (0.9, 0.7, 0.5, 1.0, 0.7),  # A > 0, r < 1 - eps: unclipped, F = r
         (-1.3, 1.4, 0.5, 1.0, 1.4),  # A < 0, r > 1 + eps: unclipped, F = r
+        (-1.0, 0.7, 0.0, 1.0, 0.0),  # beta1 = 0: the clipped token gets no gradient at all
     ],
 )
 def test_single_step_weight_and_sign(advantage, ratio, beta1, beta2, weight):
@@ -52,15 +51,9 @@ def test_single_step_weight_and_sign(advantage, ratio, beta1, beta2, weight):
         measured, predicted, used = single_step_entropy_change(logits, action, advantage, ratio, 1e-4, beta1, beta2)
         assert used == pytest.approx(weight, rel=1e-12)
         assert measured == pytest.approx(predicted, rel=2e-3)
+        assert weight != 0 or measured == predicted == used == 0.0
     # The softmax entropy dynamics: a positive-advantage rare action raises entropy, a negative-advantage rare action lowers it.
-    measured, _, _ = single_step_entropy_change(logits, 4, advantage, ratio, 1e-4, beta1, beta2)
     assert (measured > 0) == (advantage > 0)
-
-
-def test_beta_zero_gives_clipped_token_no_gradient():
-    logits = torch.tensor([2.0, 0.0, -1.0, 0.5], dtype=torch.float64)
-    measured, predicted, weight = single_step_entropy_change(logits, 2, -1.0, 0.7, 1e-2, beta1=0.0, beta2=1.0)
-    assert measured == 0.0 and predicted == 0.0 and weight == 0.0
 
 
 def test_entropy_sensitivity_matches_core_formula():
@@ -81,11 +74,6 @@ def test_toy_entropy_decomposition_tracks_the_actual_change():
         assert p == pytest.approx(m, rel=0.05, abs=1e-4)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Toy: the direction of the paper's findings
-# ----------------------------------------------------------------------------------------------------------------
-
-
 @pytest.fixture(scope="module")
 def toy_grid():
     config = dataclasses.replace(TOY_PRESETS["sequence"], steps=60)
@@ -102,39 +90,26 @@ def toy_grid():
     return grid
 
 
-def test_toy_is_off_policy_enough_to_clip(toy_grid):
-    for stats in toy_grid.values():
+def test_toy_betas_move_entropy_in_the_papers_direction(toy_grid):
+    for stats in toy_grid.values():  # off-policy enough to clip
         assert stats["beta1_frac"] > 0 and stats["beta2_frac"] > 0
-
-
-def test_toy_larger_beta1_lowers_entropy(toy_grid):
+    # A larger beta1 lowers entropy: the restored gradient of the beta1 set lowers it, in every seed.
     assert toy_grid[(1.0, 1.0)]["mean_entropy"] < toy_grid[(0.5, 1.0)]["mean_entropy"]
-    # Mechanism: the restored gradient of the beta1 set lowers entropy, in every seed.
     for betas in ((1.0, 0.5), (1.0, 1.0), (0.5, 1.0)):
         assert all(d < 0 for d in toy_grid[betas]["dH_beta1"]), betas
-
-
-def test_toy_larger_beta2_keeps_entropy_higher(toy_grid):
+    # A larger beta2 keeps entropy higher.
     assert toy_grid[(1.0, 1.0)]["mean_entropy"] > toy_grid[(1.0, 0.5)]["mean_entropy"]
     assert toy_grid[(0.0, 1.0)]["mean_entropy"] > toy_grid[(0.0, 0.0)]["mean_entropy"]
     for betas in ((1.0, 0.5), (1.0, 1.0), (0.0, 1.0)):
         assert all(d > 0 for d in toy_grid[betas]["dH_beta2"]), betas
-    # beta = 0 restores nothing.
+    # beta = 0 restores nothing; the paper's setting keeps more entropy than GRPO.
     assert toy_grid[(0.0, 0.0)]["dH_beta1"] == [0.0] * 3 and toy_grid[(0.0, 0.0)]["dH_beta2"] == [0.0] * 3
-
-
-def test_toy_paper_setting_keeps_more_entropy_than_grpo(toy_grid):
     assert toy_grid[(0.5, 1.0)]["mean_entropy"] > toy_grid[(0.0, 0.0)]["mean_entropy"]
 
 
 def test_toy_is_deterministic():
     config = ToyConfig(steps=3)
     assert run_toy(0.5, 1.0, seed=7, config=config).entropy == run_toy(0.5, 1.0, seed=7, config=config).entropy
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Entropy controller: pure logic
-# ----------------------------------------------------------------------------------------------------------------
 
 
 def make_controller(**overrides):
@@ -153,26 +128,19 @@ def make_controller(**overrides):
     return EntropyController(**values)
 
 
-def test_controller_entropy_too_low_lowers_beta1_and_raises_beta2():
+def test_controller_moves_the_betas_against_the_entropy_error():
     controller = make_controller()
-    beta1, beta2 = controller.update(0.8)  # below target
+    beta1, beta2 = controller.update(0.8)  # below target: beta1 falls, beta2 rises
     assert beta1 < 0.5 and beta2 > 1.0
     assert beta1 == pytest.approx(0.5 - (0.2 + 0.05 * 0.2)) and beta2 == pytest.approx(1.0 + 0.21)
     # Staying below target keeps integrating: the push grows.
     beta1_next, beta2_next = controller.update(0.8)
     assert beta1_next < beta1 and beta2_next > beta2
-
-
-def test_controller_entropy_too_high_raises_beta1_and_lowers_beta2():
     controller = make_controller()
-    beta1, beta2 = controller.update(1.2)
+    beta1, beta2 = controller.update(1.2)  # above target: beta1 rises, beta2 falls
     assert beta1 > 0.5 and beta2 < 1.0
     assert controller.last_error == pytest.approx(-0.2)
-
-
-def test_controller_at_target_keeps_initial_betas():
-    controller = make_controller()
-    assert controller.update(1.0) == (0.5, 1.0)
+    assert make_controller().update(1.0) == (0.5, 1.0)  # at target: the initial betas
 
 
 def test_controller_respects_bounds():
@@ -220,34 +188,15 @@ def test_controller_state_dict_roundtrip():
 
 
 def test_controller_from_config(tmp_path):
-    config = CEGPPOConfig(
-        output_dir=str(tmp_path),
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        cegppo_entropy_target=0.7,
-        cegppo_entropy_kp=2.0,
-        cegppo_beta1=0.25,
-    )
+    config = cpu_config(CEGPPOConfig, tmp_path, cegppo_entropy_target=0.7, cegppo_entropy_kp=2.0, cegppo_beta1=0.25)
     controller = EntropyController.from_config(config)
     assert (controller.target, controller.kp, controller.beta1, controller.beta2) == (0.7, 2.0, 0.25, 1.0)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Entropy controller inside CEGPPOTrainer
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def _values(history, key):
-    return [(h["step"], h[key]) for h in history if key in h]
 
 
 def test_trainer_saves_checkpoints_and_resumes_them_with_the_controller_state(tiny_trainer, tiny_model, tmp_path):
     import copy
 
     from transformers import AutoModelForCausalLM
-
-    from cegppo_trl.trainer import CONTROLLER_STATE_FILE
 
     start_weights = copy.deepcopy(tiny_model)
     # A random tiny model has ~log(vocab) nats of entropy; a target above that means "entropy too low". kp=0: pure
@@ -256,22 +205,17 @@ def test_trainer_saves_checkpoints_and_resumes_them_with_the_controller_state(ti
     saving = dict(output_dir=tmp_path / "run", save_strategy="steps", save_steps=2, **controller_args)
     trainer = tiny_trainer(max_steps=4, **saving)
     trainer.train()
-    history = trainer.state.log_history
-    beta1 = [v for _, v in _values(history, "cegppo/beta1")]
-    beta2 = [v for _, v in _values(history, "cegppo/beta2")]
+    beta1, beta2 = (list(history(trainer, key).values()) for key in ("cegppo/beta1", "cegppo/beta2"))
     assert len(beta1) == 4 and beta1[0] == 0.5 and beta2[0] == 1.0  # step 1 runs with the initial betas
     assert all(b < a for a, b in zip(beta1, beta1[1:])), beta1  # entropy below target: beta1 keeps falling
     assert all(b > a for a, b in zip(beta2, beta2[1:])), beta2
-    errors = [v for _, v in _values(history, "cegppo/entropy_error")]
+    errors = list(history(trainer, "cegppo/entropy_error").values())
     assert len(errors) == 4 and all(e > 0 for e in errors)
 
-    saved_path = tmp_path / "run" / "checkpoint-2" / CONTROLLER_STATE_FILE
-    assert saved_path.exists()
-    saved = json.loads(saved_path.read_text())
+    saved = controller_state(tmp_path / "run" / "checkpoint-2")
     assert saved["num_updates"] == 2 and saved["target"] == 7.0
     assert saved["beta1"] == pytest.approx(beta1[2])  # the betas in force at step 3
-    final = json.loads((tmp_path / "run" / "checkpoint-4" / CONTROLLER_STATE_FILE).read_text())
-    assert final == dataclasses.asdict(trainer._controller)
+    assert controller_state(tmp_path / "run" / "checkpoint-4") == dataclasses.asdict(trainer._controller)
     assert (tmp_path / "run" / "checkpoint-2" / "model.safetensors").exists()
     assert "CE-GPPO" in (tmp_path / "run" / "README.md").read_text()
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "checkpoint-4")
@@ -284,24 +228,10 @@ def test_trainer_saves_checkpoints_and_resumes_them_with_the_controller_state(ti
     resumed.train(resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-2"))
     assert resumed.state.global_step == 6 and (tmp_path / "run" / "checkpoint-6").exists()
     assert resumed._controller.num_updates == 6  # 2 restored + 4 new
-    resumed_beta1 = dict(_values(resumed.state.log_history, "cegppo/beta1"))
+    resumed_beta1 = history(resumed, "cegppo/beta1")
     assert resumed_beta1[3] == pytest.approx(saved["beta1"])  # not the initial 0.5
     assert resumed_beta1[4] < resumed_beta1[3]
 
-
-def test_trainer_without_target_keeps_betas_and_writes_no_controller_file(tiny_trainer, tmp_path):
-    from cegppo_trl.trainer import CONTROLLER_STATE_FILE
-
-    trainer = tiny_trainer(max_steps=2, save_strategy="steps", save_steps=2, cegppo_beta1=0.75)
-    trainer.train()
-    assert [v for _, v in _values(trainer.state.log_history, "cegppo/beta1")] == [0.75, 0.75]
-    assert not (tmp_path / "checkpoint-2" / CONTROLLER_STATE_FILE).exists()
-    assert not _values(trainer.state.log_history, "cegppo/entropy_error")
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Quadrant metrics on a short off-policy run
-# ----------------------------------------------------------------------------------------------------------------
 
 QUADRANTS = ("pos_high", "pos_low", "neg_high", "neg_low")
 
@@ -315,19 +245,24 @@ class _RecordingTrainer(CEGPPOTrainer):
         return super()._compute_loss(model, inputs)
 
 
-def test_off_policy_training_changes_every_weight_and_logs_the_clipping_and_the_quadrants(tiny_trainer):
+def test_off_policy_training_changes_every_weight_and_logs_the_clipping_and_the_quadrants(tiny_trainer, tmp_path):
+    """Also: without an entropy target the betas stay fixed and no controller state is saved."""
+    from cegppo_trl.trainer import CONTROLLER_STATE_FILE
+
     trainer = tiny_trainer(cls=_RecordingTrainer, max_steps=8, steps_per_generation=4, learning_rate=1e-2,
-                           cegppo_beta1=1.0, cegppo_beta2=1.0)  # fmt: skip
+                           cegppo_beta1=1.0, cegppo_beta2=1.0, save_strategy="steps", save_steps=8)  # fmt: skip
     trainer.recorded = []
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
     assert all(not torch.equal(before[n], p.detach()) for n, p in trainer.model.named_parameters())
+    assert (tmp_path / "checkpoint-8").is_dir() and not (tmp_path / "checkpoint-8" / CONTROLLER_STATE_FILE).exists()
+    assert not history(trainer, "cegppo/entropy_error")
     logs = [h for h in trainer.state.log_history if "cegppo/beta1_token_frac" in h]
     assert len(logs) == 8 == len(trainer.recorded)
     for log in logs:
         # TRL's clip_ratio/low_mean (float32) counts the same tokens as CE-GPPO's beta1 set.
         assert log["clip_ratio/low_mean"] == pytest.approx(log["cegppo/beta1_token_frac"], rel=1e-6)
-        assert log["cegppo/beta1"] == 1.0
+        assert (log["cegppo/beta1"], log["cegppo/beta2"]) == (1.0, 1.0)
         assert all(math.isfinite(log[key]) for key in ("entropy", "cegppo/beta1_grad_share")), log
     any_clipped = False
     for log, (advantages, mask) in zip(logs, trainer.recorded):

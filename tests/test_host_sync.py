@@ -1,21 +1,15 @@
-"""CE-GPPO adds no device-to-host transfer per micro-batch, and at most one per optimizer step (project issue 21).
-
-On a GPU, `Tensor.item()` / `tolist()` / `bool(tensor)` / `cpu()` wait for every queued kernel. The test counts those
-calls (and `float()` / `int()` of a tensor) while `CEGPPOTrainer._compute_loss` and TRL's own `GRPOTrainer._compute_loss`
-run on the same micro-batch of a tiny model, and requires the same count inside an accumulation window and at most one
-more at its boundary: the check of the step before the optimizer applies it (issue 35: its loss and gradient norm,
-`divergence.StepGuard`), which also carries the entropy controller's measurement for the next step's betas. CE-GPPO's
-metrics wait on the device until `log`, which moves them to the host in one transfer.
+"""CE-GPPO adds no device-to-host transfer per micro-batch, and at most one per optimizer step (project issue 21): on a
+GPU, `item()` / `tolist()` / `bool()` / `cpu()` / `float()` / `int()` of a tensor wait for every queued kernel. The
+one at a step's boundary is the step check (issue 35, `divergence.StepGuard`), which also carries the entropy
+controller's measurement; CE-GPPO's metrics wait on the device until `log` moves them to the host in one transfer.
 """
 
 import contextlib
-import warnings
 
 import pytest
 import torch
-from shared import make_loss_batch
 from trl import GRPOTrainer
-from trl_batches import add_off_policy, ready_for_loss
+from trl_batches import batch_with_dropped_rows, loss_ready
 
 
 HOST_TRANSFERS = ("item", "tolist", "__bool__", "cpu", "__float__", "__int__")
@@ -35,7 +29,6 @@ CASES = {
 def counting_host_transfers():
     """Count the calls of `HOST_TRANSFERS` on any tensor while the block runs."""
     counts = {"calls": 0}
-    originals = {name: getattr(torch.Tensor, name) for name in HOST_TRANSFERS}
 
     def counted(original):
         def wrapper(self, *args, **kwargs):
@@ -44,73 +37,45 @@ def counting_host_transfers():
 
         return wrapper
 
-    for name, original in originals.items():
-        setattr(torch.Tensor, name, counted(original))
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        for name in HOST_TRANSFERS:
+            patch.setattr(torch.Tensor, name, counted(getattr(torch.Tensor, name)))
         yield counts
-    finally:
-        for name, original in originals.items():
-            setattr(torch.Tensor, name, original)
 
 
-def _transfers(trainer, inputs, sync_gradients: bool) -> int:
-    """Host transfers of one micro-batch's loss and backward; at a step's boundary also of the gradient norm the
+def _transfers(trainer, inputs, sync_gradients: bool) -> tuple[int, int]:
+    """Host transfers of one micro-batch's loss and backward, and at a step's boundary of the gradient norm the
     Trainer takes before `optimizer.step()` (`_get_grad_norm`: CE-GPPO's step check, issue 35)."""
     trainer.accelerator.gradient_state._set_sync_gradients(sync_gradients)
-    with counting_host_transfers() as counts:
+    with counting_host_transfers() as loss_counts:
         trainer._compute_loss(trainer.model, dict(inputs)).backward()
+    with counting_host_transfers() as norm_counts:
         if sync_gradients:
             trainer._get_grad_norm(trainer.model)
-    return counts["calls"]
-
-
-def _micro_batch(trainer, tokenizer, extras: dict) -> dict:
-    inputs = add_off_policy(trainer, make_loss_batch(tokenizer, batch_size=8, seed=5))
-    mask = inputs["completion_mask"]
-    inputs["num_items_in_batch"] = mask.sum() * 3
-    sft = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0])
-    if extras.get("cegppo_exclude_zero_advantage_groups"):
-        keep = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0])
-        inputs["completion_mask"] = mask * keep.unsqueeze(1).to(mask.dtype)  # dropped rows: empty loss mask
-        inputs["cegppo_keep"], sft = keep, sft * keep
-    inputs["cegppo_sft_mask"] = sft
-    inputs["cegppo_num_sft_tokens"] = (inputs["completion_mask"] * sft.unsqueeze(1)).sum() * 3
-    return inputs
+    return loss_counts["calls"], norm_counts["calls"]
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_no_host_transfer_per_micro_batch_and_at_most_one_per_step(case, tiny_trainer, tiny_tokenizer, tmp_path):
     trl_options, cegppo_options = CASES[case]
-    common = dict(gradient_accumulation_steps=2, steps_per_generation=4, **trl_options)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        grpo = tiny_trainer(output_dir=tmp_path / "g", cls=GRPOTrainer, **common)
-        cegppo = tiny_trainer(output_dir=tmp_path / "c", **common, **cegppo_options)
-    ready_for_loss(grpo, cegppo)
-    inputs = _micro_batch(cegppo, tiny_tokenizer, cegppo_options)
+    grpo = loss_ready(tiny_trainer, output_dir=tmp_path / "g", cls=GRPOTrainer, **trl_options)
+    cegppo = loss_ready(tiny_trainer, output_dir=tmp_path / "c", **trl_options, **cegppo_options)
+    dynamic_sampling = cegppo_options.get("cegppo_exclude_zero_advantage_groups")
+    inputs, _ = batch_with_dropped_rows(
+        cegppo, tiny_tokenizer, seed=5, kept=[0, 1, 2, 3] if dynamic_sampling else None
+    )
     # At the boundary: the step check's one transfer (loss, gradient norm and the controller's sums together).
     for sync_gradients, allowed in ((False, 0), (True, 1)):
-        trl_count = _transfers(grpo, inputs, sync_gradients)
-        cegppo_count = _transfers(cegppo, inputs, sync_gradients)
+        trl_count = sum(_transfers(grpo, inputs, sync_gradients))
+        cegppo_loss_count, cegppo_norm_count = _transfers(cegppo, inputs, sync_gradients)
         assert trl_count > 0  # the counter sees TRL's own transfers (its metrics), so it would see CE-GPPO's
+        cegppo_count = cegppo_loss_count + cegppo_norm_count
         assert cegppo_count - trl_count <= allowed, (case, sync_gradients, cegppo_count, trl_count)
+    # The boundary's one transfer is exactly one, and it updates the controller when there is one.
+    assert cegppo_norm_count == 1
+    assert cegppo._controller is None or cegppo._controller.num_updates == 1
     # `log` moves every recorded CE-GPPO metric to the host at once.
     with counting_host_transfers() as counts:
         cegppo._device_metrics.flush("train", cegppo._metrics["train"])
     assert counts["calls"] == 1
     assert cegppo._metrics["train"]["cegppo/beta1_token_frac"]
-
-
-def test_the_step_check_and_the_controller_share_one_transfer(tiny_trainer, tiny_tokenizer):
-    """The boundary's one transfer is exactly one, with the controller on, and it updates the controller."""
-    cegppo_options = dict(cegppo_entropy_target=1.0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        cegppo = tiny_trainer(gradient_accumulation_steps=2, steps_per_generation=4, **cegppo_options)
-    ready_for_loss(cegppo)
-    inputs = _micro_batch(cegppo, tiny_tokenizer, cegppo_options)
-    cegppo.accelerator.gradient_state._set_sync_gradients(True)
-    cegppo._compute_loss(cegppo.model, dict(inputs)).backward()
-    with counting_host_transfers() as counts:
-        cegppo._get_grad_norm(cegppo.model)
-    assert counts["calls"] == 1 and cegppo._controller.num_updates == 1

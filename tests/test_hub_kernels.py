@@ -1,11 +1,7 @@
-"""Offline Hub kernels in `cegppo-train` (issue 20 "Offline GPU machines").
-
-transformers 5.25 loads Hub kernels by default on CUDA; offline, with the kernel not cached, `from_pretrained` dies
-inside `kernels` with a ValueError ~20 frames down. `CEGPPOTrainer` says it in one line with the fix, which `cegppo-train` prints (exit status 2).
-On CPU transformers never needs a Hub kernel, so a stand-in for its kernel loader (`PreTrainedModel.set_use_kernels`,
-which `from_pretrained` calls with the resolved `use_kernels`) raises the same error when kernels are on; the two
-fixes the message gives (USE_HUB_KERNELS=0, `use_kernels: false` in `model_init_kwargs`) turn them off, and then the
-same run trains.
+"""Offline Hub kernels in `cegppo-train` (issue 20 "Offline GPU machines"): transformers 5.25 loads Hub kernels by
+default on CUDA, and offline, with the kernel not cached, `from_pretrained` dies inside `kernels` ~20 frames down;
+`cegppo-train` says it in one line with the fix (exit status 2). On CPU the stand-in for the kernel loader
+(conftest's `offline_kernel_loader`) raises the same error; each fix the message gives makes the same run train.
 """
 
 import json
@@ -14,12 +10,9 @@ from pathlib import Path
 import pytest
 import transformers
 from packaging.version import Version
+from shared import ROOT, TINY_RECIPE
 
 from cegppo_trl.scripts.train import main
-
-
-ROOT = Path(__file__).resolve().parents[1]
-TINY_RECIPE = ROOT / "recipes" / "tiny" / "cegppo" / "config_cpu.yaml"
 
 
 # transformers turns Hub kernels on by default from 5.25; before (the floor, 5.23) only a run that asks for them meets
@@ -34,7 +27,7 @@ ASK_FOR_KERNELS = (
 def _argv(out: Path, model: Path, *extra: str) -> list[str]:
     """The tiny recipe for one step, on the session's tiny model (conftest.py)."""
     model_flags = ["--model_name_or_path", str(model), "--max_steps", "1"]
-    return ["--config", str(TINY_RECIPE), *model_flags, "--output_dir", str(out), *extra]
+    return ["--config", str(ROOT / TINY_RECIPE), *model_flags, "--output_dir", str(out), *extra]
 
 
 def test_an_uncached_hub_kernel_offline_is_one_line_with_the_fix(

@@ -79,8 +79,7 @@ def _by_definition(mask, grad_coef, weight, beta1, beta2, advantages, logps, cla
 @pytest.mark.parametrize("seed", [0, 1])
 def test_every_token_metric_is_its_definition(seed, with_weight):
     batch = _micro_batch(seed, with_weight)
-    mask, grad_coef, weight, beta1, beta2, advantages, logps, clamped = batch
-    sums = token_set_sums(mask, grad_coef, weight, beta1, beta2, advantages, logps, THRESHOLD, clamped)
+    sums = token_set_sums(*batch[:-1], THRESHOLD, batch[-1])
     shares = dict(zip(TOKEN_RATIOS.names, TOKEN_RATIOS.shares(sums.double().tolist())))
     expected = _by_definition(*batch)
     assert set(shares) == set(expected) == set(TOKEN_METRICS)

@@ -6,13 +6,9 @@ import warnings
 import pytest
 import torch
 from trl import GRPOConfig
-from trl_batches import build_trainer, current_logps, ready_for_loss
+from trl_batches import build_trainer, current_logps, history, loss_ready
 
 from cegppo_trl import CEGPPOConfig
-
-
-def history_values(trainer, key):
-    return [h[key] for h in trainer.state.log_history if key in h]
 
 
 def test_lora_adapter_saves_and_loads(tiny_trainer, tiny_checkpoint, tmp_path):
@@ -28,7 +24,7 @@ def test_lora_adapter_saves_and_loads(tiny_trainer, tiny_checkpoint, tmp_path):
     assert any(
         not torch.equal(trainable[n], p.detach()) for n, p in trainer.model.named_parameters() if n in trainable
     )
-    assert history_values(trainer, "cegppo/beta1_token_frac")
+    assert history(trainer, "cegppo/beta1_token_frac")
     trainer.save_model(str(tmp_path / "adapter"))
     assert (tmp_path / "adapter" / "adapter_config.json").exists()
     loaded = AutoPeftModelForCausalLM.from_pretrained(str(tmp_path / "adapter"))
@@ -38,42 +34,26 @@ def test_lora_adapter_saves_and_loads(tiny_trainer, tiny_checkpoint, tmp_path):
         assert torch.allclose(loaded(ids).logits, trainer.model(ids).logits, atol=1e-5)
 
 
-def test_eval_runs_with_cegppo_metrics(tiny_trainer, arithmetic_dataset):
-    trainer = tiny_trainer(max_steps=2, eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=8,
-                           trainer_kwargs={"eval_dataset": arithmetic_dataset.select(range(8))})  # fmt: skip
-    trainer.train()
-    assert history_values(trainer, "eval_cegppo/beta1_token_frac")
-    assert history_values(trainer, "eval_loss")
-
-
-def test_sft_term_and_zero_advantage_denominator(tiny_trainer, arithmetic_dataset):
+def test_sft_term_with_dynamic_sampling_trains_and_evaluates(tiny_trainer, arithmetic_dataset):
     def first_completion_wins(completions, **kwargs):
         # Group of 4: one completion +1, the rest -1, except every other group is all -1 (zero advantage).
         return [1.0 if i % 8 == 0 else -1.0 for i in range(len(completions))]
 
     trainer = tiny_trainer(reward_funcs=first_completion_wins, max_steps=2, cegppo_sft_coef=0.1,
-                           cegppo_exclude_zero_advantage_groups=True)  # fmt: skip
-    trainer.model.train()
-    batch = trainer._generate_and_score_completions([arithmetic_dataset[i] for i in range(8)])
-    sft_mask = batch["cegppo_sft_mask"]
-    assert sft_mask.tolist() == [1.0 if i % 8 == 0 else 0.0 for i in range(8)]
-    loss_mask = batch["completion_mask"]
-    assert batch["cegppo_num_sft_tokens"].item() == (loss_mask * sft_mask.unsqueeze(1)).sum().item()
-    # Groups 0 (rows 0-3) is informative, group 1 (rows 4-7) is all -1: only group 0 counts in the denominator.
-    assert batch["num_items_in_batch"].item() == loss_mask[:4].sum().item()
+                           cegppo_exclude_zero_advantage_groups=True, eval_strategy="steps", eval_steps=2,
+                           per_device_eval_batch_size=8,
+                           trainer_kwargs={"eval_dataset": arithmetic_dataset.select(range(8))})  # fmt: skip
     trainer.train()
-    assert history_values(trainer, "cegppo/sft_nll")
-    assert history_values(trainer, "cegppo/informative_group_frac")[0] == pytest.approx(0.5)
+    assert history(trainer, "cegppo/sft_nll")
+    assert history(trainer, "cegppo/informative_group_frac")[1] == pytest.approx(0.5)
+    assert history(trainer, "eval_cegppo/beta1_token_frac") and history(trainer, "eval_loss")
 
 
 def test_sft_term_adds_token_mean_nll(tiny_trainer, tiny_tokenizer):
     """The SFT term's value is coef * mean(-log pi) over the SFT tokens (one process, one accumulation step)."""
     from shared import make_loss_batch
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        trainer = tiny_trainer(cegppo_sft_coef=0.25, steps_per_generation=1)
-    ready_for_loss(trainer, accumulation=1)
+    trainer = loss_ready(tiny_trainer, cegppo_sft_coef=0.25, steps_per_generation=1, gradient_accumulation_steps=1)
     inputs = make_loss_batch(tiny_tokenizer, seed=3)
     sft_mask = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 0.0])
     inputs["cegppo_sft_mask"] = sft_mask
@@ -87,25 +67,32 @@ def test_sft_term_adds_token_mean_nll(tiny_trainer, tiny_tokenizer):
     assert with_sft - without == pytest.approx(expected, rel=1e-4)
 
 
-def test_inert_configuration_warns(tiny_trainer):
-    with pytest.warns(UserWarning, match=r"steps_per_generation.*num_iterations.*8 optimizer steps"):
-        tiny_trainer(steps_per_generation=1, gradient_accumulation_steps=1)
+@pytest.mark.parametrize(
+    "overrides, warning",
+    [
+        ({"gradient_accumulation_steps": 1}, r"steps_per_generation.*num_iterations.*8 optimizer steps"),
+        ({"cegppo_entropy_ratio_clip": [0.95, 1.05]}, "cegppo_entropy_ratio_clip"),  # entropy ratios of 1: inert
+    ],
+)
+def test_inert_configuration_warns(overrides, warning, tiny_trainer):
+    with pytest.warns(UserWarning, match=warning):
+        tiny_trainer(steps_per_generation=1, **overrides)
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         tiny_trainer(steps_per_generation=1, num_iterations=2)
 
 
-def test_plain_grpo_config_is_upgraded(
-    tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config, tmp_path
-):
-    config = make_config(GRPOConfig, tmp_path, max_steps=1, epsilon=0.25)
+def test_plain_grpo_config_is_upgraded(tiny_trainer):
     with pytest.warns(UserWarning, match="plain GRPOConfig"):
-        trainer = build_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, config, reward_funcs=reward_fn)
+        trainer = tiny_trainer(config_cls=GRPOConfig, max_steps=1, epsilon=0.25)
     assert isinstance(trainer.args, CEGPPOConfig)
     assert trainer.args.cegppo_beta1 == 0.5 and trainer.args.epsilon == 0.25
     assert trainer.args.steps_per_generation == 4 and trainer.args.generation_batch_size == 32
     trainer.train()
     assert trainer.state.global_step == 1
+
+
+DYNAMIC_SAMPLING = {"cegppo_exclude_zero_advantage_groups": True}
 
 
 @pytest.mark.parametrize(
@@ -122,19 +109,33 @@ def test_plain_grpo_config_is_upgraded(
         ({"cegppo_entropy_target": 0.5, "cegppo_beta1": 2.0}, "cegppo_beta1_max"),
         ({"cegppo_entropy_target": -1.0}, "cegppo_entropy_target"),
         ({"cegppo_low_prob_threshold": 1.5}, "cegppo_low_prob_threshold"),
+        # Dynamic sampling: a dropped row keeps an empty loss mask, which these loss types count in their normaliser
+        # (docs/method.md); batch-wide reward normalisation would see the dropped groups.
+        *(
+            (
+                {"loss_type": loss_type, **DYNAMIC_SAMPLING},
+                rf"`loss_type='{loss_type}'`: .*rows.* Use loss_type='dapo'",
+            )
+            for loss_type in ("grpo", "dr_grpo", "luspo")
+        ),
+        *(
+            (
+                {field: value, **DYNAMIC_SAMPLING},
+                rf"cegppo_exclude_zero_advantage_groups=True with `{field}={value!r}`",
+            )
+            for field, value in (("scale_rewards", "batch"), ("multi_objective_aggregation", "normalize_then_sum"))
+        ),
+        (
+            {"gradient_accumulation_steps": 4, "steps_per_generation": 6, **DYNAMIC_SAMPLING},
+            "steps_per_generation=6` is not a multiple of `gradient_accumulation_steps=4",
+        ),
     ],
 )
 def test_bad_config_fails_with_field_name(overrides, field, make_config, tmp_path):
     with pytest.raises(ValueError, match=field):
         make_config(CEGPPOConfig, tmp_path, **overrides)
-
-
-@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "luspo"])
-def test_row_normalised_loss_types_are_refused_with_dynamic_sampling(loss_type, make_config, tmp_path):
-    """A dropped row keeps an empty loss mask; these loss types count it in their normaliser (docs/method.md)."""
-    with pytest.raises(ValueError, match=rf"`loss_type='{loss_type}'`: .*rows.* Use loss_type='dapo'"):
-        make_config(CEGPPOConfig, tmp_path, loss_type=loss_type, cegppo_exclude_zero_advantage_groups=True)
-    make_config(CEGPPOConfig, tmp_path, loss_type=loss_type)  # fine without dynamic sampling
+    if overrides.get("cegppo_exclude_zero_advantage_groups"):  # fine without dynamic sampling
+        make_config(CEGPPOConfig, tmp_path, **dict(overrides, cegppo_exclude_zero_advantage_groups=False))
 
 
 def test_bad_values_set_after_construction_fail_at_trainer_init(

@@ -1,10 +1,6 @@
-"""Exactness through the real trainer, and drift detection against TRL's own GRPOTrainer.
-
-`CEGPPOTrainer` computes TRL's loss and adds a CE-GPPO correction built from a mirror of TRL 1.16's ratio, masks and
-aggregation (`trl_mirror.policy_term_inputs`, `trl_mirror.aggregate`). The first test rebuilds TRL's PPO-clip loss from that mirror
-and compares it with TRL's `GRPOTrainer._compute_loss` on the same batch for every supported loss type and option:
-if TRL changes any of them, it fails.
-"""
+"""Exactness through the real trainer, and drift detection against TRL's own GRPOTrainer: `CEGPPOTrainer` adds to
+TRL's loss a correction built from a mirror of TRL 1.16's ratio, masks and aggregation (`trl_mirror`); the first test
+rebuilds TRL's PPO-clip loss from that mirror for every supported loss type and option, so it fails if TRL changes."""
 
 import copy
 
@@ -19,6 +15,8 @@ from trl_batches import (
     current_logps,
     logged,
     loss_and_grad,
+    loss_ready,
+    noisy,
     ready_for_loss,
     tiny_moe,
 )
@@ -34,19 +32,12 @@ VARIANTS = {**TRL_OPTIONS, "vllm_is": {}, "tool_mask": {}}
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("loss_type", SUPPORTED_LOSS_TYPES)
 def test_mirror_of_trl_policy_loss_matches_grpo_trainer(loss_type, variant, tiny_trainer, tiny_tokenizer):
-    trainer = tiny_trainer(
-        loss_type=loss_type, gradient_accumulation_steps=2, steps_per_generation=4, **VARIANTS[variant]
-    )
-    ready_for_loss(trainer)
+    trainer = loss_ready(tiny_trainer, loss_type=loss_type, **VARIANTS[variant])
     inputs = add_off_policy(trainer, make_loss_batch(tiny_tokenizer, seed=1))
     inputs["num_items_in_batch"] = inputs["completion_mask"].sum() * 3  # as if the generation batch were larger
     if variant == "tool_mask":  # multi-turn tool output tokens are excluded from the loss
-        inputs["tool_mask"] = (
-            (torch.arange(inputs["completion_ids"].size(1)) % 3 != 1)
-            .long()
-            .expand_as(inputs["completion_mask"])
-            .clone()
-        )
+        mask = inputs["completion_mask"]
+        inputs["tool_mask"] = (torch.arange(mask.size(1)) % 3 != 1).long().expand_as(mask).clone()
     if variant == "vllm_is":
         trainer.use_vllm, trainer.vllm_importance_sampling_correction = True, True
         gen = torch.Generator().manual_seed(5)
@@ -72,19 +63,13 @@ def test_mirror_of_trl_policy_loss_matches_grpo_trainer(loss_type, variant, tiny
 
 def test_dapo_loss_is_the_papers_token_mean_objective(tiny_trainer, tiny_tokenizer):
     """One process, one accumulation step: the trainer's loss and gradient equal -J of Eq. 8 computed directly."""
-    trainer = tiny_trainer(steps_per_generation=1, cegppo_beta1=0.5, cegppo_beta2=1.0)
-    ready_for_loss(trainer)
+    trainer = loss_ready(tiny_trainer, steps_per_generation=1, gradient_accumulation_steps=1, cegppo_beta1=0.5)
     inputs = add_off_policy(trainer, make_loss_batch(tiny_tokenizer, seed=2))
     loss, grad = loss_and_grad(trainer, inputs)
 
     def paper(model, x):
-        logps, _ = current_logps(trainer, x)
-        return cegppo_token_mean_loss(
-            logps - x["old_per_token_logps"],
-            x["advantages"].unsqueeze(1),
-            x["completion_mask"],
-            ClipParams(0.2, 0.2, 0.5, 1.0),
-        )
+        log_ratio, advantages = current_logps(trainer, x)[0] - x["old_per_token_logps"], x["advantages"].unsqueeze(1)
+        return cegppo_token_mean_loss(log_ratio, advantages, x["completion_mask"], ClipParams(0.2, 0.2, 0.5, 1.0))
 
     ref_loss, ref_grad = loss_and_grad(trainer, inputs, paper)
     assert torch.allclose(loss, ref_loss, rtol=1e-5, atol=1e-7)
@@ -109,7 +94,7 @@ def pair(tiny_trainer, tiny_model, tmp_path):
 
 
 @pytest.mark.parametrize("loss_type", SUPPORTED_LOSS_TYPES)
-def test_beta_zero_has_grpo_gradient_and_beta_one_is_gppo(loss_type, pair, tiny_tokenizer, tmp_path):
+def test_beta_zero_has_grpo_gradient_beta_one_is_gppo_and_on_policy_is_grpo(loss_type, pair, tiny_tokenizer, tmp_path):
     grpo, ceg0 = pair(loss_type, 0.0, 0.0)
     inputs = add_off_policy(grpo, make_loss_batch(tiny_tokenizer, seed=3))
     grpo_loss, grpo_grad = loss_and_grad(grpo, inputs)
@@ -122,10 +107,7 @@ def test_beta_zero_has_grpo_gradient_and_beta_one_is_gppo(loss_type, pair, tiny_
     assert not torch.allclose(gppo_grad, grpo_grad, rtol=1e-3, atol=1e-6)  # ... and the clipped tokens' gradient
     assert logged(ceg1)["cegppo/beta1_grad_share"][-1] > 0
 
-
-@pytest.mark.parametrize("loss_type", SUPPORTED_LOSS_TYPES)
-def test_on_policy_ratio_one_is_grpo_exactly(loss_type, pair, tiny_tokenizer):
-    grpo, ceg = pair(loss_type, 0.5, 1.0)
+    _, ceg = pair(loss_type, 0.5, 1.0, output_dir=tmp_path / "paper")
     inputs = make_loss_batch(tiny_tokenizer, seed=4)  # no old_per_token_logps: TRL uses logps.detach(), r == 1
     grpo_loss, grpo_grad = loss_and_grad(grpo, inputs)
     ceg_loss, ceg_grad = loss_and_grad(ceg, inputs)
@@ -134,42 +116,27 @@ def test_on_policy_ratio_one_is_grpo_exactly(loss_type, pair, tiny_tokenizer):
     assert logged(ceg)["cegppo/beta1_token_frac"][-1] == 0.0
 
 
-def test_kl_term_is_kept(pair, tiny_checkpoint, tiny_tokenizer):
-    # With beta > 0 TRL loads a reference model by name, so hand it the saved tiny model's directory.
-    grpo, ceg = pair("dapo", 1.0, 1.0, model=str(tiny_checkpoint), beta=0.1)
-    inputs = add_off_policy(grpo, make_loss_batch(tiny_tokenizer, seed=6))
-    gen = torch.Generator().manual_seed(7)
-    inputs["ref_per_token_logps"] = inputs["old_per_token_logps"] + 0.3 * torch.randn(
-        inputs["old_per_token_logps"].shape, generator=gen
-    )
+@pytest.mark.parametrize("term", ["kl", "entropy_bonus", "adaptive_entropy_bonus", "moe_aux_loss"])
+def test_trl_terms_are_kept(term, pair, tiny_checkpoint, tiny_tokenizer):
+    """TRL's KL term, entropy bonus (static or adaptive) and MoE aux loss are added unchanged: GPPO's loss still equals
+    GRPO's, and so does TRL's metric of the term."""
+    overrides, metric, seed = {
+        "kl": (dict(model=str(tiny_checkpoint), beta=0.1), "kl", 6),  # beta > 0: TRL loads the reference by name
+        "entropy_bonus": (dict(entropy_coef=0.05), "entropy_coef", 8),
+        "adaptive_entropy_bonus": (
+            dict(entropy_coef=0.05, use_adaptive_entropy=True, entropy_target=10.0),
+            "entropy_coef",
+            8,
+        ),
+        "moe_aux_loss": (dict(model=tiny_moe(tiny_tokenizer)), "aux_loss", 9),
+    }[term]
+    grpo, ceg = pair("dapo", 1.0, 1.0, **overrides)
+    assert grpo.aux_loss_enabled == ceg.aux_loss_enabled == (term == "moe_aux_loss")
+    inputs = add_off_policy(grpo, make_loss_batch(tiny_tokenizer, seed=seed))
+    if term == "kl":
+        inputs["ref_per_token_logps"] = noisy(inputs["old_per_token_logps"], seed=7)
     grpo_loss, _ = loss_and_grad(grpo, inputs)
     ceg_loss, _ = loss_and_grad(ceg, inputs)
     assert torch.allclose(ceg_loss, grpo_loss, rtol=1e-5, atol=1e-7)
-    assert grpo._metrics["train"]["kl"][-1] > 0 and ceg._metrics["train"]["kl"][-1] == grpo._metrics["train"]["kl"][-1]
-
-
-@pytest.mark.parametrize(
-    "extra",
-    [
-        {"entropy_coef": 0.05},
-        {"entropy_coef": 0.05, "use_adaptive_entropy": True, "entropy_target": 10.0},
-    ],
-)
-def test_entropy_bonus_is_kept(extra, pair, tiny_tokenizer):
-    """TRL's entropy bonus (static or adaptive) is added unchanged: GPPO's loss still equals GRPO's."""
-    grpo, ceg = pair("dapo", 1.0, 1.0, **extra)
-    inputs = add_off_policy(grpo, make_loss_batch(tiny_tokenizer, seed=8))
-    grpo_loss, _ = loss_and_grad(grpo, inputs)
-    ceg_loss, _ = loss_and_grad(ceg, inputs)
-    assert torch.allclose(ceg_loss, grpo_loss, rtol=1e-5, atol=1e-7)
-    assert ceg._metrics["train"]["entropy_coef"] == grpo._metrics["train"]["entropy_coef"]
-
-
-def test_moe_aux_loss_is_kept(pair, tiny_tokenizer):
-    grpo, ceg = pair("dapo", 1.0, 1.0, model=tiny_moe(tiny_tokenizer))
-    assert grpo.aux_loss_enabled and ceg.aux_loss_enabled
-    inputs = add_off_policy(grpo, make_loss_batch(tiny_tokenizer, seed=9))
-    grpo_loss, _ = loss_and_grad(grpo, inputs)
-    ceg_loss, _ = loss_and_grad(ceg, inputs)
-    assert torch.allclose(ceg_loss, grpo_loss, rtol=1e-5, atol=1e-7)
-    assert ceg._metrics["train"]["aux_loss"] == grpo._metrics["train"]["aux_loss"]
+    assert ceg._metrics["train"][metric] == grpo._metrics["train"][metric]
+    assert term != "kl" or grpo._metrics["train"]["kl"][-1] > 0

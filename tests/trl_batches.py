@@ -2,8 +2,14 @@
 TRL's own for parity, and the helpers that score a hand-built micro-batch (`conftest.make_loss_batch`): old
 log-probs off the current policy, the forward pass, the logged metrics, loss and gradient, row selection."""
 
+import json
+import sys
+import warnings
+from pathlib import Path
+
 import torch
-from shared import contains_answer_reward, cpu_config
+from launching import launcher, run_launched
+from shared import contains_answer_reward, cpu_config, make_loss_batch
 from trl import GRPOConfig, GRPOTrainer
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
@@ -27,10 +33,10 @@ def build_trainer(model, tokenizer, dataset, args, cls=CEGPPOTrainer, reward_fun
 
 
 def build(model, tokenizer, dataset, tmp_path, cls=CEGPPOTrainer, reward_funcs=contains_answer_reward,
-          trainer_kwargs=None, **overrides):  # fmt: skip
-    """`build_trainer` with `conftest.cpu_config` (plus `overrides`) of the trainer's own config class;
-    `trainer_kwargs` (`peft_config`, `eval_dataset`, ...) go to the trainer."""
-    config_cls = GRPOConfig if cls is GRPOTrainer else CEGPPOConfig
+          trainer_kwargs=None, config_cls=None, **overrides):  # fmt: skip
+    """`build_trainer` with `conftest.cpu_config` (plus `overrides`) of `config_cls` (default: the trainer's own config
+    class); `trainer_kwargs` (`peft_config`, `eval_dataset`, ...) go to the trainer."""
+    config_cls = config_cls or (GRPOConfig if cls is GRPOTrainer else CEGPPOConfig)
     args = cpu_config(config_cls, tmp_path, **overrides)
     return build_trainer(model, tokenizer, dataset, args, cls, reward_funcs, **(trainer_kwargs or {}))
 
@@ -43,6 +49,15 @@ def ready_for_loss(*trainers, accumulation=None):
     return trainers[0] if len(trainers) == 1 else trainers
 
 
+def loss_ready(tiny_trainer, *args, **overrides):
+    """`tiny_trainer(*args, **overrides)` (the conftest fixture) with its configuration warnings silenced, ready for
+    `_compute_loss`; off-policy (gradient accumulation 2 of 4 steps per generation) unless told otherwise."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = tiny_trainer(*args, **{"gradient_accumulation_steps": 2, "steps_per_generation": 4, **overrides})
+    return ready_for_loss(trainer)
+
+
 def current_logps(trainer, inputs):
     input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
     attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
@@ -52,19 +67,42 @@ def current_logps(trainer, inputs):
     return logps, entropies
 
 
+def noisy(logps, seed, scale=0.3):
+    """`logps` + `scale` x standard normal noise from a generator seeded with `seed`."""
+    return logps + scale * torch.randn(logps.shape, generator=torch.Generator().manual_seed(seed))
+
+
 def add_off_policy(trainer, inputs, seed=0, scale=0.4):
     """Old log-probs = current ones + noise, so ratios spread over both clip edges."""
-    logps = current_logps(trainer, inputs)[0].detach()
-    gen = torch.Generator().manual_seed(seed)
-    inputs = dict(inputs)
-    inputs["old_per_token_logps"] = logps + scale * torch.randn(logps.shape, generator=gen)
-    return inputs
+    return dict(inputs, old_per_token_logps=noisy(current_logps(trainer, inputs)[0].detach(), seed, scale))
+
+
+def batch_with_dropped_rows(trainer, tokenizer, seed, kept=None):
+    """An off-policy micro-batch of 8 rows with reference log-probs and SFT rows, as `_select_training_rows` hands it
+    to the loss when only the rows `kept` are trained on (`None`: no selection): the others keep an empty loss mask,
+    and the token counts (of a generation batch 3 times this micro-batch) cover the kept rows only. Returns it and the
+    micro-batch before the selection."""
+    inputs = add_off_policy(trainer, make_loss_batch(tokenizer, batch_size=8, seed=seed))
+    inputs["ref_per_token_logps"] = noisy(inputs["old_per_token_logps"], seed=seed + 100)
+    keep = torch.ones(8) if kept is None else torch.zeros(8).index_fill_(0, torch.tensor(kept, dtype=torch.long), 1.0)
+    mask = inputs["completion_mask"]
+    inputs["num_items_in_batch"] = (mask * keep.unsqueeze(1)).sum() * 3
+    inputs["cegppo_sft_mask"] = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0]) * keep
+    inputs["cegppo_num_sft_tokens"] = (mask * inputs["cegppo_sft_mask"].unsqueeze(1)).sum() * 3
+    if kept is None:
+        return inputs, inputs
+    return dict(inputs, completion_mask=mask * keep.unsqueeze(1).to(mask.dtype), cegppo_keep=keep), inputs
 
 
 def logged(trainer, mode="train"):
     """The trainer's per-micro-batch metric lists as `log` would average them (CE-GPPO's own wait on the device)."""
     trainer._device_metrics.flush(mode, trainer._metrics[mode])
     return trainer._metrics[mode]
+
+
+def history(trainer, key) -> dict:
+    """`key`'s logged values by step."""
+    return {h["step"]: h[key] for h in trainer.state.log_history if key in h}
 
 
 def grads(model):
@@ -85,6 +123,27 @@ def select_rows(inputs, rows):
     return {
         k: v[index] if isinstance(v, torch.Tensor) and v.ndim > 0 and v.size(0) == n else v for k, v in inputs.items()
     }
+
+
+def launched_runs(world, scenarios, model_dir, out_dir, config=None, timeout=1800) -> dict[str, list[dict]]:
+    """`training_worker.py` over `scenarios` on one process, or on `world` (DDP, or the shipped accelerate `config`):
+    each scenario's records, one per process, by name."""
+    scenarios_file = out_dir / "scenarios.json"
+    scenarios_file.write_text(json.dumps(scenarios))
+    worker = [str(Path(__file__).with_name("training_worker.py")), str(model_dir), str(out_dir), str(scenarios_file)]
+    run_launched([*([sys.executable] if world == 1 else launcher(world, config)), *worker], timeout=timeout)
+    return {
+        s["name"]: [torch.load(out_dir / f"{s['name']}.rank{r}.pt", weights_only=False) for r in range(world)]
+        for s in scenarios
+    }
+
+
+def update_error(run_final, initial, reference_final) -> float:
+    """The run's parameter update against the reference's, relative to the reference's (which must be non-zero)."""
+    run = torch.cat([(run_final[n] - initial[n]).flatten() for n in reference_final])
+    reference = torch.cat([(reference_final[n].detach() - initial[n]).flatten() for n in reference_final])
+    assert reference.norm() > 0
+    return ((run - reference).norm() / reference.norm()).item()
 
 
 def tiny_moe(tokenizer):
