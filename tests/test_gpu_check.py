@@ -21,7 +21,6 @@ import bench_scaling  # noqa: E402
 import gpu_check  # noqa: E402
 import harness  # noqa: E402
 import split_reward  # noqa: E402
-from gpu_check import erc as gpu_check_erc  # noqa: E402
 from gpu_check import recipes as gpu_check_recipes  # noqa: E402
 
 
@@ -126,11 +125,11 @@ def test_gpu_check_part_on_cpu(part, check, done, capsys):
 def test_erc_gradient_check_fails_with_a_wrong_band():
     """The ERC line's check can fail: a reference whose band is shifted does not match the trainer."""
     model = harness.build_model(harness.TINY, 1, torch.device("cpu"))
-    trainers = harness.make_trainers(model, torch.device("cpu"), 32, {"base": {}, "erc": gpu_check_erc.ERC_VARIANT})
+    trainers = harness.make_trainers(model, torch.device("cpu"), 32, {"base": {}, "erc": gpu_check.ERC_VARIANT})
     batch = harness.make_batch(trainers["grpo"], harness.TINY["vocab_size"], 4, 32, torch.device("cpu"))
     params = [p for p in model.parameters() if p.requires_grad]
-    assert gpu_check_erc.erc_gradient_check(trainers, model, params, batch)[0]
-    ok, text = gpu_check_erc.erc_gradient_check(trainers, model, params, batch, band=(0.9, 1.1))
+    assert gpu_check.erc_gradient_check(trainers, model, params, batch)[0]
+    ok, text = gpu_check.erc_gradient_check(trainers, model, params, batch, band=(0.9, 1.1))
     assert not ok and text.startswith("ERC FAIL"), text
 
 
