@@ -182,39 +182,23 @@ def child_env(smoke: bool) -> dict[str, str]:
     return env
 
 
-class GpuMemoryPeak:
-    """The device-wide peak of used GPU memory (all processes, this one's CUDA context too), sampled every 0.5 s."""
-
-    def __init__(self, active: bool):
-        self.active, self.peak_bytes = active, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-
-    def _sample(self):
-        while not self._stop.is_set():
-            free, total = torch.cuda.mem_get_info()
-            self.peak_bytes = max(self.peak_bytes, total - free)
-            self._stop.wait(0.5)
-
-    def __enter__(self):
-        if self.active:
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        if self.active:
-            self._thread.join()
-
-    def text(self) -> str:
-        return f"gpu_peak_gib={self.peak_bytes / 2**30:.1f}" if self.active else "gpu_peak_gib=nan"
-
-
 def run_logged(command: list[str], log_path: Path, sizes: Sizes, timeout_s: float) -> tuple[int, float, str]:
     """Run `command` in the repository root (`child_env`) with its output in `log_path`: (exit status, 124 if timed
-    out; seconds; the device-wide GPU memory peak)."""
+    out; seconds; on a GPU, the device-wide peak of used GPU memory, all processes and this one's CUDA context too,
+    sampled every 0.5 s)."""
+    peak, done, gpu = [0], threading.Event(), not sizes.smoke
+
+    def sample():
+        while not done.is_set():
+            free, total = torch.cuda.mem_get_info()
+            peak[0] = max(peak[0], total - free)
+            done.wait(0.5)
+
+    sampler = threading.Thread(target=sample, daemon=True)
     env = child_env(sizes.smoke)
-    with open(log_path, "w") as log, GpuMemoryPeak(active=not sizes.smoke) as memory:
+    with open(log_path, "w") as log:
+        if gpu:
+            sampler.start()
         start = time.perf_counter()
         log.write("$ " + " ".join(command) + "\n")
         log.flush()
@@ -224,7 +208,10 @@ def run_logged(command: list[str], log_path: Path, sizes: Sizes, timeout_s: floa
         except subprocess.TimeoutExpired:
             status = 124
         seconds = time.perf_counter() - start
-    return status, seconds, memory.text()
+    done.set()
+    if gpu:
+        sampler.join()
+    return status, seconds, f"gpu_peak_gib={peak[0] / 2**30:.1f}" if gpu else "gpu_peak_gib=nan"
 
 
 def log_tail(log_path: Path, lines: int = 8) -> str:
