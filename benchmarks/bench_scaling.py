@@ -148,7 +148,7 @@ def main(argv=None) -> list[dict]:
         for r in saved["results"]:
             print(format_row(r))
         if args.plot:
-            plot(saved["results"], args.plot, VARIANTS, saved.get("overhead"))
+            plot(saved["results"], args.plot, saved.get("overhead"))
         return saved["results"]
     device = torch.device("cpu")
     shape = bs.TINY if args.tiny else bs.QWEN2_1_5B
@@ -216,11 +216,11 @@ def main(argv=None) -> list[dict]:
                 indent=1,
             )
     if args.plot:
-        plot(results, args.plot, VARIANTS, overhead)
+        plot(results, args.plot, overhead)
     return results
 
 
-def plot(results, path, variants, overhead=None):
+def plot(results, path, overhead=None):
     """Ratio vs tokens per micro-batch, one panel per measure, one line per variant."""
     import matplotlib
 
@@ -233,7 +233,7 @@ def plot(results, path, variants, overhead=None):
         ("lb_ratio", "step_ratio", "mem_ratio"),
         ("loss + backward time", "training step time (+AdamW)", "loss + backward peak memory"),
     ):
-        for variant, marker in zip(variants, "osDv"):
+        for variant, marker in zip(VARIANTS, "osDv"):
             rows = sorted((r for r in results if r["variant"] == variant), key=lambda r: (r["T"] * r["B"], r["B"]))
             if not rows:
                 continue
@@ -250,13 +250,11 @@ def plot(results, path, variants, overhead=None):
                     f"B={r['B']}", (r["T"] * r["B"], r[key]), fontsize=7, xytext=(3, 3), textcoords="offset points"
                 )
         if key == "lb_ratio" and overhead:
-            base = {(r["T"], r["B"]): r for r in results if r["variant"] == "base"}
+            # Bound from CE-GPPO's own cost over a GRPO step, extrapolated linearly in tokens from the largest base
+            # point measured.
+            ref = max((r for r in results if r["variant"] == "base"), key=lambda r: r["T"] * r["B"], default=None)
             pts = []
-            for o in overhead:
-                # Bound from CE-GPPO's own cost over a GRPO step extrapolated linearly in tokens from measured points.
-                ref = max(base.values(), key=lambda r: r["T"] * r["B"]) if base else None
-                if ref is None:
-                    continue
+            for o in overhead if ref else []:
                 grpo_ms = ref["grpo_lb_ms"] * (o["T"] * o["B"]) / (ref["T"] * ref["B"])
                 pts.append((o["T"] * o["B"], 1 + (o["delta_ms_base"] + o["corr_bwd_ms"]) / grpo_ms))
             if pts:

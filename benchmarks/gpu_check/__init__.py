@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import os
 import shutil
 import sys
@@ -176,13 +177,9 @@ def free_device_memory(device):
 
 def versions_line(args, device) -> str | None:
     """The `GPU_CHECK start:` line (packages and settings), or None with a message when a package is missing."""
+    packages = ("transformers", "trl", "peft", "datasets", "cegppo_trl")
     try:
-        import datasets
-        import peft
-        import transformers
-        import trl
-
-        import cegppo_trl
+        versions = " ".join(f"{name}={importlib.import_module(name).__version__}" for name in packages)
     except ImportError as e:  # pragma: no cover - depends on the machine
         print(
             f"gpu_check: missing package ({e}). Bring the wheels listed in docs/scaling.md "
@@ -191,11 +188,8 @@ def versions_line(args, device) -> str | None:
         )
         return None
     gpu = torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu (smoke)"
-    return (
-        f"GPU_CHECK start: device={gpu} torch={torch.__version__} transformers={transformers.__version__} "
-        f"trl={trl.__version__} peft={peft.__version__} datasets={datasets.__version__} "
-        f"cegppo_trl={cegppo_trl.__version__} dtype={args.dtype} parts={','.join(args.parts)}"
-    )
+    settings = f"dtype={args.dtype} parts={','.join(args.parts)}"
+    return f"GPU_CHECK start: device={gpu} torch={torch.__version__} {versions} {settings}"
 
 
 def loss_part(args, device, dtype, start) -> tuple[bool, int, int]:
