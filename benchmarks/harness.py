@@ -222,10 +222,10 @@ def interleaved(runs: dict, rounds: int) -> dict[str, list]:
 
 
 def compare(trainers, batch, optimizer, device, repeats, memory=True, warmup=0):
-    """Time `trainers` ("grpo" plus one or more CE-GPPO variants) on one batch, interleaved: each round runs every
-    trainer once, in an order rotated from round to round, so machine noise hits all alike. The warm-up round is
-    also the memory round (profiled loss + backward, then the optimizer step), after `warmup` untimed rounds. Returns, per CE-GPPO variant, medians
-    and ratios against GRPO, and the variant's clipped-token fraction."""
+    """Time `trainers` ("grpo" plus one or more CE-GPPO variants) on one batch in `interleaved` rounds, so machine noise
+    hits all alike. The warm-up round is also the memory round (profiled loss + backward, then the optimizer step),
+    after `warmup` untimed rounds. Returns, per CE-GPPO variant, medians and ratios against GRPO, and the variant's
+    clipped-token fraction."""
     names = list(trainers)
     for _ in range(warmup):
         for name in names:
@@ -281,9 +281,6 @@ class DeltaTimer:
 
     def __init__(self, trainer, device):
         self.device, self.pending, self.ms = device, [], []
-        self.available = hasattr(trainer, "_cegppo_loss_delta")
-        if not self.available:
-            return
         inner = trainer._cegppo_loss_delta
 
         def wrapped(*args, **kwargs):
