@@ -18,7 +18,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the one reference loss: tests/oracles.py
 
-# Qwen2-1.5B (config.json of Qwen/Qwen2-1.5B) and Qwen2-7B. Layers are set per use.
+# Qwen2-1.5B (config.json of Qwen/Qwen2-1.5B), Qwen2-7B and a tiny shape, each Qwen2-1.5B's with the differences
+# written out. Layers are set per use.
 QWEN2_1_5B = dict(
     vocab_size=151936,
     hidden_size=1536,
@@ -32,16 +33,8 @@ QWEN2_1_5B = dict(
 )
 QWEN2_7B = dict(QWEN2_1_5B, vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_attention_heads=28)
 QWEN2_7B.update(num_key_value_heads=4, tie_word_embeddings=False)
-TINY = dict(
-    vocab_size=1024,
-    hidden_size=64,
-    intermediate_size=128,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    tie_word_embeddings=True,
-    rms_norm_eps=1e-6,
-    max_position_embeddings=8192,
-)
+TINY = dict(QWEN2_1_5B, vocab_size=1024, hidden_size=64, intermediate_size=128, num_attention_heads=4)
+TINY.update(rope_theta=10000.0, max_position_embeddings=8192)  # Qwen2Config's default rope_theta
 NUM_GENERATIONS = 4
 STEPS_PER_GENERATION = 4  # > gradient_accumulation_steps (1): off-policy, as CE-GPPO needs
 
