@@ -13,8 +13,8 @@ limit (above what ``fork`` inherits) and the same warm-up in its initializer. Ro
   the default on Linux from Python 3.14);
 - forked DataLoader worker: the pool is used in the parent, then inside a ``torch`` DataLoader worker (fork).
 
-Usage: python benchmarks/bench_grader_pool.py [--timeout 3.0] [--workers 2] [--skip-ranks] [--skip-dataloader]
-Needs ``pip install pebble`` (and torch for the DataLoader row).
+Needs ``pip install pebble`` (and torch for the DataLoader row). docs/rewards_and_data.md ("Own pool or pebble")
+quotes it.
 """
 
 from __future__ import annotations
@@ -54,32 +54,23 @@ HOSTILE = [
 ]
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# The two pools behind one interface
-# ----------------------------------------------------------------------------------------------------------------
+def _stat(pid) -> list[str]:
+    """The fields of /proc/<pid>/stat after the command name (state, parent pid, ...); [] if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return []
 
 
 def _children() -> list[int]:
     """Pids of the live (non-zombie) direct children of this process."""
-    me, out = os.getpid(), []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == me and fields[0] != "Z":
-                out.append(int(entry))
-    return out
+    me = os.getpid()
+    return [int(e) for e in os.listdir("/proc") if e.isdigit() and (s := _stat(e)) and int(s[1]) == me and s[0] != "Z"]
 
 
 def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    return _stat(pid)[:1] not in ([], ["Z"])
 
 
 class OwnPool:
@@ -175,11 +166,6 @@ class PebblePool:
 POOLS = {"own": OwnPool, "pebble": PebblePool}
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Cases (each runs in a fresh child process and prints one JSON line)
-# ----------------------------------------------------------------------------------------------------------------
-
-
 def _ordinary_pairs(n: int = 2048) -> list[tuple[str, str]]:
     from bench_reward import build_mix, pool_pair
 
@@ -202,8 +188,8 @@ def case_startup(kind: str, workers: int, timeout_s: float) -> dict:
     return {"ok": ok, "cell": f"{seconds:.1f} s"}
 
 
-def case_ordinary(kind: str, workers: int, timeout_s: float) -> dict:
-    pairs = _ordinary_pairs()
+def _timed(kind: str, workers: int, timeout_s: float, pairs) -> tuple[list[str], float, bool]:
+    """A started pool (untimed) grades `pairs`, timed, then `ORDINARY_CHECK`: (statuses, seconds, check passed)."""
     pool = POOLS[kind](workers)
     pool.grade([(f"{i}", f"{i}") for i in range(2 * workers)], 60.0)  # start-up, untimed
     start = time.perf_counter()
@@ -211,18 +197,18 @@ def case_ordinary(kind: str, workers: int, timeout_s: float) -> dict:
     seconds = time.perf_counter() - start
     ok = _check(pool, timeout_s)
     pool.close()
+    return statuses, seconds, ok
+
+
+def case_ordinary(kind: str, workers: int, timeout_s: float) -> dict:
+    pairs = _ordinary_pairs()
+    statuses, seconds, ok = _timed(kind, workers, timeout_s, pairs)
     slow = sum(s in ("timeout", "error") for s in statuses)
     return {"ok": ok and slow == 0, "cell": f"{len(pairs) / seconds:.0f} pairs/s ({len(pairs)}; {slow} t/o)"}
 
 
 def case_hostile(kind: str, workers: int, timeout_s: float) -> dict:
-    pool = POOLS[kind](workers)
-    pool.grade([(f"{i}", f"{i}") for i in range(2 * workers)], 60.0)
-    start = time.perf_counter()
-    statuses = pool.grade(HOSTILE, timeout_s)
-    seconds = time.perf_counter() - start
-    ok = _check(pool, timeout_s)
-    pool.close()
+    statuses, seconds, ok = _timed(kind, workers, timeout_s, HOSTILE)
     bound = len(HOSTILE) * (timeout_s + 10.0)  # hang detection: every item cut, each followed by a slow restart
     cut = sum(s in ("timeout", "error") for s in statuses)
     return {
@@ -247,11 +233,6 @@ def case_rank(kind: str, workers: int, timeout_s: float) -> dict:
 
 
 CASES = {"startup": case_startup, "ordinary": case_ordinary, "hostile": case_hostile, "rank": case_rank}
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Driver
-# ----------------------------------------------------------------------------------------------------------------
 
 
 _LAST_ERROR = [""]  # the last exception line on the stderr of the last failed child, for the table
@@ -321,33 +302,12 @@ def run_ranks(kind: str, args) -> str:
 
 
 _NO_GUARD = """
-import json, sys
-sys.path[:0] = [{here!r}, {root!r}]
 from bench_grader_pool import POOLS, ORDINARY_CHECK
 pool = POOLS[{kind!r}](1, context={context!r})
-print(json.dumps(pool.grade([(a, g) for a, g, _ in ORDINARY_CHECK], {timeout})))
+print(json.dumps([pool.grade([(a, g) for a, g, _ in ORDINARY_CHECK], {timeout})]))
 pool.close()
 """
-
-
-def run_no_guard(kind: str, context: str | None, args) -> str:
-    with tempfile.TemporaryDirectory() as tmp:
-        script = Path(tmp) / "train_no_guard.py"
-        body = _NO_GUARD.format(here=str(HERE), root=str(ROOT), kind=kind, context=context, timeout=args.timeout)
-        script.write_text(body)
-        code, out, seconds = _run([sys.executable, str(script)], 90)
-    if code is None:
-        return f"FAIL: hung, killed at {seconds:.0f} s"
-    report = _last_json(out) if code == 0 else None
-    if report != [expected for *_, expected in ORDINARY_CHECK]:
-        got = ", ".join(f"{report.count(s)} {s}" for s in sorted(set(report))) if isinstance(report, list) else ""
-        return f"FAIL: exit {code}; {got or _LAST_ERROR[0]}"
-    return f"ok, {seconds:.1f} s"
-
-
 _DATALOADER = """
-import json, sys
-sys.path[:0] = [{here!r}, {root!r}]
 import torch
 from torch.utils.data import DataLoader, Dataset
 from bench_grader_pool import POOLS, ORDINARY_CHECK
@@ -369,15 +329,21 @@ print(json.dumps([first, *inside, after]))
 """
 
 
-def run_dataloader(kind: str, args) -> str:
-    body = _DATALOADER.format(here=str(HERE), root=str(ROOT), kind=kind, timeout=args.timeout)
-    code, out, seconds = _run([sys.executable, "-c", body], 120)
+def run_script(template: str, kind: str, args, limit_s: float, gradings: int, **fields) -> str:
+    """`template` filled in, as a script file of its own (this folder and the repository importable), run with
+    `python`: ok when it printed, as its last JSON line, `gradings` lists of `ORDINARY_CHECK`'s statuses."""
+    body = template.format(kind=kind, timeout=args.timeout, **fields)
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "train_script.py"
+        script.write_text(f"import json, sys\nsys.path[:0] = [{str(HERE)!r}, {str(ROOT)!r}]\n{body}")
+        code, out, seconds = _run([sys.executable, str(script)], limit_s)
     if code is None:
         return f"FAIL: hung, killed at {seconds:.0f} s"
     report = _last_json(out) if code == 0 else None
-    expected = [expected for *_, expected in ORDINARY_CHECK]
-    if report is None or any(r != expected for r in report) or len(report) != 4:
-        return f"FAIL: exit {code}; {_LAST_ERROR[0]}"
+    if report != [[expected for *_, expected in ORDINARY_CHECK]] * gradings:
+        got = [status for statuses in report or [] for status in statuses]
+        counts = ", ".join(f"{got.count(s)} {s}" for s in sorted(set(got)))
+        return f"FAIL: exit {code}; {counts or _LAST_ERROR[0]}"
     return f"ok, {seconds:.1f} s"
 
 
@@ -409,10 +375,12 @@ def main() -> None:
     ]
     if not args.skip_ranks:
         rows.append(("2 ranks (torchrun/accelerate)", lambda k: run_ranks(k, args)))
-    rows.append(("no __main__ guard (fork)", lambda k: run_no_guard(k, None, args)))
-    rows.append(("no __main__ guard (forkserver)", lambda k: run_no_guard(k, "forkserver", args)))
+    rows.append(("no __main__ guard (fork)", lambda k: run_script(_NO_GUARD, k, args, 90, 1, context=None)))
+    rows.append(
+        ("no __main__ guard (forkserver)", lambda k: run_script(_NO_GUARD, k, args, 90, 1, context="forkserver"))
+    )
     if not args.skip_dataloader:
-        rows.append(("forked DataLoader worker", lambda k: run_dataloader(k, args)))
+        rows.append(("forked DataLoader worker", lambda k: run_script(_DATALOADER, k, args, 120, 4)))
 
     table = [("", "own pool", "pebble")]
     for label, run in rows:

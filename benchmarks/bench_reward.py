@@ -1,29 +1,16 @@
-"""Grading throughput and latency of cegppo_trl.math_reward against TRL's trl.rewards.accuracy_reward.
+"""Grading throughput and latency of cegppo_trl.math_reward against TRL's trl.rewards.accuracy_reward, on one GRPO
+step's mix: groups of 16 completions, 90% ordinary answers (MATH-like gold types; right, rewritten, wrong or unboxed)
+and 10% slow or hostile ones (`HOSTILE_KINDS`). docs/rewards_and_data.md ("Performance") describes it and quotes it.
 
-The mix imitates one GRPO step: groups of 16 completions per prompt, 90% ordinary answers (MATH-like gold types:
-integers, fractions, radicals, polynomials, multiples of pi, intervals; right, equivalent-but-rewritten, wrong, or
-unboxed) and 10% slow or hostile ones (exponent towers, huge factorials, deep nesting, a megabyte of text, NUL bytes,
-code, long or slow-to-simplify expressions).
+TRL's function runs serially in a child process, as in the trainer; each item is capped (``--trl-cap``) and the child
+restarted, so when a cap is hit its mix figures are bounds (``>=`` / ``<=``). math_reward runs in a fresh process per
+row, through its public API, so that ``--baseline DIR`` (a folder holding another checkout's ``cegppo_trl/``, e.g.
+from ``git archive <commit> cegppo_trl | tar -x -C DIR``) is measured the same way, side by side, with a ratio row
+and the number of completions whose status differs.
 
-TRL's function runs serially in a child process, as it does in the trainer (main thread, signal timeouts). Some
-hostile inputs never finish there, so each item is capped (``--trl-cap``, default 15 s) and the child restarted:
-its mix figures are then bounds (marked ``>=`` / ``<=``).
-
-math_reward is measured in a fresh process per row (new workers, cold caches), through its public API only, so that
-``--baseline DIR`` can measure another checkout of the package the same way (DIR holds a ``cegppo_trl/`` folder, e.g.
-``git archive <commit> cegppo_trl | tar -x -C DIR``): each row runs for this checkout and the baseline in turn, and a
-ratio row compares them, with the number of completions whose status differs.
-
-``--protocols``: instead, the grading time of each protocol (cegppo_trl.rewards.protocols) on long,
-reasoning-model-like completions. The authors' protocol parses the whole completion, think block included, so its cost
-grows with the completion; a 32k-token R1-style completion is ~100k characters. Each row grades ``--n`` distinct
-completions of ``--chars`` characters (a think block of arithmetic steps with intermediate ``\\boxed{}`` values, then a
-final boxed answer; half right, half wrong) through ``grade_with_protocol`` in the grading pool, after a warm-up call
-that starts the workers, and reports the wall time per completion and the statuses.
-
-Usage: python benchmarks/bench_reward.py [--n 2048] [--timeout 3.0] [--workers N] [--trl-cap 15] [--skip-trl]
-       [--baseline DIR] [--repeats 1]
-       python benchmarks/bench_reward.py --protocols [--n 64] [--chars 100000] [--workers N] [--timeout 40]
+``--protocols``: instead, the wall time per completion and the statuses of each grading protocol
+(cegppo_trl.rewards.protocols) on ``--n`` long reasoning-model-like completions of ``--chars`` characters (a think
+block of arithmetic steps with intermediate boxed values, then a boxed answer; half right), after a warm-up call.
 """
 
 from __future__ import annotations
@@ -43,11 +30,6 @@ from pathlib import Path
 
 GROUP = 16  # completions per prompt
 ROOT = Path(__file__).resolve().parent.parent  # this checkout
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# The mix
-# ----------------------------------------------------------------------------------------------------------------
 
 
 def _gold_and_variants(rng: random.Random) -> tuple[str, list[str], list[str]]:
@@ -141,11 +123,6 @@ def build_mix(n: int, seed: int = 0) -> tuple[list[tuple[str, str]], list[tuple[
     kinds = [list(HOSTILE_KINDS)[i % len(HOSTILE_KINDS)] for i in range(n_hostile)]
     hostile = [(HOSTILE_KINDS[k](i), "7") for i, k in enumerate(kinds)]
     return ordinary, hostile, kinds
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Measurements
-# ----------------------------------------------------------------------------------------------------------------
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -247,6 +224,9 @@ for line in sys.stdin:
 
 class _TrlChild:
     def __init__(self) -> None:
+        self.start()
+
+    def start(self) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-c", _TRL_CHILD],
             stdin=subprocess.PIPE,
@@ -261,7 +241,9 @@ class _TrlChild:
         self.proc.stdin.write(json.dumps([completion, gold]) + "\n")
         self.proc.stdin.flush()
         ready, _, _ = select.select([self.proc.stdout], [], [], cap)
-        if not ready:
+        if not ready:  # abandoned: a fresh child for the next item
+            self.close()
+            self.start()
             return None, cap
         value, seconds = json.loads(self.proc.stdout.readline())
         return value, seconds
@@ -277,18 +259,12 @@ def run_trl(ordinary: list[tuple[str, str]], hostile_kinds: list[str], cap: floa
     correct = 0
     for completion, gold in ordinary:
         value, seconds = child.grade(completion, gold, cap)
-        if value is None:  # pragma: no cover - an ordinary item should never hang
-            child.close()
-            child = _TrlChild()
         ordinary_latencies.append(seconds)
         correct += value == 1.0
     kind_seconds = {}
     for kind in dict.fromkeys(hostile_kinds):  # each distinct hostile kind once, then extrapolate
         value, seconds = child.grade(HOSTILE_KINDS[kind](0), "7", cap)
         kind_seconds[kind] = (seconds, value is None)
-        if value is None:
-            child.close()
-            child = _TrlChild()
     child.close()
     hostile_latencies = [kind_seconds[k][0] for k in hostile_kinds]
     capped = any(kind_seconds[k][1] for k in hostile_kinds)
@@ -373,16 +349,15 @@ def main() -> None:
         f"{cpus} CPUs, {workers} grading workers, timeout {args.timeout} s, load average "
         f"{os.getloadavg()[0]:.1f} before start"
     )
-    local = sum(pool_pair(c, g) is None for c, g in ordinary)
+    pairs = [pool_pair(c, g) for c, g in ordinary]
     print(
         f"ordinary completions decided in-process (no answer, answer == gold, or plain numbers): "
-        f"{local / len(ordinary):.0%}"
+        f"{pairs.count(None) / len(ordinary):.0%}"
     )
     distinct: dict[tuple[str, str], tuple[str, str]] = {}
-    for c, g in ordinary:  # pairs no shortcut decides: plain numbers, identical strings, repeats in the batch
-        pair = pool_pair(c, g)
+    for item, pair in zip(ordinary, pairs):  # pairs no shortcut decides, each once (repeats in the batch)
         if pair is not None:
-            distinct.setdefault(pair, (c, g))
+            distinct.setdefault(pair, item)
     parts = {"ordinary": ordinary, "mix": ordinary + hostile, "pool only": list(distinct.values())}
     roots = [ROOT] if args.baseline is None else [ROOT, args.baseline]
     measured = run_ours_parts(parts, args.timeout, workers, roots, args.repeats)
@@ -394,26 +369,12 @@ def main() -> None:
     trl = None
     if not args.skip_trl:
         trl = run_trl(ordinary, kinds, args.trl_cap)
-        bound = ">=" if trl["capped"] else ""
+        bound, upper = (">=", "<=") if trl["capped"] else ("", "")
+        cells = f"{upper}{trl['mix_rate']:.1f}", f"{bound}{trl['p99'] * 1000:.0f} ms", f"{bound}{trl['max']:.2f} s"
+        rows.append(("trl accuracy_reward", f"{trl['ordinary_rate']:.0f}", *cells, ""))
+        ordinary_ratio = f"{ours['ordinary']['rate'] / trl['ordinary_rate']:.1f}x"
         rows.append(
-            (
-                "trl accuracy_reward",
-                f"{trl['ordinary_rate']:.0f}",
-                f"{'<=' if trl['capped'] else ''}{trl['mix_rate']:.1f}",
-                f"{bound}{trl['p99'] * 1000:.0f} ms",
-                f"{bound}{trl['max']:.2f} s",
-                "",
-            )
-        )
-        rows.append(
-            (
-                "ratio (ours / trl)",
-                f"{ours['ordinary']['rate'] / trl['ordinary_rate']:.1f}x",
-                f"{bound}{ours['mix']['rate'] / trl['mix_rate']:.0f}x",
-                "",
-                "",
-                "",
-            )
+            ("ratio (ours / trl)", ordinary_ratio, f"{bound}{ours['mix']['rate'] / trl['mix_rate']:.0f}x", "", "", "")
         )
     header = ("", "ordinary c/s", "mix c/s", "p99 latency", "max latency", "pool-only c/s")
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]

@@ -4,24 +4,12 @@
     python benchmarks/bench_scaling.py --points 256x1 1024x2 --variants base sft
     python benchmarks/bench_scaling.py --tiny --points 32x2  # seconds: tiny shapes, same code (tests use this)
 
-One process, one shared model (both trainers wrap the *same* `Qwen2ForCausalLM`, so weights, caches and allocator
-state are identical), one hand-made off-policy batch per point (`old_per_token_logps` = current log-probs + noise, so
-~25% of tokens fall in a clipped set). Per point, repetitions are interleaved (GRPO/CE-GPPO, then CE-GPPO/GRPO, ...)
-and the median is taken. Printed per point and variant, CE-GPPO / GRPO:
-
-* `lb`   loss + backward time ratio (`trainer._compute_loss(...).backward()`),
-* `step` full training-step time ratio: zero_grad + loss + backward + AdamW step on the same batch,
-* `mem`  peak memory ratio of loss + backward above the level before it (CPU: torch profiler allocation events
-  replayed in time order; CUDA: `max_memory_allocated`),
-* CE-GPPO's absolute extra milliseconds (loss + backward) and MiB (peak).
-
-Variants (each a CE-GPPO config compared with the same plain GRPO): `base` (paper defaults), `sft`
-(`cegppo_sft_coef=0.1`, half of the completions get the NLL term), `entropy` (`cegppo_entropy_target=0.5`, the PI
-controller updates beta1 / beta2 every micro-batch), `erc` (`cegppo_entropy_ratio_clip=[0.95, 1.05]`, entropy-ratio
-clipping; the batch's old entropies are the current ones times exp(N(0, 0.05^2)), so ~30% of tokens leave the band).
-CE-GPPO's quadrant metrics are always computed (no flag), so every variant includes them. Goal: every ratio <= 1.01.
-Where `erc` and `base` run at the same point, an `erc/base` line gives ERC's own cost (on vs off, same rounds), and an
-`old pass` line the cost of keeping the old entropies in the old-log-prob pass (`compute_entropy` True vs False).
+Both trainers wrap the same model and get the same hand-made off-policy batch per point; rounds are interleaved and
+medians taken. Per point and variant (`VARIANTS`, each against the same plain GRPO) it prints CE-GPPO / GRPO: `lb`
+(loss + backward time), `step` (+ AdamW step), `mem` (loss + backward peak above the level before it), and CE-GPPO's
+extra ms and MiB; an `erc/base` line where `erc` and `base` share a point (ERC's own cost, and the old pass with the
+entropies kept / dropped); then CE-GPPO's own cost per micro-batch on a tiny model (`overhead_only`), and with
+`--plot` the figure. docs/scaling.md describes the method and quotes the figures. Goal: every ratio <= 1.01.
 """
 
 from __future__ import annotations
@@ -40,27 +28,11 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import bench_scaling_plot  # noqa: E402
-from harness import (  # noqa: E402
-    QWEN2_1_5B,
-    TINY,
-    DeltaTimer,
-    build_model,
-    build_tokenizer,
-    compare,
-    erc_vs_base,
-    format_erc,
-    loss_backward,
-    make_batch,
-    make_dataset,
-    make_trainers,
-    old_pass_cost,
-)
+import harness as bs  # noqa: E402
 
 
 warnings.filterwarnings("ignore")
 
-# Qwen2-1.5B (config.json of Qwen/Qwen2-1.5B) and Qwen2-7B. Layers are set per use.
 VARIANTS = {
     "base": {},
     "sft": {"cegppo_sft_coef": 0.1},
@@ -80,18 +52,18 @@ def overhead_only(points, variants, repeats=5):
     from cegppo_trl.core import ClipParams, gradient_preserving_correction
 
     device = torch.device("cpu")
-    model = build_model(TINY, 1, device)
-    tokenizer, dataset = build_tokenizer(), make_dataset()
+    model = bs.build_model(bs.TINY, 1, device)
+    tokenizer, dataset = bs.build_tokenizer(), bs.make_dataset()
     rows = []
     for t_len, b in points:
-        trainers = make_trainers(model, device, t_len, {v: VARIANTS[v] for v in variants}, tokenizer, dataset)
-        batch = make_batch(trainers["grpo"], TINY["vocab_size"], b, t_len, device)
+        trainers = bs.make_trainers(model, device, t_len, {v: VARIANTS[v] for v in variants}, tokenizer, dataset)
+        batch = bs.make_batch(trainers["grpo"], bs.TINY["vocab_size"], b, t_len, device)
         row = {"T": t_len, "B": b}
         for v in variants:
-            timer = DeltaTimer(trainers[v], device)
+            timer = bs.DeltaTimer(trainers[v], device)
             for _ in range(repeats + 1):
                 model.zero_grad(set_to_none=True)
-                loss_backward(trainers[v], batch)
+                bs.loss_backward(trainers[v], batch)
             timer.ms = timer.ms[1:]
             row[f"delta_ms_{v}"] = timer.median_ms()
         log_ratio = (batch["old_per_token_logps"] * 0 + 0.3 * torch.randn(b, t_len)).requires_grad_()
@@ -115,9 +87,6 @@ def overhead_only(points, variants, repeats=5):
     return rows
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# The benchmark
-# ----------------------------------------------------------------------------------------------------------------
 def parse_point(text: str) -> tuple[int, int]:
     t, b = text.lower().split("x")
     return int(t), int(b)
@@ -179,10 +148,10 @@ def main(argv=None) -> list[dict]:
         for r in saved["results"]:
             print(format_row(r))
         if args.plot:
-            bench_scaling_plot.plot(saved["results"], args.plot, VARIANTS, saved.get("overhead"))
+            plot(saved["results"], args.plot, saved.get("overhead"))
         return saved["results"]
     device = torch.device("cpu")
-    shape = TINY if args.tiny else QWEN2_1_5B
+    shape = bs.TINY if args.tiny else bs.QWEN2_1_5B
     points = [parse_point(p) for p in args.points]
     if args.variant_points is not None:
         variant_points = {parse_point(p) for p in args.variant_points}
@@ -191,10 +160,10 @@ def main(argv=None) -> list[dict]:
     else:
         variant_points = {parse_point(p) for p in DEFAULT_VARIANT_POINTS}
 
-    model = build_model(shape, args.layers, device)
+    model = bs.build_model(shape, args.layers, device)
     n_params = sum(p.numel() for p in model.parameters())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-8)  # one optimizer, shared: same cost for both
-    tokenizer, dataset = build_tokenizer(), make_dataset()
+    tokenizer, dataset = bs.build_tokenizer(), bs.make_dataset()
     print(
         f"# bench_scaling: Qwen2{'(tiny)' if args.tiny else '-1.5B'} shape hidden={shape['hidden_size']} "
         f"heads={shape['num_attention_heads']}/{shape['num_key_value_heads']} vocab={shape['vocab_size']} "
@@ -210,21 +179,21 @@ def main(argv=None) -> list[dict]:
     for t_len, b in points:
         variants = [v for v in args.variants if v == "base" or (t_len, b) in variant_points]
         if t_len not in trainers_by_len:  # max_completion_length is part of the config
-            trainers_by_len[t_len] = make_trainers(
+            trainers_by_len[t_len] = bs.make_trainers(
                 model, device, t_len, {v: VARIANTS[v] for v in args.variants}, tokenizer, dataset
             )
         trainers = {n: t for n, t in trainers_by_len[t_len].items() if n == "grpo" or n in variants}
-        batch = make_batch(trainers["grpo"], shape["vocab_size"], b, t_len, device)
+        batch = bs.make_batch(trainers["grpo"], shape["vocab_size"], b, t_len, device)
         repeats = args.repeats or default_repeats(t_len * b)
-        for variant, r in compare(trainers, batch, optimizer, device, repeats).items():
+        for variant, r in bs.compare(trainers, batch, optimizer, device, repeats).items():
             r.update(T=t_len, B=b, variant=variant, repeats=repeats)
             results.append(r)
             print(format_row(r), flush=True)
-        erc = erc_vs_base(results, t_len, b)
+        erc = bs.erc_vs_base(results, t_len, b)
         if erc is not None:
-            erc["old_pass"] = old_pass_cost(trainers["erc"], batch, device, repeats)
+            erc["old_pass"] = bs.old_pass_cost(trainers["erc"], batch, device, repeats)
             erc_rows.append(dict(erc, T=t_len, B=b))
-            print(format_erc(erc, t_len, b), flush=True)
+            print(bs.format_erc(erc, t_len, b), flush=True)
         del batch
         gc.collect()
     worst = {k: max((r[k] for r in results), default=float("nan")) for k in ("lb_ratio", "step_ratio", "mem_ratio")}
@@ -247,8 +216,61 @@ def main(argv=None) -> list[dict]:
                 indent=1,
             )
     if args.plot:
-        bench_scaling_plot.plot(results, args.plot, VARIANTS, overhead)
+        plot(results, args.plot, overhead)
     return results
+
+
+def plot(results, path, overhead=None):
+    """Ratio vs tokens per micro-batch, one panel per measure, one line per variant."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8), sharey=False)
+    for ax, key, title in zip(
+        axes,
+        ("lb_ratio", "step_ratio", "mem_ratio"),
+        ("loss + backward time", "training step time (+AdamW)", "loss + backward peak memory"),
+    ):
+        for variant, marker in zip(VARIANTS, "osDv"):
+            rows = sorted((r for r in results if r["variant"] == variant), key=lambda r: (r["T"] * r["B"], r["B"]))
+            if not rows:
+                continue
+            x = [r["T"] * r["B"] for r in rows]
+            ax.plot(
+                x,
+                [r[key] for r in rows],
+                marker=marker,
+                linestyle="-" if variant == "base" else "none",
+                label=f"CE-GPPO {variant}",
+            )
+            for r in rows:
+                ax.annotate(
+                    f"B={r['B']}", (r["T"] * r["B"], r[key]), fontsize=7, xytext=(3, 3), textcoords="offset points"
+                )
+        if key == "lb_ratio" and overhead:
+            # Bound from CE-GPPO's own cost over a GRPO step, extrapolated linearly in tokens from the largest base
+            # point measured.
+            ref = max((r for r in results if r["variant"] == "base"), key=lambda r: r["T"] * r["B"], default=None)
+            pts = []
+            for o in overhead if ref else []:
+                grpo_ms = ref["grpo_lb_ms"] * (o["T"] * o["B"]) / (ref["T"] * ref["B"])
+                pts.append((o["T"] * o["B"], 1 + (o["delta_ms_base"] + o["corr_bwd_ms"]) / grpo_ms))
+            if pts:
+                ax.plot(*zip(*sorted(pts)), "k--", lw=1, label="bound from CE-GPPO's own cost")
+        ax.axhline(1.01, color="red", lw=0.8, ls=":", label="goal 1.01")
+        ax.axhline(1.0, color="grey", lw=0.6)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("completion tokens per micro-batch (B x T)")
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("CE-GPPO / GRPO")
+    axes[0].legend(fontsize=7)
+    fig.suptitle("CE-GPPO vs GRPO (dapo), Qwen2-1.5B shape (1 layer, vocab 151,936), CPU, fp32", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"# wrote {path}")
 
 
 if __name__ == "__main__":

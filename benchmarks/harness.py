@@ -5,6 +5,7 @@ comparison. The reference loss is the tests' (`tests/oracles.py`)."""
 
 from __future__ import annotations
 
+import functools
 import gc
 import statistics
 import sys
@@ -17,7 +18,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the one reference loss: tests/oracles.py
 
-# Qwen2-1.5B (config.json of Qwen/Qwen2-1.5B) and Qwen2-7B. Layers are set per use.
+# Qwen2-1.5B (config.json of Qwen/Qwen2-1.5B), Qwen2-7B and a tiny shape, each Qwen2-1.5B's with the differences
+# written out. Layers are set per use.
 QWEN2_1_5B = dict(
     vocab_size=151936,
     hidden_size=1536,
@@ -29,27 +31,10 @@ QWEN2_1_5B = dict(
     rms_norm_eps=1e-6,
     max_position_embeddings=32768,
 )
-QWEN2_7B = dict(
-    vocab_size=152064,
-    hidden_size=3584,
-    intermediate_size=18944,
-    num_attention_heads=28,
-    num_key_value_heads=4,
-    tie_word_embeddings=False,
-    rope_theta=1_000_000.0,
-    rms_norm_eps=1e-6,
-    max_position_embeddings=32768,
-)
-TINY = dict(
-    vocab_size=1024,
-    hidden_size=64,
-    intermediate_size=128,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    tie_word_embeddings=True,
-    rms_norm_eps=1e-6,
-    max_position_embeddings=8192,
-)
+QWEN2_7B = dict(QWEN2_1_5B, vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_attention_heads=28)
+QWEN2_7B.update(num_key_value_heads=4, tie_word_embeddings=False)
+TINY = dict(QWEN2_1_5B, vocab_size=1024, hidden_size=64, intermediate_size=128, num_attention_heads=4)
+TINY.update(rope_theta=10000.0, max_position_embeddings=8192)  # Qwen2Config's default rope_theta
 NUM_GENERATIONS = 4
 STEPS_PER_GENERATION = 4  # > gradient_accumulation_steps (1): off-policy, as CE-GPPO needs
 
@@ -132,18 +117,12 @@ def make_trainers(model, device, completion_len, variants=None, tokenizer=None, 
     dataset = dataset or make_dataset()
     variants = {"cegppo": {}} if variants is None else variants
     tmp = tempfile.mkdtemp(prefix="bench_scaling_")
-    trainers = {
-        "grpo": GRPOTrainer(
-            model,
-            reward,
-            make_config(GRPOConfig, tmp + "/g", completion_len, device),
-            dataset,
-            processing_class=tokenizer,
-        )
-    }
-    for name, overrides in variants.items():
-        cfg = make_config(CEGPPOConfig, f"{tmp}/{name}", completion_len, device, **overrides)
-        trainers[name] = CEGPPOTrainer(model, reward, cfg, dataset, processing_class=tokenizer)
+    kinds = {"grpo": (GRPOTrainer, GRPOConfig, {})}
+    kinds.update({name: (CEGPPOTrainer, CEGPPOConfig, overrides) for name, overrides in variants.items()})
+    trainers = {}
+    for name, (trainer_cls, config_cls, overrides) in kinds.items():
+        cfg = make_config(config_cls, f"{tmp}/{'g' if name == 'grpo' else name}", completion_len, device, **overrides)
+        trainers[name] = trainer_cls(model, reward, cfg, dataset, processing_class=tokenizer)
     for t in trainers.values():
         t.model.train()
         t.current_gradient_accumulation_steps = 1
@@ -208,48 +187,53 @@ def timed_step(trainer, batch, optimizer, device):
     return mid - start, time.perf_counter() - start
 
 
-def peak_memory(trainer, batch, optimizer, device) -> float:
-    """Peak bytes above the level before loss + backward (gradients freed first, so both pay for them alike)."""
-    optimizer.zero_grad(set_to_none=True)
+def peak_bytes(run, device) -> float:
+    """Peak bytes of `run()` above the level before it: `max_memory_allocated` on CUDA (the result held until
+    measured, as a batch holds it), `profiled_peak` on CPU."""
     gc.collect()
-    if device.type == "cuda":
-        sync(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
-        loss_backward(trainer, batch)
-        sync(device)
-        return float(torch.cuda.max_memory_allocated(device) - base)
-    return profiled_peak(lambda: loss_backward(trainer, batch))
+    if device.type != "cuda":
+        return profiled_peak(run)
+    sync(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    kept = run()
+    sync(device)
+    del kept
+    return float(torch.cuda.max_memory_allocated(device) - base)
+
+
+def interleaved(runs: dict, rounds: int) -> dict[str, list]:
+    """Each of `runs` (name -> callable) once per round, in an order rotated from round to round and reversed every
+    len(runs) rounds, so that machine noise hits all alike: name -> what its calls returned."""
+    names, out = list(runs), {name: [] for name in runs}
+    for rep in range(rounds):
+        k = rep % len(names)
+        order = names[k:] + names[:k]
+        for name in order[::-1] if (rep // len(names)) % 2 else order:
+            out[name].append(runs[name]())
+    return out
 
 
 def compare(trainers, batch, optimizer, device, repeats, memory=True, warmup=0):
-    """Time `trainers` ("grpo" plus one or more CE-GPPO variants) on one batch, interleaved: each round runs every
-    trainer once, in an order rotated from round to round, so machine noise hits all alike. The warm-up round is
-    also the memory round (profiled loss + backward, then the optimizer step), after `warmup` untimed rounds. Returns, per CE-GPPO variant, medians
-    and ratios against GRPO, and the variant's clipped-token fraction."""
+    """Time `trainers` ("grpo" plus one or more CE-GPPO variants) on one batch in `interleaved` rounds, so machine noise
+    hits all alike. The warm-up round is also the memory round (profiled loss + backward, then the optimizer step),
+    after `warmup` untimed rounds. Returns, per CE-GPPO variant, medians and ratios against GRPO, and the variant's
+    clipped-token fraction."""
     names = list(trainers)
     for _ in range(warmup):
         for name in names:
             timed_step(trainers[name], batch, optimizer, device)
     mem = {}
-    for name in names:  # warm-up and memory
+    for name in names:  # warm-up and memory; gradients freed first, so both pay for them alike
         optimizer.zero_grad(set_to_none=True)
         if memory:
-            mem[name] = peak_memory(trainers[name], batch, optimizer, device)
+            mem[name] = peak_bytes(functools.partial(loss_backward, trainers[name], batch), device)
         else:
             loss_backward(trainers[name], batch)
         optimizer.step()
-    lb = {n: [] for n in names}
-    step = {n: [] for n in names}
-    for rep in range(repeats):
-        k = rep % len(names)
-        order = names[k:] + names[:k]
-        if (rep // len(names)) % 2:
-            order = order[::-1]
-        for name in order:
-            a, b = timed_step(trainers[name], batch, optimizer, device)
-            lb[name].append(a)
-            step[name].append(b)
+    steps = {n: functools.partial(timed_step, trainers[n], batch, optimizer, device) for n in names}
+    timed = interleaved(steps, repeats)
+    lb, step = ({n: [t[i] for t in v] for n, v in timed.items()} for i in (0, 1))
     optimizer.zero_grad(set_to_none=True)
     med_lb = {n: statistics.median(v) for n, v in lb.items()}
     med_step = {n: statistics.median(v) for n, v in step.items()}
@@ -290,9 +274,6 @@ class DeltaTimer:
 
     def __init__(self, trainer, device):
         self.device, self.pending, self.ms = device, [], []
-        self.available = hasattr(trainer, "_cegppo_loss_delta")
-        if not self.available:
-            return
         inner = trainer._cegppo_loss_delta
 
         def wrapped(*args, **kwargs):
@@ -329,27 +310,15 @@ def old_pass_cost(trainer, batch, device, repeats: int) -> dict:
         with torch.no_grad():
             return trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, length, compute_entropy=keep)
 
-    def peak(keep):
-        if device.type == "cuda":
-            gc.collect()
-            sync(device)
-            torch.cuda.reset_peak_memory_stats(device)
-            base = torch.cuda.memory_allocated(device)
-            kept = run(keep)  # held until measured, as the batch holds it
-            sync(device)
-            del kept
-            return float(torch.cuda.max_memory_allocated(device) - base)
-        return profiled_peak(lambda: run(keep))
+    def timed(keep):
+        sync(device)
+        t0 = time.perf_counter()
+        run(keep)
+        sync(device)
+        return time.perf_counter() - t0
 
-    mem = {keep: peak(keep) for keep in (False, True)}  # also the warm-up
-    times = {False: [], True: []}
-    for rep in range(max(repeats, 1) * 2):
-        for keep in (False, True) if rep % 2 == 0 else (True, False):
-            sync(device)
-            t0 = time.perf_counter()
-            run(keep)
-            sync(device)
-            times[keep].append(time.perf_counter() - t0)
+    mem = {keep: peak_bytes(functools.partial(run, keep), device) for keep in (False, True)}  # also the warm-up
+    times = interleaved({keep: functools.partial(timed, keep) for keep in (False, True)}, max(repeats, 1) * 2)
     off, on = statistics.median(times[False]), statistics.median(times[True])
     return dict(off_ms=off * 1e3, on_ms=on * 1e3, time_ratio=on / off, off_mib=mem[False] / 2**20,
                 on_mib=mem[True] / 2**20, mem_ratio=mem[True] / mem[False] if mem[False] > 0 else float("nan"))  # fmt: skip

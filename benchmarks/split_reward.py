@@ -1,16 +1,10 @@
 """A reward for the GPU check's recipe runs on random-init models: it splits some groups and leaves others uniform.
 
-A random-init model gets every math answer wrong, so the recipes' `math` reward is -1 for every completion: every
-group is uniform, every advantage is 0, and the run neither trains nor exercises dynamic sampling. Added to `math`
-(`--reward_funcs math split_reward.split_groups`, with this folder on PYTHONPATH), `split_groups` gives:
-
-* for about half of the prompts (chosen by a CRC of the prompt's text): +2 or 0 by a CRC of the completion's text, so
-  the total reward is +1 or -1 (the paper's two values) and the group is split: it trains, and completions at +1 get
-  the SFT term when a recipe turns it on (`cegppo_sft_reward_threshold` 1.0);
-* for the other prompts: 0, so the total is -1 for the whole group: a uniform group, which dynamic sampling
-  (`cegppo_exclude_zero_advantage_groups`) must leave out.
-
-Deterministic (CRC-32, no random state), so every process of a run and every rerun agree.
+A random model gets every math answer wrong (`math` is -1 throughout: no gradient, nothing for dynamic sampling to
+remove). Added to `math` (`--reward_funcs math split_reward.split_groups`, this folder on PYTHONPATH), it gives +2 or
+0 by a CRC of the completion for about half of the prompts (a split group at +1 / -1; +1 gets the SFT term where a
+recipe turns it on) and 0 for the others (a uniform -1 group, which `cegppo_exclude_zero_advantage_groups` must leave
+out). Deterministic (CRC-32, no random state), so every process of a run and every rerun agree.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""benchmarks/gpu_check (a package with one entry point, `__main__.py`), the GPU check as one command (issue 20): its refusal without a GPU, each part in process
-(loss benchmark + EQ8, host-sync count), the plan of its recipe runs, the reward that splits groups, and
+"""benchmarks/gpu_check, the GPU check as one command (issue 20): its refusal without a GPU, each part in process
+(loss benchmark + EQ8, ERC, host-sync count), the plan of its recipe runs, the reward that splits groups, and
 `python benchmarks/gpu_check --smoke` end to end as a user runs it (every part on CPU, slow); bench_scaling.py's
 smallest setting."""
 
@@ -21,7 +21,6 @@ import bench_scaling  # noqa: E402
 import gpu_check  # noqa: E402
 import harness  # noqa: E402
 import split_reward  # noqa: E402
-from gpu_check import erc as gpu_check_erc  # noqa: E402
 from gpu_check import recipes as gpu_check_recipes  # noqa: E402
 
 
@@ -29,25 +28,21 @@ ROOT = Path(__file__).resolve().parents[1]
 SMOKE_TIMEOUT_S = 3600  # generous: 2 shared CPU cores; 109 s at a load average of ~3, 214-292 s at 7-10
 
 
-def test_gpu_check_refuses_without_cuda_flag(capsys):
-    assert gpu_check.main(["--force-no-cuda"]) == 2
-    err = capsys.readouterr().err
-    assert "REFUSED" in err and "no CUDA GPU" in err and "--smoke" in err
-
-
-def test_gpu_check_refuses_when_cuda_is_absent(monkeypatch, capsys):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert gpu_check.main([]) == 2
-    assert "REFUSED" in capsys.readouterr().err
-
-
-def test_gpu_check_refusal_as_a_command():
-    import subprocess
-
-    script = os.path.join(os.path.dirname(bench_scaling.__file__), "gpu_check")
-    proc = subprocess.run([sys.executable, script, "--force-no-cuda"], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2
-    assert "REFUSED" in proc.stderr
+@pytest.mark.parametrize("flags", [["--force-no-cuda"], []], ids=["flag", "no-cuda-visible"])
+def test_gpu_check_refusal_as_a_command(flags):
+    """`python benchmarks/gpu_check` without a GPU: exit 2 and one line that says why and names `--smoke`."""
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")  # torch.cuda.is_available() is False on any machine
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/gpu_check", *flags],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2, proc
+    assert proc.stderr.startswith("gpu_check: REFUSED: no CUDA GPU") and proc.stderr.count("\n") == 1, proc.stderr
+    assert "--smoke" in proc.stderr and not proc.stdout
 
 
 def test_every_runnable_benchmark_is_in_the_table_with_its_command():
@@ -126,11 +121,11 @@ def test_gpu_check_part_on_cpu(part, check, done, capsys):
 def test_erc_gradient_check_fails_with_a_wrong_band():
     """The ERC line's check can fail: a reference whose band is shifted does not match the trainer."""
     model = harness.build_model(harness.TINY, 1, torch.device("cpu"))
-    trainers = harness.make_trainers(model, torch.device("cpu"), 32, {"base": {}, "erc": gpu_check_erc.ERC_VARIANT})
+    trainers = harness.make_trainers(model, torch.device("cpu"), 32, {"base": {}, "erc": gpu_check.ERC_VARIANT})
     batch = harness.make_batch(trainers["grpo"], harness.TINY["vocab_size"], 4, 32, torch.device("cpu"))
     params = [p for p in model.parameters() if p.requires_grad]
-    assert gpu_check_erc.erc_gradient_check(trainers, model, params, batch)[0]
-    ok, text = gpu_check_erc.erc_gradient_check(trainers, model, params, batch, band=(0.9, 1.1))
+    assert gpu_check.erc_gradient_check(trainers, model, params, batch)[0]
+    ok, text = gpu_check.erc_gradient_check(trainers, model, params, batch, band=(0.9, 1.1))
     assert not ok and text.startswith("ERC FAIL"), text
 
 
@@ -197,22 +192,8 @@ def test_recipe_runs_say_which_generation_replaced_vllm(tmp_path):
 
 
 def test_bench_scaling_smallest_setting(capsys):
-    results = bench_scaling.main(
-        [
-            "--tiny",
-            "--points",
-            "16x2",
-            "--variants",
-            "base",
-            "sft",
-            "entropy",
-            "erc",
-            "--repeats",
-            "1",
-            "--overhead-points",
-            "16x2",
-        ]
-    )
+    argv = "--tiny --points 16x2 --variants base sft entropy erc --repeats 1 --overhead-points 16x2"
+    results = bench_scaling.main(argv.split())
     out = capsys.readouterr().out
     assert [r["variant"] for r in results] == ["base", "sft", "entropy", "erc"]
     for r in results:

@@ -1,45 +1,22 @@
-"""The GPU check as one command: on one CUDA GPU (target: one H200, bf16) in about 6 minutes, every part below.
+"""The GPU check as one command: on one CUDA GPU (target: one H200, bf16), in about 6 minutes, CE-GPPO's cost next
+to TRL's GRPO at real shapes, Eq. 8 exactness, entropy-ratio clipping, host syncs, and the DeepSeek recipes launched
+as a user launches them, then `cegppo-eval` on their outputs.
 
     python benchmarks/gpu_check            # one CUDA GPU; refuses (exit 2) without one
     python benchmarks/gpu_check --smoke    # every part on CPU at tiny shapes (tests/test_gpu_check.py runs it)
 
-Parts (`--parts`, default all), each printing its lines as it finishes:
-
-1. `loss`: CE-GPPO vs TRL's GRPO (dapo) at real shapes, random-init Qwen2 models built on the GPU, bf16, gradient
-   checkpointing, 4096 tokens; one `RESULT <case>:` line per case (Qwen2-1.5B full, Qwen2-1.5B LoRA r=32 all-linear,
-   Qwen2-7B full):
-   * `step_ratio` / `lb_ratio` / `mem_ratio`: CE-GPPO / GRPO for the training step (zero_grad + loss + backward +
-     AdamW step), loss + backward alone, and the loss + backward peak above the level before it
-     (`torch.cuda.max_memory_allocated`), interleaved repeats, medians; `extra_ms`, `extra_mib` absolute;
-   * `tok_per_s`: completion tokens per second of the CE-GPPO step;
-   * `delta_frac`: the share of the CE-GPPO step spent in CE-GPPO's own loss code (`_cegppo_loss_delta`, timed with
-     CUDA events); `diff_frac` = (CE-GPPO step - GRPO step) / CE-GPPO step, which also counts the correction's
-     backward;
-   then one `EQ8` line: in bf16 (small batch), the trainer's loss and gradient (all parameters) against an independent
-   implementation of paper Eq. 8 on the same log-probs, with GRPO's gradient as a control that must *not* match.
-2. `erc`: entropy-ratio clipping (`cegppo_entropy_ratio_clip=[0.95, 1.05]`) at the first loss case's shape: one
-   `RESULT erc:` line, ERC on / off (the `erc` CE-GPPO variant against `base`, interleaved): `lb_ratio`, `step_ratio`,
-   `mem_ratio`, and the old-log-prob pass with the entropies kept / dropped (`old_pass_time_ratio`,
-   `old_pass_mem_ratio`); then one `ERC` line: the ERC trainer's gradient against Eq. 8 with the band written out,
-   the ERC-off gradient as a control that must not match (benchmarks/gpu_check/erc.py).
-3. `sync`: one `RESULT sync:` line, the synchronizing calls of one micro-batch's loss + backward for GRPO and for
-   CE-GPPO (plain, with the entropy controller, with the SFT term), and where CE-GPPO's extra ones are
-   (benchmarks/gpu_check/sync.py).
-4. `lora`, `paper`: recipes/DeepSeek-R1-Distill-Qwen-1.5B/cegppo/config_lora.yaml and config_paper.yaml launched as a
-   user launches them (`accelerate launch --config_file accelerate_configs/single_gpu.yaml examples/train_cegppo.py
-   --config <recipe> ...`) on a random-init model of R1-Distill-1.5B's shape built locally, 256-token completions,
-   8 steps; one `RECIPE <name>:` line each (steps trained, the saved output, the first step's generation, what was
-   swapped), then `cegppo-eval` on the output: one `EVAL <name>:` line (problems, accuracy as avg@k)
-   (benchmarks/gpu_check/recipes.py).
-
-Ends with `GPU_CHECK DONE ok: ...`; exit status 0 only if every part ran and passed (EQ8 PASS, every recipe trained
-every step and saved, every evaluation read its model, ERC PASS); 2 when there is no GPU (refused).
+Parts (`--parts`, default all), each printing its lines as it finishes: `loss` (`RESULT <case>:` per case, then
+`EQ8`), `erc` (`RESULT erc:`, `ERC`), `sync` (`RESULT sync:`, gpu_check/sync.py), `lora` and `paper` (`RECIPE
+<name>:`, `EVAL <name>:`, gpu_check/recipes.py). docs/scaling.md ("GPU check") says what each line's fields are. Ends
+with `GPU_CHECK DONE ok: ...`; exit status 0 only if every part ran and passed (EQ8 PASS, ERC PASS, every recipe
+trained every step and saved, every evaluation read its model), 1 otherwise, 2 when there is no GPU (refused).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import os
 import shutil
 import sys
@@ -53,7 +30,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import harness as bs  # noqa: E402
 import torch  # noqa: E402
 
-from . import erc as gpu_check_erc  # noqa: E402
 from . import recipes as rc  # noqa: E402
 from . import sync  # noqa: E402
 
@@ -67,6 +43,7 @@ FULL_CASES = [("qwen2-1.5b", bs.QWEN2_1_5B, 28, False), ("qwen2-1.5b-lora", bs.Q
 FULL_CASES.append(("qwen2-7b", bs.QWEN2_7B, 28, False))
 SMOKE_CASES = [(name, bs.TINY, 2, lora) for name, _, _, lora in FULL_CASES]
 LORA = dict(r=32, lora_alpha=64, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
+ERC_VARIANT = {"cegppo_entropy_ratio_clip": [0.95, 1.05]}  # the authors' released band
 
 
 PARTS = ("loss", "erc", "sync", "lora", "paper")
@@ -121,7 +98,30 @@ def eq8_check(trainers, model, shape, device, batch_size, completion_len):
     return ok
 
 
-def run_case(name, shape, layers, lora, device, dtype, completion_len, batch_size, repeats, do_eq8):
+def erc_gradient_check(trainers, model, params, batch, band=None) -> tuple[bool, str]:
+    """The ERC trainer's gradient against the harness's reference with entropy-ratio clipping; the ERC-off trainer's
+    gradient as a control that must not match. `band`: the reference's (default: the ERC trainer's own; another one
+    must fail). Returns (passed, text)."""
+    band = band or trainers["erc"].args.cegppo_entropy_ratio_clip
+    c = bs.reference_gradient_check(trainers, model, params, batch, "erc", "base", band)
+    ok = c["loss_err"] <= 2e-2 and c["rel"] <= 5e-2 and c["marked"] > 0 and c["control_rel"] > 10 * max(c["rel"], 1e-3)
+    text = (
+        f"ERC {'PASS' if ok else 'FAIL'}: outside_band={c['marked']:.3f} loss_rel_err={c['loss_err']:.2e} "
+        f"grad_rel_err={c['rel']:.2e} | control ERC off vs reference: grad_rel_err={c['control_rel']:.2e} (must be >> "
+        "the trainer's)"
+    )
+    return ok, text
+
+
+def loss_sizes(args) -> tuple[int, int, int]:
+    """The loss and erc parts' completion length, batch and interleaved rounds."""
+    if args.smoke:
+        return args.completion_len or 32, args.batch or 2, args.repeats or 1
+    return args.completion_len or 4096, args.batch or 1, args.repeats or 5
+
+
+def checkpointed_setup(shape, layers, device, dtype, completion_len, batch_size, variants=None, lora=False):
+    """A random-init model with gradient checkpointing (and LoRA), its AdamW, the trainers and an off-policy batch."""
     model = bs.build_model(shape, layers, device, dtype)
     model.config.use_cache = False
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -130,19 +130,26 @@ def run_case(name, shape, layers, lora, device, dtype, completion_len, batch_siz
 
         model = get_peft_model(model, LoraConfig(**LORA))
     params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-8, fused=device.type == "cuda")
+    trainers = bs.make_trainers(model, device, completion_len, variants)
+    batch = bs.make_batch(trainers["grpo"], shape["vocab_size"], batch_size, completion_len, device)
+    return model, params, optimizer, trainers, batch
+
+
+def run_case(name, shape, layers, lora, device, dtype, completion_len, batch_size, repeats, do_eq8):
+    model, params, optimizer, trainers, batch = checkpointed_setup(
+        shape, layers, device, dtype, completion_len, batch_size, lora=lora
+    )
     n_params = sum(p.numel() for p in model.parameters())
     n_train = sum(p.numel() for p in params)
-    optimizer = torch.optim.AdamW(params, lr=1e-8, fused=device.type == "cuda")
-    trainers = bs.make_trainers(model, device, completion_len)
     timer = bs.DeltaTimer(trainers["cegppo"], device)
-    batch = bs.make_batch(trainers["grpo"], shape["vocab_size"], batch_size, completion_len, device)
     n_tokens = int(batch["completion_mask"].sum())
 
     r = bs.compare(trainers, batch, optimizer, device, repeats, warmup=1)["cegppo"]
     delta_ms = timer.median_ms()
     peak_gib = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
     tok_per_s = n_tokens / (r["cegppo_step_ms"] / 1e3)
-    print(
+    print(  # diff_frac, unlike delta_frac, also counts the correction's backward
         f"RESULT {name}: params={n_params / 1e9:.2f}B trainable={n_train / 1e6:.1f}M dtype={dtype} "
         f"T={completion_len} B={batch_size} grad_ckpt=1 clipped={r['clipped_frac']:.3f} | "
         f"step_ratio={r['step_ratio']:.3f} lb_ratio={r['lb_ratio']:.3f} mem_ratio={r['mem_ratio']:.3f} | "
@@ -170,13 +177,9 @@ def free_device_memory(device):
 
 def versions_line(args, device) -> str | None:
     """The `GPU_CHECK start:` line (packages and settings), or None with a message when a package is missing."""
+    packages = ("transformers", "trl", "peft", "datasets", "cegppo_trl")
     try:
-        import datasets
-        import peft
-        import transformers
-        import trl
-
-        import cegppo_trl
+        versions = " ".join(f"{name}={importlib.import_module(name).__version__}" for name in packages)
     except ImportError as e:  # pragma: no cover - depends on the machine
         print(
             f"gpu_check: missing package ({e}). Bring the wheels listed in docs/scaling.md "
@@ -185,18 +188,13 @@ def versions_line(args, device) -> str | None:
         )
         return None
     gpu = torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu (smoke)"
-    return (
-        f"GPU_CHECK start: device={gpu} torch={torch.__version__} transformers={transformers.__version__} "
-        f"trl={trl.__version__} peft={peft.__version__} datasets={datasets.__version__} "
-        f"cegppo_trl={cegppo_trl.__version__} dtype={args.dtype} parts={','.join(args.parts)}"
-    )
+    settings = f"dtype={args.dtype} parts={','.join(args.parts)}"
+    return f"GPU_CHECK start: device={gpu} torch={torch.__version__} {versions} {settings}"
 
 
 def loss_part(args, device, dtype, start) -> tuple[bool, int, int]:
     """The loss benchmark at real shapes (one RESULT line per case) with EQ8 on the first: (ok, cases run, cases)."""
-    completion_len = args.completion_len or (32 if args.smoke else 4096)
-    batch_size = args.batch or (2 if args.smoke else 1)
-    repeats = args.repeats or (1 if args.smoke else 5)
+    completion_len, batch_size, repeats = loss_sizes(args)
     cases = SMOKE_CASES if args.smoke else FULL_CASES
     if args.cases:
         cases = [c for c in cases if c[0] in args.cases]
@@ -216,12 +214,33 @@ def loss_part(args, device, dtype, start) -> tuple[bool, int, int]:
 
 
 def erc_part(args, device, dtype) -> bool:
-    """Entropy-ratio clipping's cost and gradient check at the first loss case's shape (`RESULT erc:`, `ERC`)."""
+    """Entropy-ratio clipping at the first loss case's shape: one `RESULT erc:` line (ERC on / off: loss + backward,
+    step and memory ratios, the old pass with entropies kept / dropped) and one `ERC` line (the gradient check)."""
     _, shape, layers, _ = (SMOKE_CASES if args.smoke else FULL_CASES)[0]
-    completion_len = args.completion_len or (32 if args.smoke else 4096)
-    batch_size = args.batch or (2 if args.smoke else 1)
-    repeats = args.repeats or (1 if args.smoke else 5)
-    return gpu_check_erc.erc_part(bs, shape, layers, device, dtype, completion_len, batch_size, repeats)
+    completion_len, batch_size, repeats = loss_sizes(args)
+    model, params, optimizer, trainers, batch = checkpointed_setup(
+        shape, layers, device, dtype, completion_len, batch_size, {"base": {}, "erc": ERC_VARIANT}
+    )
+    results = bs.compare(trainers, batch, optimizer, device, repeats, warmup=1)
+    rows = [dict(r, T=completion_len, B=batch_size, variant=v) for v, r in results.items()]
+    erc = bs.erc_vs_base(rows, completion_len, batch_size)
+    old = bs.old_pass_cost(trainers["erc"], batch, device, repeats)
+    trainers["erc"]._device_metrics.flush("train", trainers["erc"]._metrics["train"])
+    metrics = trainers["erc"]._metrics["train"]
+    out_frac = metrics["cegppo/erc_low_frac"][-1] + metrics["cegppo/erc_high_frac"][-1]
+    print(
+        f"RESULT erc: dtype={dtype} T={completion_len} B={batch_size} band=0.95,1.05 out_frac={out_frac:.3f} | "
+        f"lb_ratio={erc['lb_ratio']:.3f} step_ratio={erc['step_ratio']:.3f} mem_ratio={erc['mem_ratio']:.3f} "
+        f"extra_ms={erc['extra_ms']:.2f} extra_mib={erc['extra_mib']:.1f} (ERC on / off) | "
+        f"old_pass_time_ratio={old['time_ratio']:.3f} old_pass_mem_ratio={old['mem_ratio']:.3f} "
+        f"old_pass_extra_mib={old['on_mib'] - old['off_mib']:.2f} (entropies kept / dropped)",
+        flush=True,
+    )
+    small = bs.make_batch(trainers["grpo"], shape["vocab_size"], 4, min(512, completion_len), device, seed=1)
+    ok, text = erc_gradient_check(trainers, model, params, small)
+    print(text, flush=True)
+    del trainers, optimizer, batch, small, model, params
+    return ok
 
 
 def recipes_part(args) -> tuple[bool, str]:

@@ -1,25 +1,11 @@
-"""The GPU check's end-to-end part: the shipped DeepSeek-R1-Distill-Qwen-1.5B CE-GPPO recipes launched as a user
-launches them, on a random-init model of that shape built locally, then `cegppo-eval` on what each run saved.
+"""The GPU check's `lora` and `paper` parts: the shipped DeepSeek-R1-Distill-Qwen-1.5B CE-GPPO recipes launched as a
+user launches them, on a random-init model of that shape built locally, then `cegppo-eval` on what each run saved.
 
     accelerate launch --config_file accelerate_configs/single_gpu.yaml examples/train_cegppo.py --config <recipe> ...
 
-Only size and hardware are swapped, on the command line after `--config` (TrlParser lets flags override a recipe):
-
-* size: the random-init model (`build_random_model`: R1-Distill-1.5B's shape with the tiny local tokenizer, nothing
-  downloaded; `--smoke`: a tiny shape) in place of the Hub model; `builtin:arithmetic` (columns `problem` /
-  `answer`) in place of the Hub data set; short completions; `max_steps` 8 (one generation batch: 1 on-policy and 7
-  off-policy steps); for the LoRA recipe a smaller generation batch (`gradient_accumulation_steps` 2,
-  `steps_per_generation` 16: still 8 optimizer steps per generation batch, as the recipe has); a `split_groups`
-  reward added to `math` (benchmarks/split_reward.py: a random model gets every answer wrong, so `math` alone gives
-  no gradient and nothing for dynamic sampling to remove).
-* hardware, only where the recipe's setting cannot run: HF generation where vLLM is not installed (`use_vllm false`);
-  on CPU (`--smoke`) fp32 in place of bf16 (`bf16 false`, `dtype float32`, `use_cpu true`, launcher `--cpu
-  --mixed_precision no`); the paper recipe on one process with `single_gpu.yaml` in place of the accelerate config
-  its header names; `USE_HUB_KERNELS=0` (the check runs offline, HF_HUB_OFFLINE=1; see docs/scaling.md).
-
-Every other recipe option stays on as the recipe has it (dynamic sampling, the SFT term, LoRA, oversampling, betas,
-clip ranges, batch per device, learning rate and schedule, activation checkpointing, saving, seed). Each run prints one
-`RECIPE` line and each evaluation one `EVAL` line; the lines say what was swapped.
+Only size and hardware are swapped, on the command line after `--config` (TrlParser lets flags override a recipe);
+every other recipe option stays on as the recipe has it. docs/scaling.md ("GPU check") lists the swaps, and each
+`RECIPE` line says which were made (`swaps`); a `split_groups` reward is added to `math` (benchmarks/split_reward.py).
 """
 
 from __future__ import annotations
@@ -36,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from harness import QWEN2_1_5B, TINY
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,28 +31,10 @@ RECIPES = ROOT / "recipes" / "DeepSeek-R1-Distill-Qwen-1.5B" / "cegppo"
 LAUNCH_CONFIG = "accelerate_configs/single_gpu.yaml"
 TRAIN_SCRIPT = "examples/train_cegppo.py"
 REWARDS = ["math", "split_reward.split_groups"]
-# deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B's config.json (Qwen2): 1.78 B parameters with untied embeddings; tied here
-# (as the GPU run of 2026-12-04 built it), 1.54 B.
-R1_DISTILL_1_5B = dict(
-    vocab_size=151936,
-    hidden_size=1536,
-    intermediate_size=8960,
-    num_hidden_layers=28,
-    num_attention_heads=12,
-    num_key_value_heads=2,
-    tie_word_embeddings=True,
-    rope_theta=10000.0,
-    max_position_embeddings=131072,
-)
-TINY_SHAPE = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    tie_word_embeddings=True,
-    max_position_embeddings=4096,
-)
+# deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B's config.json (Qwen2-1.5B's shape with these): 1.78 B parameters with
+# untied embeddings; tied here (as the GPU run of 2026-12-04 built it), 1.54 B.
+R1_DISTILL_1_5B = dict(QWEN2_1_5B, num_hidden_layers=28, rope_theta=10000.0, max_position_embeddings=131072)
+TINY_SHAPE = dict(TINY, num_hidden_layers=2, max_position_embeddings=4096)  # vocab_size: the tokenizer's
 
 
 @dataclass
@@ -120,7 +89,7 @@ def build_random_model(path: Path, smoke: bool) -> str:
     shape = dict(TINY_SHAPE, vocab_size=len(tokenizer)) if smoke else R1_DISTILL_1_5B
     special = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
     special["pad_token_id"] = tokenizer.pad_token_id
-    config = Qwen2Config(**shape, rms_norm_eps=1e-6, initializer_range=0.02, use_cache=True, **special)
+    config = Qwen2Config(**shape, initializer_range=0.02, use_cache=True, **special)
     torch.manual_seed(0)
     device = "cpu" if smoke else "cuda"
     with torch.device(device):
@@ -196,20 +165,9 @@ def eval_command(model_dir: Path, report: Path, sizes: Sizes) -> list[str]:
     """`cegppo-eval MODEL --datasets builtin:arithmetic_eval ...` (the console script next to this Python)."""
     script = Path(sys.executable).parent / "cegppo-eval"
     command = [str(script)] if script.exists() else [sys.executable, "-m", "cegppo_trl.scripts.eval"]
-    return command + [
-        str(model_dir),
-        "--datasets",
-        "builtin:arithmetic_eval",
-        "--max-problems",
-        str(sizes.eval_problems),
-        "--k",
-        str(sizes.eval_k),
-        "--max-new-tokens",
-        str(sizes.eval_new_tokens),
-        "--no-progress",
-        "--output",
-        str(report),
-    ]
+    command += [str(model_dir), "--datasets", "builtin:arithmetic_eval", "--max-problems", str(sizes.eval_problems)]
+    command += ["--k", str(sizes.eval_k), "--max-new-tokens", str(sizes.eval_new_tokens), "--no-progress"]
+    return command + ["--output", str(report)]
 
 
 def child_env(smoke: bool) -> dict[str, str]:
@@ -224,38 +182,24 @@ def child_env(smoke: bool) -> dict[str, str]:
     return env
 
 
-class GpuMemoryPeak:
-    """The device-wide peak of used GPU memory (all processes, this one's CUDA context too), sampled every 0.5 s."""
+def run_logged(command: list[str], log_path: Path, sizes: Sizes, timeout_s: float) -> tuple[int, float, str]:
+    """Run `command` in the repository root (`child_env`) with its output in `log_path`: (exit status, 124 if timed
+    out; seconds; on a GPU, the device-wide peak of used GPU memory, all processes and this one's CUDA context too,
+    sampled every 0.5 s)."""
+    peak, done, gpu = [0], threading.Event(), not sizes.smoke
 
-    def __init__(self, active: bool):
-        self.active, self.peak_bytes = active, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-
-    def _sample(self):
-        while not self._stop.is_set():
+    def sample():
+        while not done.is_set():
             free, total = torch.cuda.mem_get_info()
-            self.peak_bytes = max(self.peak_bytes, total - free)
-            self._stop.wait(0.5)
+            peak[0] = max(peak[0], total - free)
+            done.wait(0.5)
 
-    def __enter__(self):
-        if self.active:
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        if self.active:
-            self._thread.join()
-
-    def text(self) -> str:
-        return f"gpu_peak_gib={self.peak_bytes / 2**30:.1f}" if self.active else "gpu_peak_gib=nan"
-
-
-def run_logged(command: list[str], log_path: Path, env: dict, timeout_s: float) -> tuple[int, float]:
-    """Run `command` in the repository root with its output in `log_path`; (exit status, seconds). 124: timed out."""
-    start = time.perf_counter()
+    sampler = threading.Thread(target=sample, daemon=True)
+    env = child_env(sizes.smoke)
     with open(log_path, "w") as log:
+        if gpu:
+            sampler.start()
+        start = time.perf_counter()
         log.write("$ " + " ".join(command) + "\n")
         log.flush()
         try:
@@ -263,7 +207,11 @@ def run_logged(command: list[str], log_path: Path, env: dict, timeout_s: float) 
             status = rc.returncode
         except subprocess.TimeoutExpired:
             status = 124
-    return status, time.perf_counter() - start
+        seconds = time.perf_counter() - start
+    done.set()
+    if gpu:
+        sampler.join()
+    return status, seconds, f"gpu_peak_gib={peak[0] / 2**30:.1f}" if gpu else "gpu_peak_gib=nan"
 
 
 def log_tail(log_path: Path, lines: int = 8) -> str:
@@ -315,8 +263,7 @@ def run_recipe(run: RecipeRun, model_dir: Path, workdir: Path, sizes: Sizes, gen
     output_dir = workdir / f"out_{run.name}"
     log_path = workdir / f"train_{run.name}.log"
     command = train_command(run, model_dir, output_dir, sizes, generation)
-    with GpuMemoryPeak(active=not sizes.smoke) as memory:
-        rc, wall = run_logged(command, log_path, child_env(sizes.smoke), sizes.train_timeout_s)
+    rc, wall, memory = run_logged(command, log_path, sizes, sizes.train_timeout_s)
     s = training_summary(output_dir, read_recipe(run))
     ok = rc == 0 and s["steps"] == sizes.max_steps and s["saved"] != "none" and s["losses_finite"]
     line = f"RECIPE {run.name}: {'ok' if ok else 'FAILED'} rc={rc} steps={s['steps']}/{sizes.max_steps} "
@@ -329,7 +276,7 @@ def run_recipe(run: RecipeRun, model_dir: Path, workdir: Path, sizes: Sizes, gen
             f"groups_trained={s['groups_trained']:.0f} "
             f"reward_std={s['reward_std']:.2f} losses_finite={int(s['losses_finite'])}"
         )
-    line += f" | {memory.text()} | recipe={run.recipe.relative_to(ROOT)} completion_len={sizes.completion_len}"
+    line += f" | {memory} | recipe={run.recipe.relative_to(ROOT)} completion_len={sizes.completion_len}"
     line += " batch=" + (",".join(f"{k}={v}" for k, v in run.batch.items()) or "recipe's")
     line += " | swapped: " + "; ".join(swaps(run, sizes, generation)) + f" | log={log_path}"
     if not ok:
@@ -360,9 +307,7 @@ def run_eval(name: str, model_dir: Path, workdir: Path, sizes: Sizes) -> bool:
     """`cegppo-eval` on a run's saved output; prints its EVAL line."""
     report = workdir / f"eval_{name}.json"
     log_path = workdir / f"eval_{name}.log"
-    with GpuMemoryPeak(active=not sizes.smoke) as memory:
-        rc, wall = run_logged(eval_command(model_dir, report, sizes), log_path, child_env(sizes.smoke),
-                              sizes.eval_timeout_s)  # fmt: skip
+    rc, wall, memory = run_logged(eval_command(model_dir, report, sizes), log_path, sizes, sizes.eval_timeout_s)
     figures = eval_figures(report)
     ok = rc == 0 and figures is not None and figures["problems"] == sizes.eval_problems
     ok = ok and 0.0 <= figures["accuracy"] <= 1.0
@@ -372,7 +317,7 @@ def run_eval(name: str, model_dir: Path, workdir: Path, sizes: Sizes) -> bool:
             f" problems={figures['problems']} k={figures['k']} accuracy={figures['accuracy']:.3f} "
             f"(avg@{figures['k']}) pass@{figures['k']}={figures['pass_k']:.3f} seconds={figures['seconds']:.1f}"
         )
-    line += f" wall_s={wall:.0f} {memory.text()} max_new_tokens={sizes.eval_new_tokens} report={report}"
+    line += f" wall_s={wall:.0f} {memory} max_new_tokens={sizes.eval_new_tokens} report={report}"
     if not ok:
         line += f" | {log_tail(log_path)}"
     print(line, flush=True)
