@@ -1,8 +1,6 @@
-"""Worker of tests/test_divergence_launch.py: train CEGPPOTrainer with the loss of ONE process made NaN at chosen
-optimizer steps, per scenario, and record on each process where it stopped (or what it skipped).
-
-Run as `python divergence_worker.py MODEL_DIR OUT_DIR` under `torch.distributed.run --nproc_per_node 2` (DDP over
-gloo) or `accelerate launch` with a ZeRO config on two processes. Each process writes `<scenario>.rank<N>.json`.
+"""Worker of tests/test_divergence_launch.py (whose trainer and reward tests/test_divergence.py also uses): train
+with the loss of process 1 made NaN at chosen optimizer steps, per scenario; each process writes where it stopped (or
+what it skipped) to `<scenario>.rank<N>.json`. Run as `python divergence_worker.py MODEL_DIR OUT_DIR` on two processes.
 """
 
 import json
@@ -17,7 +15,6 @@ from cegppo_trl import CEGPPOConfig, CEGPPOTrainer, load_math_dataset
 from cegppo_trl.divergence import NonFiniteStepError
 
 
-warnings.filterwarnings("ignore")
 NAN_RANK = 1
 SCENARIOS = {
     # The first non-finite step (step 3, on rank 1 only): both processes stop there, before applying it.
@@ -37,18 +34,27 @@ SCENARIOS = {
 
 
 class Injecting(CEGPPOTrainer):
-    nan_steps: list = []
+    """Makes the loss of process `nan_rank` NaN at the optimizer steps in `nan_steps` (1-based)."""
+
+    nan_steps: tuple = ()
+    nan_rank: int = 0
 
     def _cegppo_loss_delta(self, *args, **kwargs):
         delta = super()._cegppo_loss_delta(*args, **kwargs)
         step = self.state.global_step + 1
-        if self.model.training and step in self.nan_steps and self.accelerator.process_index == NAN_RANK:
+        if self.model.training and step in self.nan_steps and self.accelerator.process_index == self.nan_rank:
             delta = delta * math.nan
         return delta
 
 
 def varied_reward(completions, **kwargs):
     return [float(i % 2) for i in range(len(completions))]  # every group informative: a gradient at every step
+
+
+def lora(peft: bool) -> dict:
+    from peft import LoraConfig
+
+    return {"peft_config": LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"])} if peft else {}
 
 
 def run(model_dir: str, out_dir: Path, name: str, scenario: dict) -> None:
@@ -58,14 +64,10 @@ def run(model_dir: str, out_dir: Path, name: str, scenario: dict) -> None:
         steps_per_generation=4, max_steps=4, learning_rate=0.05, save_strategy="steps", save_steps=1,
         **scenario["config"],
     )  # fmt: skip
-    extra = {}
-    if scenario.get("peft"):
-        from peft import LoraConfig
-
-        extra["peft_config"] = LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"])
+    extra = lora(scenario.get("peft", False))
     data = load_math_dataset("builtin:arithmetic").select(range(64))
     trainer = Injecting(model=model_dir, reward_funcs=varied_reward, args=args, train_dataset=data, **extra)
-    trainer.nan_steps = scenario["nan_steps"]
+    trainer.nan_steps, trainer.nan_rank = scenario["nan_steps"], NAN_RANK
     record = {"error": None}
     try:
         trainer.train()
@@ -87,6 +89,7 @@ def run(model_dir: str, out_dir: Path, name: str, scenario: dict) -> None:
 
 
 def main() -> None:
+    warnings.filterwarnings("ignore")
     model_dir, out_dir = sys.argv[1], Path(sys.argv[2])
     for name, scenario in SCENARIOS.items():
         run(model_dir, out_dir, name, scenario)

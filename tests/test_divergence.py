@@ -1,11 +1,6 @@
 """A run that diverges stops at its first non-finite step, before applying it, and never saves or resumes from broken
-weights (issue 35; `cegppo_trl/divergence.py`, docs/launch.md "When a run diverges").
-
-Fast tier: the step check's units (one host transfer, the same decision from every process's values, the skip bound),
-the trainer stopping before a non-finite step is applied (full and LoRA, entropy controller on), skipping and counting
-(non-finite steps, batches without rewards, with dynamic sampling), the save guard, and `cegppo-train` end to end on
-one process: exit status 3, one message, the finite checkpoints kept, auto-resume passing over a non-finite one and
-refusing in one line when every one is. The 2-process launches: tests/test_divergence_launch.py (slow).
+weights (issue 35; `cegppo_trl/divergence.py`, docs/launch.md "When a run diverges"). On one process; the 2-process
+launches are tests/test_divergence_launch.py (slow).
 """
 
 import json
@@ -18,7 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from divergence_worker import Injecting, lora, varied_reward
 from safetensors.torch import load_file, save_file
+from shared import ROOT, TINY_RECIPE
 from test_host_sync import counting_host_transfers
 
 from cegppo_trl.divergence import (
@@ -33,11 +30,7 @@ from cegppo_trl.divergence import (
     non_finite_tensors,
 )
 from cegppo_trl.scripts.stopping import finite_checkpoint_to_resume
-from cegppo_trl.trainer import CONTROLLER_STATE_FILE, CEGPPOTrainer
-
-
-ROOT = Path(__file__).resolve().parents[1]
-TINY_RECIPE = ROOT / "recipes" / "tiny" / "cegppo" / "config_cpu.yaml"
+from cegppo_trl.trainer import CONTROLLER_STATE_FILE
 
 
 def _identity_gather(tensor):
@@ -69,16 +62,13 @@ def test_a_finite_step_passes_with_one_host_transfer_and_a_non_finite_one_stops_
     )
 
 
-def test_every_process_decides_from_every_process_values():
+def test_every_process_decides_from_every_process_values_and_a_non_finite_controller_entropy_stops_too():
     """Process 0's own values are finite; process 1's loss is not: the gather gives both the same rows."""
     other = torch.tensor([[math.nan, 1.0, 0.0]])
     guard = StepGuard(lambda local: torch.cat([local, other]))
     guard.add_loss(torch.tensor(0.1))
     with pytest.raises(NonFiniteStepError, match=r"process 1: loss nan, grad norm 1\b"):
         guard.end_step(4, torch.tensor(1.0), "cpu")
-
-
-def test_a_non_finite_controller_entropy_stops_too():
     guard = StepGuard(_identity_gather)
     guard.add_loss(torch.tensor(0.1))
     with pytest.raises(NonFiniteStepError, match="non-finite mean token entropy"):
@@ -144,44 +134,21 @@ def test_auto_resume_passes_over_non_finite_checkpoints_and_refuses_when_all_are
 # --- The trainer
 
 
-class Injecting(CEGPPOTrainer):
-    """Makes the loss of process `rank` NaN at the optimizer steps in `steps` (1-based)."""
-
-    nan_steps: tuple = ()
-    nan_rank: int = 0
-
-    def _cegppo_loss_delta(self, *args, **kwargs):
-        delta = super()._cegppo_loss_delta(*args, **kwargs)
-        step = self.state.global_step + 1
-        if self.model.training and step in self.nan_steps and self.accelerator.process_index == self.nan_rank:
-            delta = delta * math.nan
-        return delta
-
-
 @pytest.fixture
 def injecting(tiny_trainer, tmp_path):
     """`injecting(nan_steps, peft=False, **overrides)`: an `Injecting` trainer saving to tmp_path / "run" every step,
     the entropy controller on, a reward that varies in every group."""
 
-    def make(nan_steps, peft=False, reward_funcs=_varied_reward, **overrides):
+    def make(nan_steps, peft=False, reward_funcs=varied_reward, **overrides):
         options = dict(save_strategy="steps", save_steps=1, learning_rate=0.05, cegppo_entropy_target=1.0)
-        extra = {}
-        if peft:
-            from peft import LoraConfig
-
-            extra["peft_config"] = LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"])
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             trainer = tiny_trainer(output_dir=tmp_path / "run", cls=Injecting, reward_funcs=reward_funcs,
-                                   trainer_kwargs=extra, **{**options, **overrides})  # fmt: skip
+                                   trainer_kwargs=lora(peft), **{**options, **overrides})  # fmt: skip
         trainer.nan_steps = nan_steps
         return trainer
 
     return make
-
-
-def _varied_reward(completions, **kwargs):
-    return [float(i % 2) for i in range(len(completions))]  # every group informative: a gradient at every step
 
 
 def _weights(folder: Path) -> dict:
@@ -190,14 +157,11 @@ def _weights(folder: Path) -> dict:
 
 
 def _trainable(trainer) -> dict:
-    from peft import PeftModel
+    from peft import PeftModel, get_peft_model_state_dict
 
     model = trainer.model
-    if isinstance(model, PeftModel):
-        from peft import get_peft_model_state_dict
-
-        return {k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    state = get_peft_model_state_dict(model) if isinstance(model, PeftModel) else model.state_dict()
+    return {k: v.detach().clone() for k, v in state.items()}
 
 
 @pytest.mark.parametrize("peft", [False, True], ids=["full", "lora"])
@@ -282,14 +246,6 @@ def varied(completions, **kwargs):
 """
 
 
-def _stop_lines(err: str) -> list[str]:
-    """Our message: the last lines of stderr, from the first of ours, no traceback."""
-    lines = err.strip().splitlines()
-    first = next(i for i, line in enumerate(lines) if line.startswith("cegppo-train: "))
-    assert "Traceback" not in err, err[-3000:]
-    return lines[first:]
-
-
 def test_cegppo_train_stops_with_status_3_keeps_the_finite_checkpoints_and_resumes_from_the_newest(
     tmp_path, tiny_checkpoint, capsys, monkeypatch, one_torch_thread
 ):
@@ -299,11 +255,14 @@ def test_cegppo_train_stops_with_status_3_keeps_the_finite_checkpoints_and_resum
     monkeypatch.setattr(sys, "path", list(sys.path))
     (tmp_path / "diverging_rewards.py").write_text(REWARDS)
     out = tmp_path / "out"
-    argv = ["--config", str(TINY_RECIPE), "--model_name_or_path", str(tiny_checkpoint), "--output_dir", str(out),
+    argv = ["--config", str(ROOT / TINY_RECIPE), "--model_name_or_path", str(tiny_checkpoint), "--output_dir", str(out),
             "--scale_rewards", "none", "--max_grad_norm", "0", "--save_strategy", "steps", "--save_steps", "1",
             "--save_total_limit", "2", "--max_steps", "8"]  # fmt: skip
     assert main([*argv, "--reward_funcs", "diverging_rewards.overflowing"]) == DIVERGED_EXIT_STATUS
-    lines = _stop_lines(capsys.readouterr().err)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err[-3000:]
+    lines = err.strip().splitlines()
+    lines = lines[next(i for i, line in enumerate(lines) if line.startswith("cegppo-train: ")) :]  # ours: the last
     assert len(lines) == 3, lines
     assert lines[0].startswith(
         "cegppo-train: stopped before applying optimizer step 5: a non-finite value (loss -inf, grad norm inf)"

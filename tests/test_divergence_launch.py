@@ -6,24 +6,17 @@ finite checkpoints. All slow: each launch trains a few short runs.
 
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from launching import launcher, run_launched, subprocess_env
+from shared import ROOT, TINY_RECIPE, run_checked
 
 from cegppo_trl.divergence import DIVERGED_EXIT_STATUS, non_finite_tensors
 
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
 TIMEOUT_S = 1800
-
-
-def _launch(backend: str, model_dir: Path, out_dir: Path) -> None:
-    worker = [str(HERE / "divergence_worker.py"), str(model_dir), str(out_dir)]
-    run_launched([*launcher(2, None if backend == "ddp" else f"{backend}.yaml"), *worker], timeout=TIMEOUT_S)
 
 
 @pytest.mark.slow
@@ -31,7 +24,8 @@ def _launch(backend: str, model_dir: Path, out_dir: Path) -> None:
 def test_a_nan_on_one_process_stops_both_at_the_same_step(backend, tiny_checkpoint, tmp_path):
     if backend.startswith("zero"):
         pytest.importorskip("deepspeed", reason="the `deepspeed` extra is not installed")
-    _launch(backend, tiny_checkpoint, tmp_path)
+    worker = [ROOT / "tests" / "divergence_worker.py", tiny_checkpoint, tmp_path]
+    run_launched([*launcher(2, None if backend == "ddp" else f"{backend}.yaml"), *worker], timeout=TIMEOUT_S)
     for name in ("stop", "stop-lora", "skip"):
         ranks = [json.loads((tmp_path / f"{name}.rank{r}.json").read_text()) for r in (0, 1)]
         expected_step, last_finite = (3, 2) if name.startswith("stop") else (4, 3)
@@ -60,11 +54,10 @@ def test_a_nan_on_one_process_stops_both_at_the_same_step(backend, tiny_checkpoi
 def test_the_issue_command_on_the_tiny_recipe_stops_with_status_3(tmp_path):
     """The issue's reproduction: `--learning_rate 10 --max_grad_norm 0 --save_steps 1 --save_total_limit 2`."""
     out = tmp_path / "run"
-    cmd = [str(Path(sys.executable).parent / "cegppo-train"), "--config", "recipes/tiny/cegppo/config_cpu.yaml",
+    cmd = [Path(sys.executable).parent / "cegppo-train", "--config", TINY_RECIPE,
            "--learning_rate", "10", "--max_grad_norm", "0", "--save_strategy", "steps", "--save_steps", "1",
-           "--save_total_limit", "2", "--max_steps", "8", "--output_dir", str(out)]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert proc.returncode == DIVERGED_EXIT_STATUS, proc.stderr[-4000:]
+           "--save_total_limit", "2", "--max_steps", "8", "--output_dir", out]  # fmt: skip
+    proc = run_checked(cmd, ROOT, subprocess_env(), TIMEOUT_S, expect=DIVERGED_EXIT_STATUS)
     assert "Traceback" not in proc.stderr and "multinomial" not in proc.stderr, proc.stderr[-4000:]
     lines = proc.stderr.strip().splitlines()[-3:]
     step = int(lines[0].split("before applying optimizer step ")[1].split(":")[0])
