@@ -1,20 +1,12 @@
-"""Stopping `cegppo-train` with SIGINT or SIGTERM at a chosen moment of the tiny recipe, and checking what it left:
-shared by tests/test_signals.py and, run as a script, a stress loop over many random moments:
+"""Stopping `cegppo-train` with SIGINT or SIGTERM at a chosen moment of the tiny recipe, and checking what it left
+(tests/test_signals.py); run as a script, a stress loop over random moments, each of which must pass `check_stop`:
 
     python tests/signal_runs.py --runs 20   # 20 SIGTERM + 20 SIGINT; one line per run, a summary, exit 1 on a failure
 
-Each stress run stops the tiny recipe at a random moment (a random delay after checkpoint-1, -2 or -3, while grading,
-or in a checkpoint write) and must pass `check_stop` and `loads`.
-
-A moment is one of:
-- ``step``: the caller sends the signal from outside once checkpoint-`after` exists (somewhere in a later step);
-- ``grading``: the first reward function sends it at its `after`-th call, just before `math` grades the batch;
-- ``checkpoint``: sent while the `after`-th checkpoint is being written (in the middle of `torch.save` of
-  ``optimizer.pt``, before ``trainer_state.json``).
-The signal goes to the run's whole process group, as a terminal's Ctrl-C or a scheduler's stop does: the grading
-workers and, under `accelerate launch`, the launcher get it too; or (`only_rank`) to one rank's process alone. The two in-run moments are injected through
-`reward_funcs`' `module.function` form (`signal_moments.zero`, written into the run's directory), so the command is
-the one a user runs.
+A moment is ``step`` (the caller signals once checkpoint-`after` exists), ``grading`` (the first reward function
+signals at its `after`-th call) or ``checkpoint`` (while the `after`-th checkpoint's ``optimizer.pt`` is written). The
+signal goes to the run's process group, as a terminal's Ctrl-C or a scheduler's stop does, or (`only_rank`) to one
+rank alone. The in-run moments come through `--reward_funcs signal_moments.zero`, so the command is the user's.
 """
 
 from __future__ import annotations
