@@ -4,27 +4,21 @@ callback's `on_log` (what every `report_to` integration implements) receives it 
 shared quick demo's warm start (conftest's `quick_demo`), which solves some but not all of its held-out problems."""
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
-from launching import launcher
+from launching import launcher, run_launched
 
 
 pytestmark = pytest.mark.slow  # launches processes that train
 
 WORKER = Path(__file__).resolve().parent / "avg_at_k_worker.py"
-TIMEOUT_S = 900
 FIGURES = ("heldout/avg@4", "heldout/pass@1", "heldout/pass@4")
 
 
 def launch(model_dir: Path, heldout: Path, out: Path, processes: int) -> list[dict]:
     out.mkdir(parents=True)
-    cmd = [*launcher(processes), str(WORKER), str(model_dir), str(heldout), str(out)]
-    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert proc.returncode == 0, f"worker failed ({proc.returncode})\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    run_launched([*launcher(processes), WORKER, model_dir, heldout, out], timeout=900)
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(processes)]
 
 

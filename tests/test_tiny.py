@@ -1,4 +1,4 @@
-"""Tests for cegppo_trl.tiny_model (builtin:tiny): local tokenizer/model, save/load through the Auto classes, SFT warm start."""
+"""cegppo_trl.tiny_model (builtin:tiny): local tokenizer/model, save/load through the Auto classes, SFT warm start."""
 
 from __future__ import annotations
 
@@ -42,11 +42,6 @@ def model(tokenizer):
     return build_tiny_model(tokenizer)
 
 
-@pytest.fixture(scope="module")
-def saved_dir(tmp_path_factory, model, tokenizer):
-    return save_tiny(model, tokenizer, tmp_path_factory.mktemp("tiny"))
-
-
 def _chat_ids(tok, problem=PROBLEM):
     msgs = [{"role": "user", "content": format_user_message(problem)}]
     return tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
@@ -54,9 +49,6 @@ def _chat_ids(tok, problem=PROBLEM):
 
 def _completion_ids(tok, completion):
     return tok(completion, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-
-
-# ---------------------------------------------------------------------------------------------- tokenizer
 
 
 def test_tokenizer_basics(tokenizer):
@@ -91,9 +83,10 @@ def test_chat_template(tokenizer):
     assert tokenizer.decode(comp, skip_special_tokens=True) == "\\boxed{64}"
 
 
-def test_tokenizer_roundtrip_auto(tokenizer, saved_dir):
-    from transformers import AutoTokenizer
+def test_save_load_auto(model, tokenizer, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    saved_dir = save_tiny(model, tokenizer, tmp_path)
     tok2 = AutoTokenizer.from_pretrained(saved_dir, local_files_only=True)  # with the model's config.json
     assert tok2.get_vocab() == tokenizer.get_vocab()
     assert len(tok2) == len(tokenizer)
@@ -108,9 +101,15 @@ def test_tokenizer_roundtrip_auto(tokenizer, saved_dir):
     for key in ("normalizer", "pre_tokenizer", "decoder", "added_tokens"):
         assert j1[key] == j2[key], key
     assert j1["model"]["merges"] == j2["model"]["merges"]
-
-
-# ---------------------------------------------------------------------------------------------- model
+    model2 = AutoModelForCausalLM.from_pretrained(saved_dir, local_files_only=True)
+    assert model2.dtype == torch.float32
+    sd, sd2 = model.state_dict(), model2.state_dict()
+    assert sd.keys() == sd2.keys() and all(torch.equal(sd[k], sd2[k]) for k in sd)
+    assert model2.generation_config.eos_token_id == tokenizer.eos_token_id
+    ids = torch.tensor([_chat_ids(tokenizer)])
+    model.eval(), model2.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, model2(ids).logits)
 
 
 def test_model_size_config_and_determinism(tokenizer, model):
@@ -131,20 +130,6 @@ def test_model_size_config_and_determinism(tokenizer, model):
     assert not all(torch.equal(sd[k], sd_other[k]) for k in sd)
     small = build_tiny_model(tokenizer, hidden_size=64, num_layers=2, intermediate_size=128)
     assert small.config.intermediate_size == 128 and small.config.num_hidden_layers == 2
-
-
-def test_save_load_auto(model, tokenizer, saved_dir):
-    from transformers import AutoModelForCausalLM
-
-    model2 = AutoModelForCausalLM.from_pretrained(saved_dir, local_files_only=True)
-    assert model2.dtype == torch.float32
-    sd, sd2 = model.state_dict(), model2.state_dict()
-    assert sd.keys() == sd2.keys() and all(torch.equal(sd[k], sd2[k]) for k in sd)
-    assert model2.generation_config.eos_token_id == tokenizer.eos_token_id
-    ids = torch.tensor([_chat_ids(tokenizer)])
-    model.eval(), model2.eval()
-    with torch.no_grad():
-        torch.testing.assert_close(model(ids).logits, model2(ids).logits)
 
 
 def test_eos_stops_generation(tokenizer, model):
@@ -181,9 +166,6 @@ def test_eos_stops_generation(tokenizer, model):
     assert new[1, 2].item() == eos and eos not in new[1, :2].tolist()
 
 
-# ---------------------------------------------------------------------------------------------- SFT
-
-
 def test_arithmetic_sft_examples():
     rows = [
         {"problem": "What is 23+41?", "answer": "64"},
@@ -215,10 +197,8 @@ def test_prompt_masking(tokenizer, model, tmp_path):
         model=model, args=args, train_dataset=sft_dataset(tokenizer, examples), processing_class=tokenizer
     )
     for (prompt, completion), row in zip(examples, trainer.train_dataset):
-        p, c = (
-            prompt_token_ids(tokenizer, [{"role": "user", "content": prompt}]),
-            _completion_ids(tokenizer, completion),
-        )
+        p = prompt_token_ids(tokenizer, [{"role": "user", "content": prompt}])
+        c = _completion_ids(tokenizer, completion)
         assert row["input_ids"] == p + c and row["labels"] == [-100] * len(p) + c
     assert p == _chat_ids(tokenizer, "What is 1+2?")
     with pytest.raises(ValueError, match="pairs"):
@@ -234,10 +214,8 @@ def test_sft_warmstart_lowers_loss_and_prompt_loss_is_ignored(tokenizer):
     assert stats["initial_loss"] > 5.0  # ~ln(vocab) at random init
     assert stats["final_loss"] < stats["initial_loss"] - 2.0
     # The prompt is not trained on: its loss stays high while the completion loss dropped.
-    p, c = (
-        _chat_ids(tokenizer, rows[0]["problem"]),
-        _completion_ids(tokenizer, arithmetic_sft_examples(rows[:1])[0][1]),
-    )
+    p = _chat_ids(tokenizer, rows[0]["problem"])
+    c = _completion_ids(tokenizer, examples[0][1])
     ids = torch.tensor([p + c])
     m.eval()
     with torch.no_grad():
@@ -285,11 +263,9 @@ def test_machines_sharing_output_dir_build_tiny_init_once(tmp_path):
     from launching import subprocess_env
 
     path, go = tmp_path / "run" / "tiny-init", tmp_path / "go"
-    cmd, pipes = (
-        [sys.executable, "-c", _MACHINE, str(path), str(go)],
-        dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE),
-    )
-    machines = [subprocess.Popen(cmd, env=subprocess_env(), text=True, **pipes) for _ in range(2)]
+    cmd = [sys.executable, "-c", _MACHINE, str(path), str(go)]
+    pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    machines = [subprocess.Popen(cmd, env=subprocess_env(), **pipes) for _ in range(2)]
     go.touch()
     results = []
     for machine in machines:
