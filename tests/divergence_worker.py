@@ -10,12 +10,14 @@ import warnings
 from pathlib import Path
 
 import torch
+from shared import cpu_config
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer, load_math_dataset
 from cegppo_trl.divergence import NonFiniteStepError
 
 
 NAN_RANK = 1
+RUN = dict(learning_rate=0.05, save_strategy="steps", save_steps=1)  # on shared.cpu_config (test_divergence's too)
 SCENARIOS = {
     # The first non-finite step (step 3, on rank 1 only): both processes stop there, before applying it.
     "stop": dict(nan_steps=[3], config=dict(cegppo_entropy_target=1.0)),
@@ -58,12 +60,7 @@ def lora(peft: bool) -> dict:
 
 
 def run(model_dir: str, out_dir: Path, name: str, scenario: dict) -> None:
-    args = CEGPPOConfig(
-        output_dir=str(out_dir / name), use_cpu=True, bf16=False, report_to="none", logging_steps=1, seed=0,
-        per_device_train_batch_size=8, num_generations=4, max_completion_length=8, gradient_accumulation_steps=1,
-        steps_per_generation=4, max_steps=4, learning_rate=0.05, save_strategy="steps", save_steps=1,
-        **scenario["config"],
-    )  # fmt: skip
+    args = cpu_config(CEGPPOConfig, out_dir / name, **RUN, **scenario["config"])
     extra = lora(scenario.get("peft", False))
     data = load_math_dataset("builtin:arithmetic").select(range(64))
     trainer = Injecting(model=model_dir, reward_funcs=varied_reward, args=args, train_dataset=data, **extra)

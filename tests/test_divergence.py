@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from divergence_worker import Injecting, lora, varied_reward
+from divergence_worker import RUN, Injecting, lora, varied_reward
 from safetensors.torch import load_file, save_file
 from shared import ROOT, TINY_RECIPE
 from test_host_sync import counting_host_transfers
@@ -140,7 +140,7 @@ def injecting(tiny_trainer, tmp_path):
     the entropy controller on, a reward that varies in every group."""
 
     def make(nan_steps, peft=False, reward_funcs=varied_reward, **overrides):
-        options = dict(save_strategy="steps", save_steps=1, learning_rate=0.05, cegppo_entropy_target=1.0)
+        options = dict(RUN, cegppo_entropy_target=1.0)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             trainer = tiny_trainer(output_dir=tmp_path / "run", cls=Injecting, reward_funcs=reward_funcs,
