@@ -148,7 +148,7 @@ def test_json_list_columnar_csv_and_parquet(tmp_path):
         assert ds["prompt"] == [[{"role": "user", "content": "A"}], [{"role": "user", "content": "B"}]]
 
 
-def test_explicit_columns_nested_key_system_prompt_and_template(tmp_path):
+def test_explicit_columns_nested_key_system_prompt_and_template_and_build_prompt(tmp_path):
     path = write_jsonl([{"q": " What is 1+1? ", "meta": {"gold": 2}}], tmp_path / "d.jsonl")
     ds = load_math_dataset(
         str(path),
@@ -162,9 +162,6 @@ def test_explicit_columns_nested_key_system_prompt_and_template(tmp_path):
         {"role": "user", "content": "Solve: What is 1+1? Put the answer in \\boxed{}."},
     ]
     assert ds[0]["solution"] == "2"
-
-
-def test_build_prompt():
     assert build_prompt("P") == _user("P")
     assert build_prompt("P", instruction=None) == [{"role": "user", "content": "P"}]
     assert build_prompt("P", "S", "I")[0] == {"role": "system", "content": "S"}
@@ -226,7 +223,7 @@ BAD_ROWS = [
 ]
 
 
-def test_unusable_rows_are_reported_with_indices(tmp_path):
+def test_unusable_rows_are_reported_with_indices_or_dropped_with_a_warning(tmp_path):
     path = write_jsonl(BAD_ROWS, tmp_path / "d.jsonl")  # json.dumps writes NaN as NaN
     with pytest.raises(DatasetFormatError) as err:
         load_math_dataset(str(path))
@@ -252,10 +249,6 @@ def test_unusable_rows_are_reported_with_indices(tmp_path):
     many = write_jsonl([{"problem": "p", "answer": None}] * 30, tmp_path / "many.jsonl")
     with pytest.raises(DatasetFormatError, match=r"\(30 in total\)"):  # summarised
         load_math_dataset(str(many))
-
-
-def test_drop_invalid_warns_with_indices(tmp_path):
-    path = write_jsonl(BAD_ROWS, tmp_path / "d.jsonl")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         ds = load_math_dataset(str(path), drop_invalid=True)

@@ -18,16 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from signal_runs import (
-    CEGPPO_TRAIN,
-    TINY_RECIPE,
-    _sigint_default,
-    check_stop,
-    complete_checkpoints,
-    loads,
-    start_run,
-    stop_run,
-)
+from signal_runs import check_stop, complete_checkpoints, loads, start_run, stop_run
 
 from cegppo_trl.scripts.stopping import REPEAT_S, StopRequest
 
@@ -81,10 +72,7 @@ def _wait_for_the_sigterm_handler(proc: subprocess.Popen, timeout: float = 60) -
 
 
 def test_sigint_during_the_imports_prints_the_ctrl_c_message(tmp_path):
-    proc = subprocess.Popen(
-        [CEGPPO_TRAIN, "--config", str(TINY_RECIPE), "--output_dir", str(tmp_path / "run")], cwd=tmp_path,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=_sigint_default,
-    )  # fmt: skip
+    proc, _ = start_run(tmp_path, tmp_path / "run", None, "SIGINT", "imports")  # stopped before any run starts
     _wait_for_the_sigterm_handler(proc)  # installed with the SIGINT one, before torch and TRL are imported
     os.killpg(proc.pid, signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
