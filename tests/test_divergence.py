@@ -6,14 +6,14 @@ launches are tests/test_divergence_launch.py (slow).
 import json
 import math
 import os
+import re
 import shutil
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
 import torch
-from divergence_worker import RUN, Injecting, lora, varied_reward
+from divergence_worker import SCENARIOS, check, run
 from safetensors.torch import load_file, save_file
 from shared import ROOT, TINY_RECIPE
 from test_host_sync import counting_host_transfers
@@ -30,14 +30,10 @@ from cegppo_trl.divergence import (
     non_finite_tensors,
 )
 from cegppo_trl.scripts.stopping import finite_checkpoint_to_resume
-from cegppo_trl.trainer import CONTROLLER_STATE_FILE
 
 
-def _identity_gather(tensor):
-    return tensor
-
-
-def _reduce(tensor, reduction="sum"):
+def _one_process(tensor, reduction="sum"):
+    """The gather and the reduce of one process."""
     return tensor
 
 
@@ -45,7 +41,7 @@ def _reduce(tensor, reduction="sum"):
 
 
 def test_a_finite_step_passes_with_one_host_transfer_and_a_non_finite_one_stops_naming_the_values():
-    guard = StepGuard(_identity_gather)
+    guard = StepGuard(_one_process)
     guard.add_loss(torch.tensor(0.5))
     guard.add_loss(torch.tensor(0.25))
     with counting_host_transfers() as counts:
@@ -69,14 +65,14 @@ def test_every_process_decides_from_every_process_values_and_a_non_finite_contro
     guard.add_loss(torch.tensor(0.1))
     with pytest.raises(NonFiniteStepError, match=r"process 1: loss nan, grad norm 1\b"):
         guard.end_step(4, torch.tensor(1.0), "cpu")
-    guard = StepGuard(_identity_gather)
+    guard = StepGuard(_one_process)
     guard.add_loss(torch.tensor(0.1))
     with pytest.raises(NonFiniteStepError, match="non-finite mean token entropy"):
         guard.end_step(1, torch.tensor(1.0), "cpu", extra=torch.tensor([math.nan, 5.0]))
 
 
 def test_skipping_is_counted_and_bounded():
-    guard = StepGuard(_identity_gather, max_skipped_steps=2)
+    guard = StepGuard(_one_process, max_skipped_steps=2)
     guard.add_loss(torch.tensor(math.nan))
     assert guard.end_step(1, torch.tensor(1.0), "cpu").skip
     guard.add_loss(torch.tensor(0.0))
@@ -92,15 +88,15 @@ def test_skipping_is_counted_and_bounded():
 
 def test_the_weights_check_names_the_step_and_passes_frozen_weights():
     layer, frozen = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
-    check_weights_finite(layer.parameters(), _reduce, 3, "out/checkpoint-3")
+    check_weights_finite(layer.parameters(), _one_process, 3, "out/checkpoint-3")
     with torch.no_grad():
         frozen.weight[0, 0] = math.nan
     frozen.requires_grad_(False)
-    check_weights_finite([*layer.parameters(), *frozen.parameters()], _reduce, 3, "x")
+    check_weights_finite([*layer.parameters(), *frozen.parameters()], _one_process, 3, "x")
     with torch.no_grad():
         layer.bias[1] = math.inf
     with pytest.raises(NonFiniteStepError, match="weights after step 3 are not finite.*out/checkpoint-3 was not"):
-        check_weights_finite(layer.parameters(), _reduce, 3, "out/checkpoint-3")
+        check_weights_finite(layer.parameters(), _one_process, 3, "out/checkpoint-3")
 
 
 def _checkpoint(path: Path, finite: bool = True) -> Path:
@@ -134,23 +130,6 @@ def test_auto_resume_passes_over_non_finite_checkpoints_and_refuses_when_all_are
 # --- The trainer
 
 
-@pytest.fixture
-def injecting(tiny_trainer, tmp_path):
-    """`injecting(nan_steps, peft=False, **overrides)`: an `Injecting` trainer saving to tmp_path / "run" every step,
-    the entropy controller on, a reward that varies in every group."""
-
-    def make(nan_steps, peft=False, reward_funcs=varied_reward, **overrides):
-        options = dict(RUN, cegppo_entropy_target=1.0)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            trainer = tiny_trainer(output_dir=tmp_path / "run", cls=Injecting, reward_funcs=reward_funcs,
-                                   trainer_kwargs=lora(peft), **{**options, **overrides})  # fmt: skip
-        trainer.nan_steps = nan_steps
-        return trainer
-
-    return make
-
-
 def _weights(folder: Path) -> dict:
     name = "adapter_model.safetensors" if (folder / "adapter_model.safetensors").exists() else "model.safetensors"
     return load_file(str(folder / name))
@@ -164,35 +143,27 @@ def _trainable(trainer) -> dict:
     return {k: v.detach().clone() for k, v in state.items()}
 
 
-@pytest.mark.parametrize("peft", [False, True], ids=["full", "lora"])
-def test_the_trainer_stops_before_applying_the_first_non_finite_step(peft, injecting, tmp_path, one_torch_thread):
-    out = tmp_path / "run"
-    trainer = injecting(nan_steps=(3,), peft=peft)
-    with pytest.raises(NonFiniteStepError, match=r"before applying optimizer step 3: .*loss nan.*last finite step 2"):
-        trainer.train()
-    assert trainer.state.global_step == 2
-    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
-    saved, now = _weights(out / "checkpoint-2"), _trainable(trainer)
-    assert all(torch.isfinite(v).all() for v in saved.values())
-    assert any(not torch.equal(a, b) for a, b in zip(_weights(out / "checkpoint-1").values(), saved.values()))
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_the_trainer_stops_before_applying_a_non_finite_step_or_skips_and_counts_it(
+    name, tiny_checkpoint, tmp_path, one_torch_thread
+):
+    """divergence_worker's scenarios (full, LoRA, skip then stop) and checks on one process, and the weights: the
+    trainer's are the last checkpoint's (the stopped step was not applied), which training moved; a skipped step
+    moves nothing."""
+    trainer, record = run(tiny_checkpoint, tmp_path, name, SCENARIOS[name], nan_rank=0)
+    check([record], tmp_path, name)
+    out, last = tmp_path / name, record["global_step"]
+    saved, now = _weights(out / f"checkpoint-{last}"), _trainable(trainer)
+    assert any(
+        not torch.equal(a, b) for a, b in zip(_weights(out / f"checkpoint-{last - 1}").values(), saved.values())
+    )
     assert {k: v for k, v in now.items() if k in saved}.keys() == saved.keys()
-    assert all(torch.equal(now[k], saved[k]) for k in saved), "step 3 was applied"
-    controller = json.loads((out / "checkpoint-2" / CONTROLLER_STATE_FILE).read_text())
-    assert controller["num_updates"] == 2 and all(math.isfinite(v) for v in controller.values() if v is not None)
-
-
-def test_skipped_steps_apply_nothing_and_are_counted_then_the_bound_stops(injecting, tmp_path, one_torch_thread):
-    out = tmp_path / "run"
-    trainer = injecting(nan_steps=(2, 4), cegppo_max_skipped_steps=1)
-    with pytest.raises(NonFiniteStepError, match=r"step 4 after skipping 1 step\(s\).*last finite step 3"):
-        trainer.train()
-    one, two = _weights(out / "checkpoint-1"), _weights(out / "checkpoint-2")
-    assert all(torch.equal(one[k], two[k]) for k in one), "the skipped step 2 changed the weights"
-    assert not all(torch.equal(two[k], v) for k, v in _weights(out / "checkpoint-3").items())
-    logged = [(e["step"], e[SKIPPED_NON_FINITE]) for e in trainer.state.log_history if SKIPPED_NON_FINITE in e]
-    assert logged == [(1, 0), (2, 1), (3, 1)]
-    controller = json.loads((out / "checkpoint-3" / CONTROLLER_STATE_FILE).read_text())
-    assert controller["num_updates"] == 2  # not on the skipped step
+    assert all(torch.equal(now[k], saved[k]) for k in saved), f"step {last + 1} was applied"
+    if name == "skip":
+        one, two = _weights(out / "checkpoint-1"), _weights(out / "checkpoint-2")
+        assert all(torch.equal(one[k], two[k]) for k in one), "the skipped step 2 changed the weights"
+        logged = [(e["step"], e[SKIPPED_NON_FINITE]) for e in trainer.state.log_history if SKIPPED_NON_FINITE in e]
+        assert logged == [(1, 0), (2, 1), (3, 1)]
 
 
 def _no_reward(completions, **kwargs):
@@ -200,20 +171,19 @@ def _no_reward(completions, **kwargs):
 
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["plain", "dynamic-sampling"])
-def test_batches_without_rewards_are_skipped_and_counted(dynamic, injecting, one_torch_thread):
-    options = dict(cegppo_max_skipped_steps=4, save_strategy="no", loss_type="dapo")
+def test_batches_without_rewards_are_skipped_and_counted(dynamic, tiny_checkpoint, tmp_path, one_torch_thread):
+    config = dict(cegppo_max_skipped_steps=4, save_strategy="no", loss_type="dapo", cegppo_entropy_target=1.0)
     if dynamic:
-        options.update(cegppo_exclude_zero_advantage_groups=True, cegppo_oversampling=2.0)
-    trainer = injecting((), reward_funcs=_no_reward, **options)
-    start = _trainable(trainer)
-    trainer.train()  # one generation batch, 4 optimizer steps: all skipped
-    assert trainer.state.global_step == 4
+        config.update(cegppo_exclude_zero_advantage_groups=True, cegppo_oversampling=2.0)
+    trainer, record = run(tiny_checkpoint, tmp_path, "all", dict(nan_steps=(), config=config), 0, _no_reward)
+    assert record["error"] is None and trainer.state.global_step == 4  # one generation batch: all 4 steps skipped
     assert trainer._step_guard.skipped == {SKIPPED_NON_FINITE: 0, SKIPPED_UNSCORED: 4}
     assert trainer.state.log_history[3][SKIPPED_UNSCORED] == 4
-    assert all(torch.equal(start[k], v) for k, v in _trainable(trainer).items())
-    trainer = injecting((), reward_funcs=_no_reward, **dict(options, cegppo_max_skipped_steps=2))
-    with pytest.raises(NonFiniteStepError, match="step 3 after skipping 2 .*got no reward"):
-        trainer.train()
+    start = load_file(str(tiny_checkpoint / "model.safetensors"))
+    assert all(torch.equal(start[k], v) for k, v in _trainable(trainer).items() if k in start)
+    bounded = dict(nan_steps=(), config=dict(config, cegppo_max_skipped_steps=2))
+    _, record = run(tiny_checkpoint, tmp_path, "bounded", bounded, 0, _no_reward)
+    assert re.search("step 3 after skipping 2 .*got no reward", record["error"]), record["error"]
 
 
 def test_no_save_with_non_finite_weights_and_rotation_keeps_the_finite_checkpoint(tiny_trainer, tmp_path):
