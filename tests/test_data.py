@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import re
 import warnings
@@ -134,10 +133,7 @@ def test_json_list_columnar_csv_and_parquet(tmp_path):
     rows = [{"problem": "A", "answer": "007"}, {"problem": "B", "answer": "0.50"}]
     (tmp_path / "list.json").write_text(json.dumps(rows))
     (tmp_path / "cols.json").write_text(json.dumps({"problem": ["A", "B"], "answer": ["007", "0.50"]}))
-    with (tmp_path / "d.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["problem", "answer"])
-        writer.writeheader()
-        writer.writerows(rows)
+    (tmp_path / "d.csv").write_text("problem,answer\nA,007\nB,0.50\n")
     import pyarrow as pa
     import pyarrow.parquet as pq
 

@@ -209,10 +209,6 @@ def overflowing(completions, trainer_state, **kwargs):
     # a reward scale off by 38 orders of magnitude from step 5 (the second generation batch) on
     scale = 1e38 if trainer_state.global_step >= 4 else 1.0
     return [scale * (i % 2) for i in range(len(completions))]
-
-
-def varied(completions, **kwargs):
-    return [float(i % 2) for i in range(len(completions))]
 """
 
 
@@ -251,7 +247,7 @@ def test_cegppo_train_stops_with_status_3_keeps_the_finite_checkpoints_and_resum
     weights = load_file(str(broken / "model.safetensors"))
     weights[next(iter(weights))].fill_(math.nan)
     save_file(weights, str(broken / "model.safetensors"), metadata={"format": "pt"})
-    assert main([*argv, "--reward_funcs", "diverging_rewards.varied", "--max_steps", "5"]) == 0
+    assert main([*argv, "--reward_funcs", "divergence_worker.varied_reward", "--max_steps", "5"]) == 0
     err = capsys.readouterr().out  # `accelerator.print`
     assert f"Skipping {broken}: 1 of its " in err and f"Resuming from {out / 'checkpoint-4'}," in err
     state = json.loads((out / "trainer_state.json").read_text())
@@ -260,7 +256,7 @@ def test_cegppo_train_stops_with_status_3_keeps_the_finite_checkpoints_and_resum
     # Only non-finite checkpoints: one line, status 3.
     for folder in out.glob("checkpoint-*"):
         save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    assert main([*argv, "--reward_funcs", "diverging_rewards.varied"]) == DIVERGED_EXIT_STATUS
+    assert main([*argv, "--reward_funcs", "divergence_worker.varied_reward"]) == DIVERGED_EXIT_STATUS
     err = capsys.readouterr().err
     ours = [line for line in err.strip().splitlines() if line.startswith("cegppo-train: ")]
     assert ours == [err.strip().splitlines()[-1]] and "has non-finite weights (the newest: " in ours[0], err[-2000:]
