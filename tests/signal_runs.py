@@ -76,13 +76,14 @@ def _sigint_default() -> None:
 
 
 def start_run(
-    cwd: Path, out: Path, model_dir: Path | None, signal_name: str = "SIGTERM", moment: str = "step",
+    cwd: Path, model_dir: Path | None, signal_name: str = "SIGTERM", moment: str = "step",
     after: int = 2, processes: int = 1, *extra: str, only_rank: int | None = None,
 ) -> tuple[subprocess.Popen, list[str]]:  # fmt: skip
-    """Start the tiny recipe (saving every step, endless) in its own process group; (process, the training argv)."""
+    """Start the tiny recipe (saving to cwd / "run" every step, endless) in its own process group; (process, the
+    training argv)."""
     (cwd / "signal_moments.py").write_text(MOMENTS_MODULE)
     argv = [
-        "--config", str(TINY_RECIPE), "--output_dir", str(out), "--max_steps", "100000", "--tiny_sft_steps", "0",
+        "--config", str(TINY_RECIPE), "--output_dir", str(cwd / "run"), "--max_steps", "100000", "--tiny_sft_steps", "0",
         "--save_strategy", "steps", "--save_steps", "1", "--logging_steps", "1000",
         "--reward_funcs", "signal_moments.zero", "math", *extra,
     ]  # fmt: skip
@@ -107,24 +108,16 @@ def complete_checkpoints(out: Path) -> list[int]:
 
 
 def stop_run(
-    proc: subprocess.Popen,
-    cwd: Path,
-    out: Path,
-    signal_name: str,
-    moment: str,
-    after: int = 2,
-    timeout: float = 300,
-    delay: float = 0.0,
-    launcher_only: bool = False,
+    proc: subprocess.Popen, cwd: Path, signal_name: str, moment: str, after=2, delay=0.0, launcher_only=False
 ) -> dict:
     """Send the signal (moment ``step``; to the group, or `launcher_only` to the started process alone, as Kubernetes
     does) or wait for the run to send it; return what the stop gave: ``returncode``,
     ``stderr``, ``seconds`` (signal to exit), ``left`` (processes of the group still alive after the exit)."""
+    timeout, marker = 300, cwd / "sent"
     try:
         deadline = time.monotonic() + timeout
-        marker = cwd / "sent"
         while not marker.exists():
-            if moment == "step" and (out / f"checkpoint-{after}" / "trainer_state.json").is_file():
+            if moment == "step" and (cwd / "run" / f"checkpoint-{after}" / "trainer_state.json").is_file():
                 time.sleep(delay)  # somewhere in the step after the checkpoint
                 marker.write_text(str(time.time()))
                 (os.kill if launcher_only else os.killpg)(proc.pid, getattr(signal, signal_name))
@@ -188,8 +181,8 @@ def stress(runs: int, seed: int = 0) -> int:
             cwd, started = Path(tmp) / f"{index:03d}-{signal_name}-{moment}", time.monotonic()
             cwd.mkdir()
             try:
-                proc, argv = start_run(cwd, cwd / "run", model_dir, signal_name, moment, after)
-                result = stop_run(proc, cwd, cwd / "run", signal_name, moment, after, delay=delay)
+                proc, argv = start_run(cwd, model_dir, signal_name, moment, after)
+                result = stop_run(proc, cwd, signal_name, moment, after, delay=delay)
                 loads(check_stop(result, cwd / "run", signal_name, argv))
                 seconds.append(result["seconds"])
                 status = f"ok, exited {seconds[-1]:.1f} s after the signal"

@@ -53,8 +53,8 @@ STOP_NAME = {"SIGINT": "Ctrl-C", "SIGTERM": "SIGTERM"}
 def _stopped(cwd: Path, model_dir: Path, signal_name: str, moment: str, processes=1, launcher_only=False, **kwargs):
     """Start the tiny recipe and stop it with `signal_name` at `moment`, within STOP_WITHIN_S: (result, out, argv)."""
     out = cwd / "run"
-    proc, argv = start_run(cwd, out, model_dir, signal_name, moment, 2, processes, **kwargs)
-    result = stop_run(proc, cwd, out, signal_name, moment, launcher_only=launcher_only)
+    proc, argv = start_run(cwd, model_dir, signal_name, moment, 2, processes, **kwargs)
+    result = stop_run(proc, cwd, signal_name, moment, launcher_only=launcher_only)
     assert result["seconds"] < STOP_WITHIN_S, result["seconds"]
     return result, out, argv
 
@@ -72,7 +72,7 @@ def _wait_for_the_sigterm_handler(proc: subprocess.Popen, timeout: float = 60) -
 
 
 def test_sigint_during_the_imports_prints_the_ctrl_c_message(tmp_path):
-    proc, _ = start_run(tmp_path, tmp_path / "run", None, "SIGINT", "imports")  # stopped before any run starts
+    proc, _ = start_run(tmp_path, None, "SIGINT", "imports")  # stopped before any run starts
     _wait_for_the_sigterm_handler(proc)  # installed with the SIGINT one, before torch and TRL are imported
     os.killpg(proc.pid, signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
