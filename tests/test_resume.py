@@ -96,8 +96,16 @@ def start(model_dir: Path, outputs: list, extras: list, processes=2, config="mul
 
 
 def finish(procs: list[subprocess.Popen], timeout: float = RUN_TIMEOUT_S) -> list[str]:
+    """Each launcher's output; one still running after `timeout` is killed (with its process group), not waited for."""
+    outputs = []
     try:
-        return [proc.communicate(timeout=timeout)[0] for proc in procs]
+        for proc in procs:
+            try:
+                outputs.append(proc.communicate(timeout=timeout)[0])
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                outputs.append(proc.communicate()[0])
+        return outputs
     finally:
         for proc in procs:
             if proc.poll() is None:

@@ -51,8 +51,8 @@ def test_two_machines_train_save_and_resume_as_one_machine(tiny_recipe_model_dir
     procs = start(tiny_recipe_model_dir, [tmp_path / "again"] * 2,
                   [("--resume_from_checkpoint", checkpoint), ("--resume_from_checkpoint", copy)])  # fmt: skip
     try:
-        output = procs[1].communicate(timeout=900)[0]
+        output = finish(procs[1:])[0]
     finally:
-        finish(procs, timeout=5) if procs[0].poll() is None else None
+        finish(procs[:1], timeout=5)  # machine 0 waits for machine 1: stopped after 5 s
     assert procs[1].returncode != 0
     assert f"needs its state, {copy / CONTROLLER_STATE_FILE}, which process 1 cannot see" in output, output[-6000:]
