@@ -299,6 +299,7 @@ def test_a_file_that_is_not_utf8_is_named_with_its_line_and_the_fix(tmp_path, su
 
 GOOD_HINT = "Did you mean 'data/good.jsonl'?"
 NO_FOLDER = "The folder 'a/b' does not exist either."
+HUB = "the Hub"
 
 
 @pytest.mark.parametrize(
@@ -311,29 +312,13 @@ NO_FOLDER = "The folder 'a/b' does not exist either."
         ("data/other.parq", None),
         ("a/b/c.jsonl", NO_FOLDER),
         ("a/b/c", NO_FOLDER),
-    ],
+    ]
+    + [(name, HUB) for name in ("HuggingFaceH4/MATH-500", "gsm8k", "org/data.v2", "bigcode/the-stack-v1.2")],
 )
-def test_a_missing_local_file_is_not_looked_up_on_the_hub(name, hint, tmp_path, monkeypatch):
+def test_a_missing_local_file_is_not_looked_up_on_the_hub_and_a_hub_id_is(name, hint, tmp_path, monkeypatch):
     """A name with a data file's extension (typo'd or not), or one the Hub cannot hold (two folders), is a missing
-    local file: said so, with the closest existing file, and never sent to the Hub (where it gave a ConnectionError)."""
-    import datasets
-
-    monkeypatch.setattr(datasets, "load_dataset", lambda *args, **kwargs: pytest.fail(f"looked up on the Hub: {args}"))
-    monkeypatch.chdir(tmp_path)
-    write_jsonl([{"problem": "1+1", "answer": "2"}], tmp_path / "data" / "good.jsonl")
-    with pytest.raises(FileNotFoundError) as err:
-        load_math_dataset(name)
-    message = str(err.value)
-    assert f"no such file: {name!r}" in message and "not looked up on the Hub" in message, message
-    if hint is None:
-        assert "Did you mean" not in message and "does not exist either" not in message, message
-    else:
-        assert hint in message, message
-
-
-@pytest.mark.parametrize("name", ["HuggingFaceH4/MATH-500", "gsm8k", "org/data.v2", "bigcode/the-stack-v1.2"])
-def test_a_name_that_can_be_a_hub_id_goes_to_the_hub(name, tmp_path, monkeypatch):
-    """Names huggingface_hub accepts as repo ids, with no data-file extension, are passed to `datasets.load_dataset`."""
+    local file: said so, with the closest existing file, and never sent to the Hub (where it gave a ConnectionError).
+    Names huggingface_hub accepts as repo ids, with no data-file extension, are passed to `datasets.load_dataset`."""
     import datasets
 
     calls = []
@@ -344,5 +329,16 @@ def test_a_name_that_can_be_a_hub_id_goes_to_the_hub(name, tmp_path, monkeypatch
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
     monkeypatch.chdir(tmp_path)
-    assert load_math_dataset(name)["solution"] == ["2"]
-    assert calls == [name]
+    if hint == HUB:
+        assert load_math_dataset(name)["solution"] == ["2"] and calls == [name]
+        return
+    write_jsonl([{"problem": "1+1", "answer": "2"}], tmp_path / "data" / "good.jsonl")
+    with pytest.raises(FileNotFoundError) as err:
+        load_math_dataset(name)
+    assert calls == [], "looked up on the Hub"
+    message = str(err.value)
+    assert f"no such file: {name!r}" in message and "not looked up on the Hub" in message, message
+    if hint is None:
+        assert "Did you mean" not in message and "does not exist either" not in message, message
+    else:
+        assert hint in message, message
