@@ -16,17 +16,15 @@ WORKER = Path(__file__).resolve().parent / "avg_at_k_worker.py"
 FIGURES = ("heldout/avg@4", "heldout/pass@1", "heldout/pass@4")
 
 
-def launch(model_dir: Path, heldout: Path, out: Path, processes: int) -> list[dict]:
-    out.mkdir(parents=True)
-    run_launched([*launcher(processes), WORKER, model_dir, heldout, out], timeout=900)
-    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(processes)]
-
-
 @pytest.fixture(scope="module")
 def runs(quick_demo, tmp_path_factory):
-    out = tmp_path_factory.mktemp("avg-at-k")
-    model, heldout = quick_demo.out / "warm_start", quick_demo.out / "heldout.jsonl"
-    return {n: launch(model, heldout, out / f"{n}proc", n) for n in (1, 2)}
+    """{processes: each rank's record} of the worker on 1 and on 2 processes."""
+    runs = {}
+    for n in (1, 2):
+        out = tmp_path_factory.mktemp(f"avg-at-k-{n}proc")
+        run_launched([*launcher(n), WORKER, quick_demo.out / "warm_start", quick_demo.out / "heldout.jsonl", out])
+        runs[n] = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(n)]
+    return runs
 
 
 def test_each_process_generates_only_its_share(runs):
