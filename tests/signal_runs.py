@@ -1,20 +1,12 @@
-"""Stopping `cegppo-train` with SIGINT or SIGTERM at a chosen moment of the tiny recipe, and checking what it left:
-shared by tests/test_signals.py and, run as a script, a stress loop over many random moments:
+"""Stopping `cegppo-train` with SIGINT or SIGTERM at a chosen moment of the tiny recipe, and checking what it left
+(tests/test_signals.py); run as a script, a stress loop over random moments, each of which must pass `check_stop`:
 
     python tests/signal_runs.py --runs 20   # 20 SIGTERM + 20 SIGINT; one line per run, a summary, exit 1 on a failure
 
-Each stress run stops the tiny recipe at a random moment (a random delay after checkpoint-1, -2 or -3, while grading,
-or in a checkpoint write) and must pass `check_stop` and `loads`.
-
-A moment is one of:
-- ``step``: the caller sends the signal from outside once checkpoint-`after` exists (somewhere in a later step);
-- ``grading``: the first reward function sends it at its `after`-th call, just before `math` grades the batch;
-- ``checkpoint``: sent while the `after`-th checkpoint is being written (in the middle of `torch.save` of
-  ``optimizer.pt``, before ``trainer_state.json``).
-The signal goes to the run's whole process group, as a terminal's Ctrl-C or a scheduler's stop does: the grading
-workers and, under `accelerate launch`, the launcher get it too; or (`only_rank`) to one rank's process alone. The two in-run moments are injected through
-`reward_funcs`' `module.function` form (`signal_moments.zero`, written into the run's directory), so the command is
-the one a user runs.
+A moment is ``step`` (the caller signals once checkpoint-`after` exists), ``grading`` (the first reward function
+signals at its `after`-th call) or ``checkpoint`` (while the `after`-th checkpoint's ``optimizer.pt`` is written). The
+signal goes to the run's process group, as a terminal's Ctrl-C or a scheduler's stop does, or (`only_rank`) to one
+rank alone. The in-run moments come through `--reward_funcs signal_moments.zero`, so the command is the user's.
 """
 
 from __future__ import annotations
@@ -84,13 +76,14 @@ def _sigint_default() -> None:
 
 
 def start_run(
-    cwd: Path, out: Path, model_dir: Path | None, signal_name: str = "SIGTERM", moment: str = "step",
+    cwd: Path, model_dir: Path | None, signal_name: str = "SIGTERM", moment: str = "step",
     after: int = 2, processes: int = 1, *extra: str, only_rank: int | None = None,
 ) -> tuple[subprocess.Popen, list[str]]:  # fmt: skip
-    """Start the tiny recipe (saving every step, endless) in its own process group; (process, the training argv)."""
+    """Start the tiny recipe (saving to cwd / "run" every step, endless) in its own process group; (process, the
+    training argv)."""
     (cwd / "signal_moments.py").write_text(MOMENTS_MODULE)
     argv = [
-        "--config", str(TINY_RECIPE), "--output_dir", str(out), "--max_steps", "100000", "--tiny_sft_steps", "0",
+        "--config", str(TINY_RECIPE), "--output_dir", str(cwd / "run"), "--max_steps", "100000", "--tiny_sft_steps", "0",
         "--save_strategy", "steps", "--save_steps", "1", "--logging_steps", "1000",
         "--reward_funcs", "signal_moments.zero", "math", *extra,
     ]  # fmt: skip
@@ -115,24 +108,16 @@ def complete_checkpoints(out: Path) -> list[int]:
 
 
 def stop_run(
-    proc: subprocess.Popen,
-    cwd: Path,
-    out: Path,
-    signal_name: str,
-    moment: str,
-    after: int = 2,
-    timeout: float = 300,
-    delay: float = 0.0,
-    launcher_only: bool = False,
+    proc: subprocess.Popen, cwd: Path, signal_name: str, moment: str, after=2, delay=0.0, launcher_only=False
 ) -> dict:
     """Send the signal (moment ``step``; to the group, or `launcher_only` to the started process alone, as Kubernetes
     does) or wait for the run to send it; return what the stop gave: ``returncode``,
     ``stderr``, ``seconds`` (signal to exit), ``left`` (processes of the group still alive after the exit)."""
+    timeout, marker = 300, cwd / "sent"
     try:
         deadline = time.monotonic() + timeout
-        marker = cwd / "sent"
         while not marker.exists():
-            if moment == "step" and (out / f"checkpoint-{after}" / "trainer_state.json").is_file():
+            if moment == "step" and (cwd / "run" / f"checkpoint-{after}" / "trainer_state.json").is_file():
                 time.sleep(delay)  # somewhere in the step after the checkpoint
                 marker.write_text(str(time.time()))
                 (os.kill if launcher_only else os.killpg)(proc.pid, getattr(signal, signal_name))
@@ -196,8 +181,8 @@ def stress(runs: int, seed: int = 0) -> int:
             cwd, started = Path(tmp) / f"{index:03d}-{signal_name}-{moment}", time.monotonic()
             cwd.mkdir()
             try:
-                proc, argv = start_run(cwd, cwd / "run", model_dir, signal_name, moment, after)
-                result = stop_run(proc, cwd, cwd / "run", signal_name, moment, after, delay=delay)
+                proc, argv = start_run(cwd, model_dir, signal_name, moment, after)
+                result = stop_run(proc, cwd, signal_name, moment, after, delay=delay)
                 loads(check_stop(result, cwd / "run", signal_name, argv))
                 seconds.append(result["seconds"])
                 status = f"ok, exited {seconds[-1]:.1f} s after the signal"

@@ -4,35 +4,27 @@ callback's `on_log` (what every `report_to` integration implements) receives it 
 shared quick demo's warm start (conftest's `quick_demo`), which solves some but not all of its held-out problems."""
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
-from launching import launcher
+from launching import launcher, run_launched
 
 
 pytestmark = pytest.mark.slow  # launches processes that train
 
 WORKER = Path(__file__).resolve().parent / "avg_at_k_worker.py"
-TIMEOUT_S = 900
 FIGURES = ("heldout/avg@4", "heldout/pass@1", "heldout/pass@4")
-
-
-def launch(model_dir: Path, heldout: Path, out: Path, processes: int) -> list[dict]:
-    out.mkdir(parents=True)
-    cmd = [*launcher(processes), str(WORKER), str(model_dir), str(heldout), str(out)]
-    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert proc.returncode == 0, f"worker failed ({proc.returncode})\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(processes)]
 
 
 @pytest.fixture(scope="module")
 def runs(quick_demo, tmp_path_factory):
-    out = tmp_path_factory.mktemp("avg-at-k")
-    model, heldout = quick_demo.out / "warm_start", quick_demo.out / "heldout.jsonl"
-    return {n: launch(model, heldout, out / f"{n}proc", n) for n in (1, 2)}
+    """{processes: each rank's record} of the worker on 1 and on 2 processes."""
+    runs = {}
+    for n in (1, 2):
+        out = tmp_path_factory.mktemp(f"avg-at-k-{n}proc")
+        run_launched([*launcher(n), WORKER, quick_demo.out / "warm_start", quick_demo.out / "heldout.jsonl", out])
+        runs[n] = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(n)]
+    return runs
 
 
 def test_each_process_generates_only_its_share(runs):

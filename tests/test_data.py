@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import re
 import warnings
@@ -28,28 +27,18 @@ def _user(problem: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": f"{problem}\n{DEFAULT_INSTRUCTION}"}]
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Built-in arithmetic data
-# ---------------------------------------------------------------------------------------------------------------
-
-
 def _read_rows(path: Path) -> list[dict[str, str]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_builtin_files_match_the_generator_and_are_small():
+def test_builtin_files_match_the_generator_are_small_and_disjoint():
     expected = _builtin_arithmetic()
     for name, path in BUILTIN_DATASETS.items():
         assert _read_rows(path) == expected[name], f"{path} is stale: run `python -m cegppo_trl.data`"
         assert path.stat().st_size < 300_000
-    assert len(expected["builtin:arithmetic"]) >= 2000
-    assert len(expected["builtin:arithmetic_eval"]) >= 200
-
-
-def test_builtin_eval_is_disjoint_from_train():
-    train = {row["problem"] for row in _read_rows(BUILTIN_DATASETS["builtin:arithmetic"])}
-    held_out = {row["problem"] for row in _read_rows(BUILTIN_DATASETS["builtin:arithmetic_eval"])}
-    assert not train & held_out
+    train, held_out = expected["builtin:arithmetic"], expected["builtin:arithmetic_eval"]
+    assert len(train) >= 2000 and len(held_out) >= 200
+    assert not {row["problem"] for row in train} & {row["problem"] for row in held_out}
 
 
 def _solve(problem: str) -> int:
@@ -65,7 +54,7 @@ def _solve(problem: str) -> int:
     return int(m.group(1)) - int(m.group(3))
 
 
-def test_make_arithmetic_rows_is_deterministic_distinct_short_and_correct():
+def test_make_arithmetic_rows_is_deterministic_distinct_short_correct_and_respects_exclude_and_bad_n():
     rows = make_arithmetic_rows(500, seed=3)
     assert rows == make_arithmetic_rows(500, seed=3)
     assert rows != make_arithmetic_rows(500, seed=4)
@@ -78,9 +67,6 @@ def test_make_arithmetic_rows_is_deterministic_distinct_short_and_correct():
         assert all(int(n) < 50 for n in re.findall(r"\d+", row["problem"]))
         kinds["word" if " has " in row["problem"] else "+" if "+" in row["problem"] else "-"] += 1
     assert all(count > 50 for count in kinds.values())
-
-
-def test_make_arithmetic_rows_respects_exclude_and_bad_n():
     first = make_arithmetic_rows(100, seed=0)
     other = make_arithmetic_rows(100, seed=0, exclude={row["problem"] for row in first})
     assert not {row["problem"] for row in first} & {row["problem"] for row in other}
@@ -102,16 +88,8 @@ def test_load_builtin_arithmetic_prompt_format_and_reward():
     solutions = held_out["solution"]
     assert math_reward([f"\\boxed{{{s}}}" for s in solutions], solutions) == [1.0] * len(solutions)
     assert set(math_reward([f"\\boxed{{{int(s) + 1}}}" for s in solutions], solutions)) == {-1.0}
-
-
-def test_unknown_builtin():
     with pytest.raises(ValueError, match="builtin:arithmetic"):
         load_math_dataset("builtin:nope")
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Column conventions and file formats
-# ---------------------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -155,10 +133,7 @@ def test_json_list_columnar_csv_and_parquet(tmp_path):
     rows = [{"problem": "A", "answer": "007"}, {"problem": "B", "answer": "0.50"}]
     (tmp_path / "list.json").write_text(json.dumps(rows))
     (tmp_path / "cols.json").write_text(json.dumps({"problem": ["A", "B"], "answer": ["007", "0.50"]}))
-    with (tmp_path / "d.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["problem", "answer"])
-        writer.writeheader()
-        writer.writerows(rows)
+    (tmp_path / "d.csv").write_text("problem,answer\nA,007\nB,0.50\n")
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -169,7 +144,7 @@ def test_json_list_columnar_csv_and_parquet(tmp_path):
         assert ds["prompt"] == [[{"role": "user", "content": "A"}], [{"role": "user", "content": "B"}]]
 
 
-def test_explicit_columns_nested_key_system_prompt_and_template(tmp_path):
+def test_explicit_columns_nested_key_system_prompt_and_template_and_build_prompt(tmp_path):
     path = write_jsonl([{"q": " What is 1+1? ", "meta": {"gold": 2}}], tmp_path / "d.jsonl")
     ds = load_math_dataset(
         str(path),
@@ -183,9 +158,6 @@ def test_explicit_columns_nested_key_system_prompt_and_template(tmp_path):
         {"role": "user", "content": "Solve: What is 1+1? Put the answer in \\boxed{}."},
     ]
     assert ds[0]["solution"] == "2"
-
-
-def test_build_prompt():
     assert build_prompt("P") == _user("P")
     assert build_prompt("P", instruction=None) == [{"role": "user", "content": "P"}]
     assert build_prompt("P", "S", "I")[0] == {"role": "system", "content": "S"}
@@ -218,11 +190,6 @@ def test_an_unknown_placeholder_is_named_with_the_fix_by_the_words_and_by_the_lo
         load_math_dataset("builtin:arithmetic", instruction="{question} Please reason step by step.")
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Errors
-# ---------------------------------------------------------------------------------------------------------------
-
-
 def test_missing_columns_name_found_expected_and_the_argument(tmp_path):
     path = write_jsonl([{"text": "P", "label": "1"}], tmp_path / "d.jsonl")
     with pytest.raises(DatasetFormatError) as err:
@@ -252,7 +219,7 @@ BAD_ROWS = [
 ]
 
 
-def test_unusable_rows_are_reported_with_indices(tmp_path):
+def test_unusable_rows_are_reported_with_indices_or_dropped_with_a_warning(tmp_path):
     path = write_jsonl(BAD_ROWS, tmp_path / "d.jsonl")  # json.dumps writes NaN as NaN
     with pytest.raises(DatasetFormatError) as err:
         load_math_dataset(str(path))
@@ -275,10 +242,9 @@ def test_unusable_rows_are_reported_with_indices(tmp_path):
         "cleaned copy",
     ):
         assert fragment in message, (fragment, message)
-
-
-def test_drop_invalid_warns_with_indices(tmp_path):
-    path = write_jsonl(BAD_ROWS, tmp_path / "d.jsonl")
+    many = write_jsonl([{"problem": "p", "answer": None}] * 30, tmp_path / "many.jsonl")
+    with pytest.raises(DatasetFormatError, match=r"\(30 in total\)"):  # summarised
+        load_math_dataset(str(many))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         ds = load_math_dataset(str(path), drop_invalid=True)
@@ -288,12 +254,6 @@ def test_drop_invalid_warns_with_indices(tmp_path):
     with pytest.raises(DatasetFormatError, match="no usable rows"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         load_math_dataset(str(only_bad), drop_invalid=True)
-
-
-def test_many_bad_rows_are_summarised(tmp_path):
-    path = write_jsonl([{"problem": "p", "answer": None}] * 30, tmp_path / "d.jsonl")
-    with pytest.raises(DatasetFormatError, match=r"\(30 in total\)"):
-        load_math_dataset(str(path))
 
 
 def test_file_errors(tmp_path):
@@ -315,17 +275,18 @@ def test_file_errors(tmp_path):
         load_math_dataset(str(tmp_path))
 
 
-@pytest.mark.parametrize("suffix", [".jsonl", ".json", ".csv"])
-def test_a_file_that_is_not_utf8_is_named_with_its_line_and_the_fix(tmp_path, suffix):
+@pytest.mark.parametrize(
+    "suffix, text",
+    [
+        (".jsonl", '{"problem": "1+1", "answer": "2"}\n{"problem": "caf\u00e9", "answer": "1"}\n'),
+        (".json", '[{"problem": "1+1", "answer": "2"},\n {"problem": "caf\u00e9", "answer": "1"}]\n'),
+        (".csv", "problem,answer\nWhat is caf\u00e9+1?,2\n"),
+    ],
+)
+def test_a_file_that_is_not_utf8_is_named_with_its_line_and_the_fix(tmp_path, suffix, text):
     """A Latin-1 byte on line 2 is reported as such (not as a bare UnicodeDecodeError): the file, the line, the byte,
     and how to re-save the file as UTF-8."""
     path = tmp_path / f"latin1{suffix}"
-    if suffix == ".csv":
-        text = "problem,answer\nWhat is caf\u00e9+1?,2\n"
-    elif suffix == ".json":
-        text = '[{"problem": "1+1", "answer": "2"},\n {"problem": "caf\u00e9", "answer": "1"}]\n'
-    else:
-        text = '{"problem": "1+1", "answer": "2"}\n{"problem": "caf\u00e9", "answer": "1"}\n'
     path.write_bytes(text.encode("latin-1"))
     with pytest.raises(DatasetFormatError) as err:
         load_math_dataset(str(path))
@@ -336,18 +297,9 @@ def test_a_file_that_is_not_utf8_is_named_with_its_line_and_the_fix(tmp_path, su
     assert err.value.__cause__ is None and err.value.__suppress_context__  # the message is the whole story
 
 
-def _no_hub(monkeypatch):
-    """Fail the test if anything reaches `datasets.load_dataset` (which would go to the Hub)."""
-    import datasets
-
-    def refuse(*args, **kwargs):
-        raise AssertionError(f"looked up on the Hub: {args}")
-
-    monkeypatch.setattr(datasets, "load_dataset", refuse)
-
-
 GOOD_HINT = "Did you mean 'data/good.jsonl'?"
 NO_FOLDER = "The folder 'a/b' does not exist either."
+HUB = "the Hub"
 
 
 @pytest.mark.parametrize(
@@ -360,27 +312,13 @@ NO_FOLDER = "The folder 'a/b' does not exist either."
         ("data/other.parq", None),
         ("a/b/c.jsonl", NO_FOLDER),
         ("a/b/c", NO_FOLDER),
-    ],
+    ]
+    + [(name, HUB) for name in ("HuggingFaceH4/MATH-500", "gsm8k", "org/data.v2", "bigcode/the-stack-v1.2")],
 )
-def test_a_missing_local_file_is_not_looked_up_on_the_hub(name, hint, tmp_path, monkeypatch):
+def test_a_missing_local_file_is_not_looked_up_on_the_hub_and_a_hub_id_is(name, hint, tmp_path, monkeypatch):
     """A name with a data file's extension (typo'd or not), or one the Hub cannot hold (two folders), is a missing
-    local file: said so, with the closest existing file, and never sent to the Hub (where it gave a ConnectionError)."""
-    _no_hub(monkeypatch)
-    monkeypatch.chdir(tmp_path)
-    write_jsonl([{"problem": "1+1", "answer": "2"}], tmp_path / "data" / "good.jsonl")
-    with pytest.raises(FileNotFoundError) as err:
-        load_math_dataset(name)
-    message = str(err.value)
-    assert f"no such file: {name!r}" in message and "not looked up on the Hub" in message, message
-    if hint is None:
-        assert "Did you mean" not in message and "does not exist either" not in message, message
-    else:
-        assert hint in message, message
-
-
-@pytest.mark.parametrize("name", ["HuggingFaceH4/MATH-500", "gsm8k", "org/data.v2", "bigcode/the-stack-v1.2"])
-def test_a_name_that_can_be_a_hub_id_goes_to_the_hub(name, tmp_path, monkeypatch):
-    """Names huggingface_hub accepts as repo ids, with no data-file extension, are passed to `datasets.load_dataset`."""
+    local file: said so, with the closest existing file, and never sent to the Hub (where it gave a ConnectionError).
+    Names huggingface_hub accepts as repo ids, with no data-file extension, are passed to `datasets.load_dataset`."""
     import datasets
 
     calls = []
@@ -391,5 +329,16 @@ def test_a_name_that_can_be_a_hub_id_goes_to_the_hub(name, tmp_path, monkeypatch
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
     monkeypatch.chdir(tmp_path)
-    assert load_math_dataset(name)["solution"] == ["2"]
-    assert calls == [name]
+    if hint == HUB:
+        assert load_math_dataset(name)["solution"] == ["2"] and calls == [name]
+        return
+    write_jsonl([{"problem": "1+1", "answer": "2"}], tmp_path / "data" / "good.jsonl")
+    with pytest.raises(FileNotFoundError) as err:
+        load_math_dataset(name)
+    assert calls == [], "looked up on the Hub"
+    message = str(err.value)
+    assert f"no such file: {name!r}" in message and "not looked up on the Hub" in message, message
+    if hint is None:
+        assert "Did you mean" not in message and "does not exist either" not in message, message
+    else:
+        assert hint in message, message

@@ -7,6 +7,7 @@ import json
 import re
 import statistics
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -44,13 +45,9 @@ def test_toy_findings_hold_at_the_demo_size_as_the_readme_says():
         assert figures in numbers, (name, numbers)
 
 
-@pytest.fixture(scope="module")
-def small_toy():
-    return run_toy_part(seeds=[3, 4], steps=30)
-
-
-def test_toy_findings_count_what_the_runs_show(small_toy):
+def test_toy_findings_count_what_the_runs_show():
     """Each finding's count is what the per-run numbers give, recounted here; the first-order error is second order."""
+    small_toy = run_toy_part(seeds=[3, 4], steps=30)
     runs, (first_order, beta1_set, beta2_set, beta1, beta2) = small_toy["runs"], small_toy["findings"]
     h = {(r["beta1"], r["beta2"], r["seed"]): r["mean_entropy"] for r in runs}
     assert (beta1["holds"], beta1["of"]) == (sum(h[1, 1, s] < h[0.5, 1, s] for s in (3, 4)), 2)
@@ -156,18 +153,13 @@ def test_warm_start_and_run_rl(tmp_path):
 
 def test_progress_bar_names_the_clipped_token_fractions():
     """The bar shows the beta1 / beta2 clipped-set token fractions as clip_lo / clip_hi (not b1 / b2, the betas)."""
-
-    class Bar:
-        n, postfix = 0, None
-
-        def set_postfix(self, values):
-            self.postfix = values
-
     callback = lm._Progress("run")
-    callback.training_bar = Bar()
+    callback.training_bar = mock.Mock()
     logs = {"reward": 0.5, "entropy": 0.1, "cegppo/beta1_token_frac": 0.01, "cegppo/beta2_token_frac": 0.002}
     callback.on_log(None, None, None, logs=logs)
-    assert callback.training_bar.postfix == {"reward": "0.5", "entropy": "0.1", "clip_lo": "0.01", "clip_hi": "0.002"}
+    callback.training_bar.set_postfix.assert_called_once_with(
+        {"reward": "0.5", "entropy": "0.1", "clip_lo": "0.01", "clip_hi": "0.002"}
+    )
 
 
 @pytest.mark.slow
@@ -202,9 +194,7 @@ def test_demo_end_to_end(quick_demo):
         assert [len(h) for h in histories] == [sizes["steps"]] * 2
         assert histories[0][0]["reward"] == histories[1][0]["reward"]  # the same first generation batch
         assert {e["cegppo/beta1"] for e in histories[0]} == {0.5} and {e["cegppo/beta1"] for e in histories[1]} == {0}
-        assert all(
-            metric in e for e in histories[0] for metric in ("entropy", *lm.CLIPPED_SETS)
-        )  # reward: per generation
+        assert all(metric in e for e in histories[0] for metric in ("entropy", *lm.CLIPPED_SETS))  # reward: per batch
         entropy = cegppo["end_entropy"] - grpo["end_entropy"]
         assert f"| {pair['seed']} | {cegppo['end_accuracy']:.3f} | {grpo['end_accuracy']:.3f} |" in printed
         assert f"| {entropy:+.4f} |" in printed
@@ -215,8 +205,8 @@ def test_demo_end_to_end(quick_demo):
         assert re.search(rf"{metric} {re.escape(spread)}( nats)? {re.escape(higher)}", printed), (metric, spread)
     assert pairs[0]["cegppo"]["start_accuracy"] == summary["warm_start"]["accuracy"]
 
-    # Every arm starts from the warm start (evaluated with its seed); results.json records each arm's end - start and the printed sentence
-    # states those numbers (whatever their sign: learning is a measurement, not a test threshold).
+    # Every arm starts from the warm start (evaluated with its seed); results.json records each arm's end - start and
+    # the printed sentence states those numbers (whatever their sign: learning is a measurement, not a test threshold).
     warm = summary["warm_start"]
     assert f"| start (warm start) | {warm['accuracy']:.3f} | {warm['accuracy']:.3f} | |" in printed
     for name, shown in (("cegppo", "CE-GPPO"), ("grpo", "GRPO")):

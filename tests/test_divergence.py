@@ -1,24 +1,21 @@
 """A run that diverges stops at its first non-finite step, before applying it, and never saves or resumes from broken
-weights (issue 35; `cegppo_trl/divergence.py`, docs/launch.md "When a run diverges").
-
-Fast tier: the step check's units (one host transfer, the same decision from every process's values, the skip bound),
-the trainer stopping before a non-finite step is applied (full and LoRA, entropy controller on), skipping and counting
-(non-finite steps, batches without rewards, with dynamic sampling), the save guard, and `cegppo-train` end to end on
-one process: exit status 3, one message, the finite checkpoints kept, auto-resume passing over a non-finite one and
-refusing in one line when every one is. The 2-process launches: tests/test_divergence_launch.py (slow).
+weights (issue 35; `cegppo_trl/divergence.py`, docs/launch.md "When a run diverges"). On one process; the 2-process
+launches are tests/test_divergence_launch.py (slow).
 """
 
 import json
 import math
 import os
+import re
 import shutil
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
 import torch
+from divergence_worker import SCENARIOS, check, run
 from safetensors.torch import load_file, save_file
+from shared import ROOT, TINY_RECIPE
 from test_host_sync import counting_host_transfers
 
 from cegppo_trl.divergence import (
@@ -33,18 +30,10 @@ from cegppo_trl.divergence import (
     non_finite_tensors,
 )
 from cegppo_trl.scripts.stopping import finite_checkpoint_to_resume
-from cegppo_trl.trainer import CONTROLLER_STATE_FILE, CEGPPOTrainer
 
 
-ROOT = Path(__file__).resolve().parents[1]
-TINY_RECIPE = ROOT / "recipes" / "tiny" / "cegppo" / "config_cpu.yaml"
-
-
-def _identity_gather(tensor):
-    return tensor
-
-
-def _reduce(tensor, reduction="sum"):
+def _one_process(tensor, reduction="sum"):
+    """The gather and the reduce of one process."""
     return tensor
 
 
@@ -52,7 +41,7 @@ def _reduce(tensor, reduction="sum"):
 
 
 def test_a_finite_step_passes_with_one_host_transfer_and_a_non_finite_one_stops_naming_the_values():
-    guard = StepGuard(_identity_gather)
+    guard = StepGuard(_one_process)
     guard.add_loss(torch.tensor(0.5))
     guard.add_loss(torch.tensor(0.25))
     with counting_host_transfers() as counts:
@@ -69,24 +58,21 @@ def test_a_finite_step_passes_with_one_host_transfer_and_a_non_finite_one_stops_
     )
 
 
-def test_every_process_decides_from_every_process_values():
+def test_every_process_decides_from_every_process_values_and_a_non_finite_controller_entropy_stops_too():
     """Process 0's own values are finite; process 1's loss is not: the gather gives both the same rows."""
     other = torch.tensor([[math.nan, 1.0, 0.0]])
     guard = StepGuard(lambda local: torch.cat([local, other]))
     guard.add_loss(torch.tensor(0.1))
     with pytest.raises(NonFiniteStepError, match=r"process 1: loss nan, grad norm 1\b"):
         guard.end_step(4, torch.tensor(1.0), "cpu")
-
-
-def test_a_non_finite_controller_entropy_stops_too():
-    guard = StepGuard(_identity_gather)
+    guard = StepGuard(_one_process)
     guard.add_loss(torch.tensor(0.1))
     with pytest.raises(NonFiniteStepError, match="non-finite mean token entropy"):
         guard.end_step(1, torch.tensor(1.0), "cpu", extra=torch.tensor([math.nan, 5.0]))
 
 
 def test_skipping_is_counted_and_bounded():
-    guard = StepGuard(_identity_gather, max_skipped_steps=2)
+    guard = StepGuard(_one_process, max_skipped_steps=2)
     guard.add_loss(torch.tensor(math.nan))
     assert guard.end_step(1, torch.tensor(1.0), "cpu").skip
     guard.add_loss(torch.tensor(0.0))
@@ -102,15 +88,15 @@ def test_skipping_is_counted_and_bounded():
 
 def test_the_weights_check_names_the_step_and_passes_frozen_weights():
     layer, frozen = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
-    check_weights_finite(layer.parameters(), _reduce, 3, "out/checkpoint-3")
+    check_weights_finite(layer.parameters(), _one_process, 3, "out/checkpoint-3")
     with torch.no_grad():
         frozen.weight[0, 0] = math.nan
     frozen.requires_grad_(False)
-    check_weights_finite([*layer.parameters(), *frozen.parameters()], _reduce, 3, "x")
+    check_weights_finite([*layer.parameters(), *frozen.parameters()], _one_process, 3, "x")
     with torch.no_grad():
         layer.bias[1] = math.inf
     with pytest.raises(NonFiniteStepError, match="weights after step 3 are not finite.*out/checkpoint-3 was not"):
-        check_weights_finite(layer.parameters(), _reduce, 3, "out/checkpoint-3")
+        check_weights_finite(layer.parameters(), _one_process, 3, "out/checkpoint-3")
 
 
 def _checkpoint(path: Path, finite: bool = True) -> Path:
@@ -144,91 +130,40 @@ def test_auto_resume_passes_over_non_finite_checkpoints_and_refuses_when_all_are
 # --- The trainer
 
 
-class Injecting(CEGPPOTrainer):
-    """Makes the loss of process `rank` NaN at the optimizer steps in `steps` (1-based)."""
-
-    nan_steps: tuple = ()
-    nan_rank: int = 0
-
-    def _cegppo_loss_delta(self, *args, **kwargs):
-        delta = super()._cegppo_loss_delta(*args, **kwargs)
-        step = self.state.global_step + 1
-        if self.model.training and step in self.nan_steps and self.accelerator.process_index == self.nan_rank:
-            delta = delta * math.nan
-        return delta
-
-
-@pytest.fixture
-def injecting(tiny_trainer, tmp_path):
-    """`injecting(nan_steps, peft=False, **overrides)`: an `Injecting` trainer saving to tmp_path / "run" every step,
-    the entropy controller on, a reward that varies in every group."""
-
-    def make(nan_steps, peft=False, reward_funcs=_varied_reward, **overrides):
-        options = dict(save_strategy="steps", save_steps=1, learning_rate=0.05, cegppo_entropy_target=1.0)
-        extra = {}
-        if peft:
-            from peft import LoraConfig
-
-            extra["peft_config"] = LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"])
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            trainer = tiny_trainer(output_dir=tmp_path / "run", cls=Injecting, reward_funcs=reward_funcs,
-                                   trainer_kwargs=extra, **{**options, **overrides})  # fmt: skip
-        trainer.nan_steps = nan_steps
-        return trainer
-
-    return make
-
-
-def _varied_reward(completions, **kwargs):
-    return [float(i % 2) for i in range(len(completions))]  # every group informative: a gradient at every step
-
-
 def _weights(folder: Path) -> dict:
     name = "adapter_model.safetensors" if (folder / "adapter_model.safetensors").exists() else "model.safetensors"
     return load_file(str(folder / name))
 
 
 def _trainable(trainer) -> dict:
-    from peft import PeftModel
+    from peft import PeftModel, get_peft_model_state_dict
 
     model = trainer.model
-    if isinstance(model, PeftModel):
-        from peft import get_peft_model_state_dict
-
-        return {k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    state = get_peft_model_state_dict(model) if isinstance(model, PeftModel) else model.state_dict()
+    return {k: v.detach().clone() for k, v in state.items()}
 
 
-@pytest.mark.parametrize("peft", [False, True], ids=["full", "lora"])
-def test_the_trainer_stops_before_applying_the_first_non_finite_step(peft, injecting, tmp_path, one_torch_thread):
-    out = tmp_path / "run"
-    trainer = injecting(nan_steps=(3,), peft=peft)
-    with pytest.raises(NonFiniteStepError, match=r"before applying optimizer step 3: .*loss nan.*last finite step 2"):
-        trainer.train()
-    assert trainer.state.global_step == 2
-    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
-    saved, now = _weights(out / "checkpoint-2"), _trainable(trainer)
-    assert all(torch.isfinite(v).all() for v in saved.values())
-    assert any(not torch.equal(a, b) for a, b in zip(_weights(out / "checkpoint-1").values(), saved.values()))
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_the_trainer_stops_before_applying_a_non_finite_step_or_skips_and_counts_it(
+    name, tiny_checkpoint, tmp_path, one_torch_thread
+):
+    """divergence_worker's scenarios (full, LoRA, skip then stop) and checks on one process, and the weights: the
+    trainer's are the last checkpoint's (the stopped step was not applied), which training moved; a skipped step
+    moves nothing."""
+    trainer, record = run(tiny_checkpoint, tmp_path, name, SCENARIOS[name], nan_rank=0)
+    check([record], tmp_path, name)
+    out, last = tmp_path / name, record["global_step"]
+    saved, now = _weights(out / f"checkpoint-{last}"), _trainable(trainer)
+    assert any(
+        not torch.equal(a, b) for a, b in zip(_weights(out / f"checkpoint-{last - 1}").values(), saved.values())
+    )
     assert {k: v for k, v in now.items() if k in saved}.keys() == saved.keys()
-    assert all(torch.equal(now[k], saved[k]) for k in saved), "step 3 was applied"
-    controller = json.loads((out / "checkpoint-2" / CONTROLLER_STATE_FILE).read_text())
-    assert controller["num_updates"] == 2 and all(math.isfinite(v) for v in controller.values() if v is not None)
-
-
-def test_skipped_steps_apply_nothing_and_are_counted_then_the_bound_stops(injecting, tmp_path, one_torch_thread):
-    out = tmp_path / "run"
-    trainer = injecting(nan_steps=(2, 4), cegppo_max_skipped_steps=1)
-    with pytest.raises(NonFiniteStepError, match=r"step 4 after skipping 1 step\(s\).*last finite step 3"):
-        trainer.train()
-    one, two = _weights(out / "checkpoint-1"), _weights(out / "checkpoint-2")
-    assert all(torch.equal(one[k], two[k]) for k in one), "the skipped step 2 changed the weights"
-    assert not all(torch.equal(two[k], v) for k, v in _weights(out / "checkpoint-3").items())
-    logged = [(e["step"], e[SKIPPED_NON_FINITE]) for e in trainer.state.log_history if SKIPPED_NON_FINITE in e]
-    assert logged == [(1, 0), (2, 1), (3, 1)]
-    controller = json.loads((out / "checkpoint-3" / CONTROLLER_STATE_FILE).read_text())
-    assert controller["num_updates"] == 2  # not on the skipped step
+    assert all(torch.equal(now[k], saved[k]) for k in saved), f"step {last + 1} was applied"
+    if name == "skip":
+        one, two = _weights(out / "checkpoint-1"), _weights(out / "checkpoint-2")
+        assert all(torch.equal(one[k], two[k]) for k in one), "the skipped step 2 changed the weights"
+        logged = [(e["step"], e[SKIPPED_NON_FINITE]) for e in trainer.state.log_history if SKIPPED_NON_FINITE in e]
+        assert logged == [(1, 0), (2, 1), (3, 1)]
 
 
 def _no_reward(completions, **kwargs):
@@ -236,20 +171,19 @@ def _no_reward(completions, **kwargs):
 
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["plain", "dynamic-sampling"])
-def test_batches_without_rewards_are_skipped_and_counted(dynamic, injecting, one_torch_thread):
-    options = dict(cegppo_max_skipped_steps=4, save_strategy="no", loss_type="dapo")
+def test_batches_without_rewards_are_skipped_and_counted(dynamic, tiny_checkpoint, tmp_path, one_torch_thread):
+    config = dict(cegppo_max_skipped_steps=4, save_strategy="no", loss_type="dapo", cegppo_entropy_target=1.0)
     if dynamic:
-        options.update(cegppo_exclude_zero_advantage_groups=True, cegppo_oversampling=2.0)
-    trainer = injecting((), reward_funcs=_no_reward, **options)
-    start = _trainable(trainer)
-    trainer.train()  # one generation batch, 4 optimizer steps: all skipped
-    assert trainer.state.global_step == 4
+        config.update(cegppo_exclude_zero_advantage_groups=True, cegppo_oversampling=2.0)
+    trainer, record = run(tiny_checkpoint, tmp_path, "all", dict(nan_steps=(), config=config), 0, _no_reward)
+    assert record["error"] is None and trainer.state.global_step == 4  # one generation batch: all 4 steps skipped
     assert trainer._step_guard.skipped == {SKIPPED_NON_FINITE: 0, SKIPPED_UNSCORED: 4}
     assert trainer.state.log_history[3][SKIPPED_UNSCORED] == 4
-    assert all(torch.equal(start[k], v) for k, v in _trainable(trainer).items())
-    trainer = injecting((), reward_funcs=_no_reward, **dict(options, cegppo_max_skipped_steps=2))
-    with pytest.raises(NonFiniteStepError, match="step 3 after skipping 2 .*got no reward"):
-        trainer.train()
+    start = load_file(str(tiny_checkpoint / "model.safetensors"))
+    assert all(torch.equal(start[k], v) for k, v in _trainable(trainer).items() if k in start)
+    bounded = dict(nan_steps=(), config=dict(config, cegppo_max_skipped_steps=2))
+    _, record = run(tiny_checkpoint, tmp_path, "bounded", bounded, 0, _no_reward)
+    assert re.search("step 3 after skipping 2 .*got no reward", record["error"]), record["error"]
 
 
 def test_no_save_with_non_finite_weights_and_rotation_keeps_the_finite_checkpoint(tiny_trainer, tmp_path):
@@ -275,19 +209,7 @@ def overflowing(completions, trainer_state, **kwargs):
     # a reward scale off by 38 orders of magnitude from step 5 (the second generation batch) on
     scale = 1e38 if trainer_state.global_step >= 4 else 1.0
     return [scale * (i % 2) for i in range(len(completions))]
-
-
-def varied(completions, **kwargs):
-    return [float(i % 2) for i in range(len(completions))]
 """
-
-
-def _stop_lines(err: str) -> list[str]:
-    """Our message: the last lines of stderr, from the first of ours, no traceback."""
-    lines = err.strip().splitlines()
-    first = next(i for i, line in enumerate(lines) if line.startswith("cegppo-train: "))
-    assert "Traceback" not in err, err[-3000:]
-    return lines[first:]
 
 
 def test_cegppo_train_stops_with_status_3_keeps_the_finite_checkpoints_and_resumes_from_the_newest(
@@ -299,11 +221,14 @@ def test_cegppo_train_stops_with_status_3_keeps_the_finite_checkpoints_and_resum
     monkeypatch.setattr(sys, "path", list(sys.path))
     (tmp_path / "diverging_rewards.py").write_text(REWARDS)
     out = tmp_path / "out"
-    argv = ["--config", str(TINY_RECIPE), "--model_name_or_path", str(tiny_checkpoint), "--output_dir", str(out),
+    argv = ["--config", str(ROOT / TINY_RECIPE), "--model_name_or_path", str(tiny_checkpoint), "--output_dir", str(out),
             "--scale_rewards", "none", "--max_grad_norm", "0", "--save_strategy", "steps", "--save_steps", "1",
             "--save_total_limit", "2", "--max_steps", "8"]  # fmt: skip
     assert main([*argv, "--reward_funcs", "diverging_rewards.overflowing"]) == DIVERGED_EXIT_STATUS
-    lines = _stop_lines(capsys.readouterr().err)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err[-3000:]
+    lines = err.strip().splitlines()
+    lines = lines[next(i for i, line in enumerate(lines) if line.startswith("cegppo-train: ")) :]  # ours: the last
     assert len(lines) == 3, lines
     assert lines[0].startswith(
         "cegppo-train: stopped before applying optimizer step 5: a non-finite value (loss -inf, grad norm inf)"
@@ -322,7 +247,7 @@ def test_cegppo_train_stops_with_status_3_keeps_the_finite_checkpoints_and_resum
     weights = load_file(str(broken / "model.safetensors"))
     weights[next(iter(weights))].fill_(math.nan)
     save_file(weights, str(broken / "model.safetensors"), metadata={"format": "pt"})
-    assert main([*argv, "--reward_funcs", "diverging_rewards.varied", "--max_steps", "5"]) == 0
+    assert main([*argv, "--reward_funcs", "divergence_worker.varied_reward", "--max_steps", "5"]) == 0
     err = capsys.readouterr().out  # `accelerator.print`
     assert f"Skipping {broken}: 1 of its " in err and f"Resuming from {out / 'checkpoint-4'}," in err
     state = json.loads((out / "trainer_state.json").read_text())
@@ -331,7 +256,7 @@ def test_cegppo_train_stops_with_status_3_keeps_the_finite_checkpoints_and_resum
     # Only non-finite checkpoints: one line, status 3.
     for folder in out.glob("checkpoint-*"):
         save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    assert main([*argv, "--reward_funcs", "diverging_rewards.varied"]) == DIVERGED_EXIT_STATUS
+    assert main([*argv, "--reward_funcs", "divergence_worker.varied_reward"]) == DIVERGED_EXIT_STATUS
     err = capsys.readouterr().err
     ours = [line for line in err.strip().splitlines() if line.startswith("cegppo-train: ")]
     assert ours == [err.strip().splitlines()[-1]] and "has non-finite weights (the newest: " in ours[0], err[-2000:]

@@ -5,25 +5,18 @@ finite checkpoints. All slow: each launch trains a few short runs.
 """
 
 import json
-import math
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from divergence_worker import SCENARIOS, check
 from launching import launcher, run_launched, subprocess_env
+from shared import ROOT, TINY_RECIPE, run_checked
 
 from cegppo_trl.divergence import DIVERGED_EXIT_STATUS, non_finite_tensors
 
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
 TIMEOUT_S = 1800
-
-
-def _launch(backend: str, model_dir: Path, out_dir: Path) -> None:
-    worker = [str(HERE / "divergence_worker.py"), str(model_dir), str(out_dir)]
-    run_launched([*launcher(2, None if backend == "ddp" else f"{backend}.yaml"), *worker], timeout=TIMEOUT_S)
 
 
 @pytest.mark.slow
@@ -31,40 +24,20 @@ def _launch(backend: str, model_dir: Path, out_dir: Path) -> None:
 def test_a_nan_on_one_process_stops_both_at_the_same_step(backend, tiny_checkpoint, tmp_path):
     if backend.startswith("zero"):
         pytest.importorskip("deepspeed", reason="the `deepspeed` extra is not installed")
-    _launch(backend, tiny_checkpoint, tmp_path)
-    for name in ("stop", "stop-lora", "skip"):
-        ranks = [json.loads((tmp_path / f"{name}.rank{r}.json").read_text()) for r in (0, 1)]
-        expected_step, last_finite = (3, 2) if name.startswith("stop") else (4, 3)
-        for record in ranks:
-            assert record["error_step"] == expected_step, (name, record)
-            assert f"before applying optimizer step {expected_step}" in record["error"]
-            assert "process 1: loss nan" in record["error"] and f"last finite step {last_finite}" in record["error"]
-            assert record["global_step"] == last_finite and record["finite"]
-        assert ranks[0]["weight_sum"] == ranks[1]["weight_sum"]  # one model on both processes
-        checkpoints = ranks[0]["checkpoints"]
-        assert checkpoints == [f"checkpoint-{n}" for n in range(1, last_finite + 1)], (name, checkpoints)
-        for checkpoint in checkpoints:
-            counts = non_finite_tensors(str(tmp_path / name / checkpoint))
-            assert counts is not None and counts[0] == 0, (name, checkpoint, counts)
-        if name == "skip":
-            assert all(r["skipped"] == {"cegppo/skipped_steps/non_finite": 1, "cegppo/skipped_steps/unscored": 0}
-                       for r in ranks)  # fmt: skip
-            controller = ranks[0]["controller"]
-            assert controller["num_updates"] == 2  # steps 1 and 3; not the skipped step 2
-            assert all(math.isfinite(v) for v in controller.values())
-            state = json.loads((tmp_path / name / "checkpoint-3" / "cegppo_controller_state.json").read_text())
-            assert state == controller
+    worker = [ROOT / "tests" / "divergence_worker.py", tiny_checkpoint, tmp_path]
+    run_launched([*launcher(2, None if backend == "ddp" else f"{backend}.yaml"), *worker], timeout=TIMEOUT_S)
+    for name in SCENARIOS:
+        check([json.loads((tmp_path / f"{name}.rank{r}.json").read_text()) for r in (0, 1)], tmp_path, name)
 
 
 @pytest.mark.slow
 def test_the_issue_command_on_the_tiny_recipe_stops_with_status_3(tmp_path):
     """The issue's reproduction: `--learning_rate 10 --max_grad_norm 0 --save_steps 1 --save_total_limit 2`."""
     out = tmp_path / "run"
-    cmd = [str(Path(sys.executable).parent / "cegppo-train"), "--config", "recipes/tiny/cegppo/config_cpu.yaml",
+    cmd = [Path(sys.executable).parent / "cegppo-train", "--config", TINY_RECIPE,
            "--learning_rate", "10", "--max_grad_norm", "0", "--save_strategy", "steps", "--save_steps", "1",
-           "--save_total_limit", "2", "--max_steps", "8", "--output_dir", str(out)]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert proc.returncode == DIVERGED_EXIT_STATUS, proc.stderr[-4000:]
+           "--save_total_limit", "2", "--max_steps", "8", "--output_dir", out]  # fmt: skip
+    proc = run_checked(cmd, ROOT, subprocess_env(), TIMEOUT_S, expect=DIVERGED_EXIT_STATUS)
     assert "Traceback" not in proc.stderr and "multinomial" not in proc.stderr, proc.stderr[-4000:]
     lines = proc.stderr.strip().splitlines()[-3:]
     step = int(lines[0].split("before applying optimizer step ")[1].split(":")[0])

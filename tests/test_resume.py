@@ -2,33 +2,25 @@
 
 TRL keeps the completions of a generation batch in memory only: a run resumed from a checkpoint taken in the middle of
 a generation batch generates a fresh batch where the uninterrupted run would have reused the buffered one, so from there
-on it is a different run. A checkpoint at a generation-batch boundary resumes the same run (bit for bit on CPU).
-
-* `test_recipe_checkpoints_fall_on_generation_batch_boundaries` (fast): every shipped recipe that saves checkpoints has
-  `save_steps` a multiple of its optimizer steps per generation batch
-  (`steps_per_generation / gradient_accumulation_steps x num_iterations`), and says why next to it.
-* `test_resume_at_a_generation_batch_boundary_is_the_uninterrupted_run` (slow): the tiny recipe with
-  `steps_per_generation = 2 x gradient_accumulation_steps` and the entropy controller on, on 1 process and on 2 gloo
-  processes: resumed from the checkpoint at a boundary it ends with the uninterrupted run's parameters, betas,
-  controller state and logged losses, exactly; resumed from the checkpoint in the middle of a generation batch it does
-  not (what docs/launch.md says).
+on it is a different run. A checkpoint at a generation-batch boundary resumes the same run (bit for bit on CPU), so
+every shipped recipe saves at boundaries, and says why next to `save_steps` (docs/launch.md).
 """
 
+import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from launching import controller_state, launcher, saved_weights, step_logs, subprocess_env
-from shared import recipe_id, run_checked
+from launching import controller_state, free_port, launcher, saved_weights, step_logs, subprocess_env
+from shared import ROOT, RUN_TIMEOUT_S, TINY_RECIPE, recipe_id
 
 
-ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "train_cegppo.py"
 RECIPES = sorted((ROOT / "recipes").rglob("*.yaml"))
-TINY_RECIPE = ROOT / "recipes" / "tiny" / "cegppo" / "config_cpu.yaml"
-TIMEOUT_S = 900  # generous: the machine is shared; a run takes 10-20 s on an idle 2-core machine
 
 
 def optimizer_steps_per_generation_batch(config) -> int:
@@ -70,10 +62,6 @@ def test_recipe_checkpoints_fall_on_generation_batch_boundaries(recipe):
     )
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Resume (slow)
-# ----------------------------------------------------------------------------------------------------------------
-
 ACCUMULATION = 2
 PER_GENERATION = 2 * ACCUMULATION  # steps_per_generation = 2 x gradient_accumulation_steps: 2 optimizer steps a batch
 MAX_STEPS = 6  # 3 generation batches: steps 1-2, 3-4, 5-6
@@ -92,18 +80,64 @@ RUN_ARGS = (
 )  # fmt: skip
 
 
-def _train(output_dir: Path, model_dir: Path, processes: int, *extra: str) -> dict:
-    train_args = [str(SCRIPT), "--config", str(TINY_RECIPE), "--model_name_or_path", str(model_dir)]
-    train_args += [*RUN_ARGS, "--output_dir", str(output_dir), *extra]
-    cmd = [*([sys.executable] if processes == 1 else launcher(processes, "multi_gpu.yaml")), *train_args]
-    run_checked(cmd, ROOT, subprocess_env(), TIMEOUT_S)
+def start(model_dir: Path, outputs: list, extras: list, processes=2, config="multi_gpu.yaml") -> list:
+    """The tiny recipe with RUN_ARGS (`accelerate launch` with `config` on more than one process), one launcher per
+    machine, started together: machine r writes to outputs[r] (the same folder when the machines share it)."""
+    port, script = free_port(), [SCRIPT, "--config", TINY_RECIPE, "--model_name_or_path", model_dir, *RUN_ARGS]
+    procs = []
+    for rank, (out, extra) in enumerate(zip(outputs, extras)):
+        cmd = [sys.executable] if processes == 1 else launcher(processes, config, port)
+        if len(outputs) == 2:
+            cmd += ["--num_machines", "2", "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1"]
+        cmd = [str(a) for a in [*cmd, *script, "--output_dir", out, *extra]]
+        io = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=subprocess_env(), **io))
+    return procs
+
+
+def finish(procs: list[subprocess.Popen], timeout: float = RUN_TIMEOUT_S) -> list[str]:
+    """Each launcher's output; one still running after `timeout` is killed (with its process group), not waited for."""
+    outputs = []
+    try:
+        for proc in procs:
+            try:
+                outputs.append(proc.communicate(timeout=timeout)[0])
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                outputs.append(proc.communicate()[0])
+        return outputs
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def train(output_dir: Path, model_dir: Path, *extra, machines: int = 1, **kwargs) -> dict:
+    procs = start(model_dir, [output_dir] * machines, [extra] * machines, **kwargs)
+    for proc, output in zip(procs, finish(procs)):
+        assert proc.returncode == 0, output[-8000:]
     return step_logs(output_dir, MAX_STEPS)
+
+
+_UNINTERRUPTED = {}
+
+
+def uninterrupted(model_dir: Path, tmp_path_factory, processes=2, config="multi_gpu.yaml") -> tuple[Path, dict]:
+    """(output_dir, step logs) of the uninterrupted run on one machine, trained once for this module and
+    tests/test_two_machines.py (whose one-machine DDP run is this module's 2-process one)."""
+    if (processes, config) not in _UNINTERRUPTED:
+        out = tmp_path_factory.mktemp("uninterrupted")
+        _UNINTERRUPTED[processes, config] = out, train(out, model_dir, processes=processes, config=config)
+    return _UNINTERRUPTED[processes, config]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("processes", [1, 2], ids=["1-process", "2-processes-ddp"])
-def test_resume_at_a_generation_batch_boundary_is_the_uninterrupted_run(tiny_recipe_model_dir, tmp_path, processes):
-    full = _train(tmp_path / "full", tiny_recipe_model_dir, processes)
+def test_resume_at_a_generation_batch_boundary_is_the_uninterrupted_run(
+    tiny_recipe_model_dir, tmp_path, tmp_path_factory, processes
+):
+    full_dir, full = uninterrupted(tiny_recipe_model_dir, tmp_path_factory, processes)
     assert sorted(full) == list(range(1, MAX_STEPS + 1))
     # Generation batches start at steps 1, 3, 5 (only those log the rewards): checkpoint-4 ends one, checkpoint-3 is
     # inside one.
@@ -113,25 +147,25 @@ def test_resume_at_a_generation_batch_boundary_is_the_uninterrupted_run(tiny_rec
     assert beta1[0] == 0.5 and len(set(beta1)) == MAX_STEPS, beta1
     assert all(full[s]["grad_norm"] > 0 for s in full), "a step without policy gradient compares nothing"
 
-    checkpoint = tmp_path / "full" / f"checkpoint-{BOUNDARY}"
+    checkpoint = full_dir / f"checkpoint-{BOUNDARY}"
     assert controller_state(checkpoint)["num_updates"] == BOUNDARY
-    resumed = _train(
-        tmp_path / "resumed", tiny_recipe_model_dir, processes, "--resume_from_checkpoint", str(checkpoint)
+    resumed = train(
+        tmp_path / "resumed", tiny_recipe_model_dir, "--resume_from_checkpoint", checkpoint, processes=processes
     )
     # Steps 1-4 come from the checkpoint's trainer_state.json; steps 5-6 are trained again. Losses, rewards, entropy,
     # betas, clip fractions, grad norms: all bit for bit.
     assert sorted(resumed) == sorted(full)
     for step in resumed:
         assert resumed[step] == full[step], f"step {step} differs after resuming from checkpoint-{BOUNDARY}"
-    ours, theirs = saved_weights(tmp_path / "resumed"), saved_weights(tmp_path / "full")
+    ours, theirs = saved_weights(tmp_path / "resumed"), saved_weights(full_dir)
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
     last = f"checkpoint-{MAX_STEPS}"
-    assert controller_state(tmp_path / "resumed" / last) == controller_state(tmp_path / "full" / last)
+    assert controller_state(tmp_path / "resumed" / last) == controller_state(full_dir / last)
 
     # The other side of the rule: from the checkpoint inside a generation batch the run continues with fresh
     # completions, and is another run from its first step on.
-    middle = tmp_path / "full" / f"checkpoint-{MIDDLE}"
-    other = _train(tmp_path / "middle", tiny_recipe_model_dir, processes, "--resume_from_checkpoint", str(middle))
+    middle = full_dir / f"checkpoint-{MIDDLE}"
+    other = train(tmp_path / "middle", tiny_recipe_model_dir, "--resume_from_checkpoint", middle, processes=processes)
     assert "reward" in other[MIDDLE + 1], "no fresh generation after resuming inside a generation batch"
     assert other[MIDDLE + 1]["loss"] != full[MIDDLE + 1]["loss"]
     assert other[MAX_STEPS]["cegppo/beta1"] != full[MAX_STEPS]["cegppo/beta1"]

@@ -18,24 +18,9 @@ import time
 from pathlib import Path
 
 import pytest
-from signal_runs import (
-    CEGPPO_TRAIN,
-    TINY_RECIPE,
-    _sigint_default,
-    check_stop,
-    complete_checkpoints,
-    loads,
-    start_run,
-    stop_run,
-)
+from signal_runs import check_stop, complete_checkpoints, loads, start_run, stop_run
 
 from cegppo_trl.scripts.stopping import REPEAT_S, StopRequest
-
-
-@pytest.fixture
-def tiny_dir(tiny_checkpoint) -> Path:
-    """The session's tiny model (conftest.py), which the runs load like any local model."""
-    return tiny_checkpoint
 
 
 STOP_WITHIN_S = 60  # signal to exit on a shared, loaded 2-core machine (about 5 s idle)
@@ -62,17 +47,16 @@ def _resume_one_more_step(cwd: Path, stderr: str, last: Path, monkeypatch) -> No
     assert state["global_step"] == steps and (out / "model.safetensors").is_file()
 
 
-def test_sigterm_during_a_step_exits_143_with_a_loadable_checkpoint_that_resumes(tiny_dir, tmp_path, monkeypatch):
-    out = tmp_path / "run"
-    proc, argv = start_run(tmp_path, out, tiny_dir, "SIGTERM", "step")
-    result = stop_run(proc, tmp_path, out, "SIGTERM", "step")
-    last = check_stop(result, out, "SIGTERM", argv)
+STOP_NAME = {"SIGINT": "Ctrl-C", "SIGTERM": "SIGTERM"}
+
+
+def _stopped(cwd: Path, model_dir: Path, signal_name: str, moment: str, processes=1, launcher_only=False, **kwargs):
+    """Start the tiny recipe and stop it with `signal_name` at `moment`, within STOP_WITHIN_S: (result, out, argv)."""
+    out = cwd / "run"
+    proc, argv = start_run(cwd, model_dir, signal_name, moment, 2, processes, **kwargs)
+    result = stop_run(proc, cwd, signal_name, moment, launcher_only=launcher_only)
     assert result["seconds"] < STOP_WITHIN_S, result["seconds"]
-    assert "SIGTERM: stopping at the end of this training step" in result["stderr"]
-    assert "interrupted (SIGTERM)" in result["stderr"]
-    assert not (out / "model.safetensors").exists()  # a stopped run is not saved as a finished one
-    loads(last)
-    _resume_one_more_step(tmp_path, result["stderr"], last, monkeypatch)
+    return result, out, argv
 
 
 def _wait_for_the_sigterm_handler(proc: subprocess.Popen, timeout: float = 60) -> None:
@@ -88,10 +72,7 @@ def _wait_for_the_sigterm_handler(proc: subprocess.Popen, timeout: float = 60) -
 
 
 def test_sigint_during_the_imports_prints_the_ctrl_c_message(tmp_path):
-    proc = subprocess.Popen(
-        [CEGPPO_TRAIN, "--config", str(TINY_RECIPE), "--output_dir", str(tmp_path / "run")], cwd=tmp_path,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=_sigint_default,
-    )  # fmt: skip
+    proc, _ = start_run(tmp_path, None, "SIGINT", "imports")  # stopped before any run starts
     _wait_for_the_sigterm_handler(proc)  # installed with the SIGINT one, before torch and TRL are imported
     os.killpg(proc.pid, signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
@@ -101,7 +82,7 @@ def test_sigint_during_the_imports_prints_the_ctrl_c_message(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_a_repeated_signal_is_a_relay_then_a_second_request_stops_at_once():
+def test_a_repeated_signal_is_a_relay_then_a_second_request_stops_at_once_and_an_ignored_sigint_stays_ignored():
     """torchrun relays the signal a terminal already sent each worker: a repeat within REPEAT_S is the same request;
     a later one stops at once (KeyboardInterrupt). Before training (not deferred) the first one stops at once."""
     previous = signal.getsignal(signal.SIGTERM)
@@ -125,10 +106,7 @@ def test_a_repeated_signal_is_a_relay_then_a_second_request_stops_at_once():
         stop.restore()
         signal.signal(signal.SIGINT, previous_sigint)
     assert signal.getsignal(signal.SIGTERM) == previous
-
-
-def test_an_ignored_sigint_stays_ignored():
-    """A background job of a non-interactive shell starts with SIGINT ignored; as Python, the run leaves it so."""
+    # A background job of a non-interactive shell starts with SIGINT ignored; as Python, the run leaves it so.
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         stop = StopRequest()
@@ -139,17 +117,19 @@ def test_an_ignored_sigint_stays_ignored():
         signal.signal(signal.SIGINT, previous)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("moment", ["grading", "checkpoint"])
-@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
-def test_a_signal_while_grading_or_writing_a_checkpoint_stops_cleanly(
-    tiny_dir, tmp_path, signal_name, moment, monkeypatch
+@pytest.mark.parametrize(
+    "signal_name, moment",
+    [("SIGTERM", "step")]
+    + [pytest.param(s, m, marks=pytest.mark.slow) for m in ("grading", "checkpoint") for s in ("SIGINT", "SIGTERM")],
+)
+def test_a_signal_during_a_step_while_grading_or_writing_a_checkpoint_stops_cleanly_and_resumes(
+    tiny_checkpoint, tmp_path, signal_name, moment, monkeypatch
 ):
-    out = tmp_path / "run"
-    proc, argv = start_run(tmp_path, out, tiny_dir, signal_name, moment)
-    result = stop_run(proc, tmp_path, out, signal_name, moment)
+    result, out, argv = _stopped(tmp_path, tiny_checkpoint, signal_name, moment)
     last = check_stop(result, out, signal_name, argv)
-    assert result["seconds"] < STOP_WITHIN_S, result["seconds"]
+    assert f"{STOP_NAME[signal_name]}: stopping at the end of this training step" in result["stderr"]
+    assert f"interrupted ({STOP_NAME[signal_name]})" in result["stderr"]
+    assert not (out / "model.safetensors").exists()  # a stopped run is not saved as a finished one
     if moment == "checkpoint":  # the checkpoint being written when the signal came was finished, and is the last
         assert complete_checkpoints(out)[-1] == 2 and last.name == "checkpoint-2"
     assert all((p / "trainer_state.json").is_file() for p in out.glob("checkpoint-*")), "an incomplete checkpoint"
@@ -160,30 +140,25 @@ def test_a_signal_while_grading_or_writing_a_checkpoint_stops_cleanly(
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher_only", [False, True], ids=["group", "launcher-alone"])
 @pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
-def test_two_gloo_processes_stop_together(tiny_dir, tmp_path, signal_name, launcher_only):
+def test_two_gloo_processes_stop_together(tiny_checkpoint, tmp_path, signal_name, launcher_only):
     """`accelerate launch` with 2 processes: the signal reaches the launcher and both ranks (and the launcher relays
     it again), or the launcher alone (Kubernetes signals the container's first process), which relays it to each
     rank; both ranks stop at the same step, the launcher exits with the run's status, nothing is left."""
-    out = tmp_path / "run"
-    proc, argv = start_run(tmp_path, out, tiny_dir, signal_name, "step", 2, 2)
-    result = stop_run(proc, tmp_path, out, signal_name, "step", launcher_only=launcher_only)
+    result, out, argv = _stopped(tmp_path, tiny_checkpoint, signal_name, "step", 2, launcher_only)
     last = check_stop(result, out, signal_name, argv)
-    assert result["seconds"] < STOP_WITHIN_S, result["seconds"]
     if not launcher_only:
         assert result["stderr"].count("Last checkpoint saved:") == 1  # one message, from rank 0
     loads(last)
 
 
 @pytest.mark.slow
-def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(tiny_dir, tmp_path):
+def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(tiny_checkpoint, tmp_path):
     """SIGTERM to rank 1 alone, while it grades: rank 0 learns it from the all-reduce at the step end and both stop
     at the same step, rank 0 printing the message. torchrun, which was not signalled, then reports rank 1's status
     143 as a failed worker (its traceback, status 1): what it does for any worker that exits non-zero."""
-    out = tmp_path / "run"
-    proc, _ = start_run(tmp_path, out, tiny_dir, "SIGTERM", "grading", 2, 2, only_rank=1)
-    result = stop_run(proc, tmp_path, out, "SIGTERM", "grading")
+    result, out, _ = _stopped(tmp_path, tiny_checkpoint, "SIGTERM", "grading", 2, only_rank=1)
     stderr = result["stderr"]
-    assert result["seconds"] < STOP_WITHIN_S and not result["left"], stderr[-3000:]
+    assert not result["left"], stderr[-3000:]
     assert "cegppo-train: interrupted (SIGTERM)." in stderr and "exitcode: 143" in stderr, stderr[-3000:]
     last = Path(re.search(r"Last checkpoint saved: (\S+)", stderr)[1])
     assert last.name == f"checkpoint-{max(complete_checkpoints(out))}"

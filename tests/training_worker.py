@@ -65,9 +65,6 @@ def _log_probs(trainer, batch: dict) -> torch.Tensor:
 
 
 class RecordingTrainer(CEGPPOTrainer):
-    """Records the generation batch and the selection of its training rows, every micro-batch the loss saw and the
-    metric lists at each log."""
-
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.generated, self.recorded, self.logged, self.selections = [], [], [], []
