@@ -51,10 +51,6 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def model_dir(cache: Path = CACHE) -> Path:
-    return cache / MODEL_NAME
-
-
 def _file_hashes(directory: Path) -> dict[str, str]:
     return {p.name: sha256(p) for p in sorted(directory.iterdir()) if p.is_file() and p.name != STAMP}
 
@@ -144,7 +140,7 @@ def convert(gguf_file: Path, out: Path) -> None:
 
 def build(cache: Path = CACHE) -> Path:
     """The model directory in `cache`, built if absent or not matching its record; returns its path."""
-    out = model_dir(cache)
+    out = cache / MODEL_NAME
     if built_model_problem(out) is None:
         return out
     cache.mkdir(parents=True, exist_ok=True)

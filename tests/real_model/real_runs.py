@@ -14,12 +14,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-from launching import free_port, subprocess_env
+from launching import launcher, subprocess_env
+from shared import ROOT, run_checked
 
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
 RECIPE = HERE / "smollm2_cpu.yaml"
 RUN_TIMEOUT_S = 1800  # generous: one run takes 1-3 min on 2 idle cores, far more on a loaded machine
 # What the runs add to the recipe: the recording reward beside the recipe's own (math, format).
@@ -37,16 +36,8 @@ def real_model_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_command(argv: list[str], env: dict[str, str], cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    proc = subprocess.run([str(a) for a in argv], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=RUN_TIMEOUT_S)  # fmt: skip
-    if proc.returncode != 0:
-        pytest.fail(
-            f"`{' '.join(map(str, argv))}` failed ({proc.returncode})\n--- stdout ---\n{proc.stdout[-3000:]}\n"
-            f"--- stderr ---\n{proc.stderr[-8000:]}",
-            pytrace=False,
-        )
-    return proc
+def run_command(argv: list, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return run_checked(argv, ROOT, env, timeout=RUN_TIMEOUT_S)
 
 
 @dataclass
@@ -69,15 +60,7 @@ def train(smollm2_dir: Path, out: Path, *, processes: int, lora: bool) -> TrainR
     if processes == 1:
         command = [Path(sys.executable).parent / "cegppo-train", *args]
     else:
-        launcher = [
-            sys.executable, "-m", "accelerate.commands.launch",
-            "--config_file", ROOT / "accelerate_configs" / "multi_gpu.yaml",
-            "--num_processes", str(processes),
-            "--mixed_precision", "no",  # the recipe trains in float32 on CPU; the config says bf16 for GPUs
-            "--main_process_port", str(free_port()),
-            "-m", "cegppo_trl.scripts.train",
-        ]  # fmt: skip
-        command = [*launcher, *args]
+        command = [*launcher(processes, "multi_gpu.yaml"), "-m", "cegppo_trl.scripts.train", *args]
     start = time.perf_counter()
     run_command(command, real_model_env(COMPLETION_LOG_DIR=str(completions)))
     return TrainRun(out, completions, processes, lora, time.perf_counter() - start)
