@@ -112,3 +112,14 @@ def wheel_env(venv: Path) -> dict:
         PYTHONUNBUFFERED="1",
     )
     return env
+
+
+# --- s3e ---
+def load_script(path: Path):
+    """A Python file outside the package (.ci/, experiments/) imported as a module, under its file's name."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
