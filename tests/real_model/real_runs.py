@@ -1,10 +1,6 @@
 """How the real-model tier runs `cegppo-train`: the tier's recipe `smollm2_cpu.yaml` as a user would run it (the
 console command on one process; `accelerate launch ... -m cegppo_trl.scripts.train`, the README's launch of the
-installed command, on two gloo processes).
-
-The runs add one reward, `completion_log.record_completions` (a constant 0.0, loaded by dotted path like any user's
-reward), only to record the prompts, completions and token ids the trainer produced.
-"""
+installed command, on two gloo processes)."""
 
 import os
 import shutil
@@ -21,7 +17,8 @@ from shared import ROOT, run_checked
 HERE = Path(__file__).resolve().parent
 RECIPE = HERE / "smollm2_cpu.yaml"
 RUN_TIMEOUT_S = 1800  # generous: one run takes 1-3 min on 2 idle cores, far more on a loaded machine
-# What the runs add to the recipe: the recording reward beside the recipe's own (math, format).
+# What the runs add to the recipe: beside its own rewards (math, format), one that records the prompts, completions
+# and token ids the trainer produced (completion_log.py: a constant 0.0, loaded by dotted path like a user's reward).
 RECORDING_REWARDS = ("--reward_funcs", "math", "format", "completion_log.record_completions")
 LORA = ("--use_peft", "true", "--lora_r", "8", "--lora_alpha", "16", "--lora_target_modules", "all-linear")
 LORA_LEARNING_RATE = "5.0e-4"  # LoRA moves only its low-rank factors: 10x the full-parameter rate

@@ -62,13 +62,6 @@ def check_grading(report: dict, k: int) -> int:
     return correct
 
 
-def _builtin_eval_file() -> Path:
-    """The raw problems of builtin:arithmetic_eval, as the package ships them."""
-    from importlib.resources import files
-
-    return Path(str(files("cegppo_trl") / "builtin_data" / "arithmetic_eval.jsonl"))
-
-
 def _greedy_reference(model, tokenizer, problems: list[str], instruction: str) -> list[str]:
     import torch
 
@@ -86,6 +79,8 @@ def _greedy_reference(model, tokenizer, problems: list[str], instruction: str) -
 
 
 def test_eval_full_model_greedy_is_what_the_model_writes(full_run, tmp_path):
+    from importlib.resources import files
+
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     report = _evaluate(full_run.out, tmp_path / "greedy.json", "--temperature", "0", "--k", "1", "--batch_size", "1")
@@ -94,7 +89,8 @@ def test_eval_full_model_greedy_is_what_the_model_writes(full_run, tmp_path):
     assert {"instruction", "max_new_tokens"} <= set(settings["from_checkpoint"]), settings
     assert settings["max_new_tokens"] == MAX_NEW_TOKENS and settings["temperature"] == 0
     problems = report["datasets"][DATASET]["problems"]
-    source = [json.loads(line) for line in _builtin_eval_file().read_text().splitlines()[:PROBLEMS]]
+    shipped = files("cegppo_trl").joinpath("builtin_data", "arithmetic_eval.jsonl").read_text()  # the raw problems
+    source = [json.loads(line) for line in shipped.splitlines()[:PROBLEMS]]
     assert [p["solution"] for p in problems] == [row["answer"] for row in source]
     model = AutoModelForCausalLM.from_pretrained(full_run.out)
     tokenizer = AutoTokenizer.from_pretrained(full_run.out)

@@ -1,12 +1,7 @@
 """`cegppo-train` on a real pretrained chat model: SmolLM2-135M-Instruct (built from the package index), with its own
 ChatML chat template and EOS token (`<|im_end|>`), dynamic sampling with 2x over-generation, off-policy updates,
 full-parameter and LoRA, on one process and on two gloo processes (`tests/real_model/smollm2_cpu.yaml`; only sizes
-are shrunk: 64 problems, 48-token completions, 4 steps).
-
-What a run must show: every step logged a finite loss and the CE-GPPO metrics; the model or adapter was saved with
-the prompt settings it was trained with (`cegppo_prompt.json`, `generation_config.json`); the trainer got chat
-messages (which TRL renders with the tokenizer's template) and the completions end at `<|im_end|>`.
-"""
+are shrunk: 64 problems, 48-token completions, 4 steps). What each run must show is in the `check_*` functions."""
 
 import json
 import math
