@@ -79,9 +79,9 @@ def _greedy_reference(model, tokenizer, problems: list[str], instruction: str) -
 
 
 def test_eval_full_model_greedy_is_what_the_model_writes(full_run, tmp_path):
-    from importlib.resources import files
-
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from cegppo_trl.data import BUILTIN_DATASETS
 
     report = _evaluate(full_run.out, tmp_path / "greedy.json", "--temperature", "0", "--k", "1", "--batch_size", "1")
     settings = report["settings"]
@@ -89,8 +89,7 @@ def test_eval_full_model_greedy_is_what_the_model_writes(full_run, tmp_path):
     assert {"instruction", "max_new_tokens"} <= set(settings["from_checkpoint"]), settings
     assert settings["max_new_tokens"] == MAX_NEW_TOKENS and settings["temperature"] == 0
     problems = report["datasets"][DATASET]["problems"]
-    shipped = files("cegppo_trl").joinpath("builtin_data", "arithmetic_eval.jsonl").read_text()  # the raw problems
-    source = [json.loads(line) for line in shipped.splitlines()[:PROBLEMS]]
+    source = [json.loads(line) for line in BUILTIN_DATASETS[DATASET].read_text().splitlines()[:PROBLEMS]]  # raw rows
     assert [p["solution"] for p in problems] == [row["answer"] for row in source]
     model = AutoModelForCausalLM.from_pretrained(full_run.out)
     tokenizer = AutoTokenizer.from_pretrained(full_run.out)
