@@ -101,8 +101,9 @@ def _assert_adapter_trained(out: Path) -> None:
 SHARED_RUNS = {(1, False): "full_run", (2, True): "lora_run"}
 
 
-@pytest.mark.parametrize("processes, lora", [(1, False), (2, True), (2, False), (1, True)],
-                         ids=["full-1", "lora-2", "full-2", "lora-1"])  # fmt: skip
+@pytest.mark.parametrize(
+    "processes, lora", [(1, False), (2, True), (2, False), (1, True)], ids=["full-1", "lora-2", "full-2", "lora-1"]
+)
 def test_training_full_and_lora_on_one_and_two_processes(processes, lora, smollm2_dir, tmp_path, tokenizer, request):
     name = SHARED_RUNS.get((processes, lora))
     run = request.getfixturevalue(name) if name else train(smollm2_dir, tmp_path / "r", processes=processes, lora=lora)
