@@ -24,12 +24,10 @@ from shared import (  # noqa: F401  (re-exported: `from conftest import ...` kee
     PLACEHOLDER_MODELS,
     QUICK_DEMO_ARGS,
     ROOT,
-    RUN_TIMEOUT_S,
     TINY_INSTRUCTION,
     TINY_RECIPE,
     contains_answer_reward,
     cpu_config,
-    make_loss_batch,
     run_checked,
     wheel_env,
 )
@@ -48,10 +46,8 @@ warnings.filterwarnings("ignore", message=".*gradient_checkpointing.*deprecated.
 
 @pytest.fixture
 def one_torch_thread():
-    """One torch thread for in-process runs of the tiny model, as the tests' subprocesses get (`OMP_NUM_THREADS=1`).
-    On a 2-core machine busy with other work one thread runs the 1M-parameter model several times faster than two
-    (they spin waiting for each other; idle, two are about 1.5x faster: docs/entropy_results.md, section 4). Results
-    do not depend on it: 1 or 2 threads give bit-identical runs (README, *The offline demo*)."""
+    """One torch thread for in-process runs of the tiny model, as the tests' subprocesses get (see above; idle, two
+    are about 1.5x faster: docs/entropy_results.md, section 4)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -199,11 +195,8 @@ def stand_ins(tiny_checkpoint) -> dict[str, str]:
     return values
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# End-to-end runs shared by the slow tests: the built wheel installed in a fresh environment, one quick demo and one
-# tiny-recipe training run, both through the wheel's console scripts from a directory outside the checkout. Each
-# runs once per session, on first use; only `slow` tests use them.
-# ----------------------------------------------------------------------------------------------------------------
+# End-to-end runs shared by the slow tests, each made once per session on first use, through the installed wheel's
+# console scripts from a directory outside the checkout.
 
 
 @pytest.fixture(scope="session")
@@ -235,40 +228,30 @@ def wheel_venv(wheel_dist, tmp_path_factory) -> Path:
 
 
 @dataclass
-class DemoRun:
-    cwd: Path  # where `cegppo-demo` ran; the printed eval commands are relative to it
-    out: Path  # cwd / DEMO_OUTPUT
+class ConsoleRun:
+    cwd: Path  # where it ran: the demo's printed eval commands are relative to it; no recipes/ folder for the recipe
+    out: Path  # cwd / DEMO_OUTPUT, or the recipe's --output_dir (builtin:tiny built in out / "tiny-init")
     proc: subprocess.CompletedProcess
-    summary: dict  # results.json
+    summary: dict | None = None  # the demo's results.json
 
 
 @pytest.fixture(scope="session")
-def quick_demo(wheel_venv, tmp_path_factory) -> DemoRun:
-    """`cegppo-demo` + `QUICK_DEMO_ARGS` once, through the installed wheel's console script, in a fresh directory
-    outside the checkout, with the default output directory: what tests/test_demo.py, test_demo_eval.py, test_docs.py
-    and test_wheel.py check."""
+def quick_demo(wheel_venv, tmp_path_factory) -> ConsoleRun:
+    """`cegppo-demo` + `QUICK_DEMO_ARGS`, with the default output directory."""
     cwd = tmp_path_factory.mktemp("quick-demo")
     proc = run_checked(["cegppo-demo", *QUICK_DEMO_ARGS], cwd, wheel_env(wheel_venv))
     out = cwd / DEMO_OUTPUT
-    return DemoRun(cwd, out, proc, json.loads((out / "results.json").read_text()))
-
-
-@dataclass
-class RecipeRun:
-    cwd: Path  # a directory without a recipes/ folder: the recipe was found in the wheel
-    out: Path  # --output_dir; builtin:tiny was built in out / "tiny-init"
-    proc: subprocess.CompletedProcess
+    return ConsoleRun(cwd, out, proc, json.loads((out / "results.json").read_text()))
 
 
 @pytest.fixture(scope="session")
-def tiny_recipe_run(wheel_venv, tmp_path_factory) -> RecipeRun:
-    """`cegppo-train --config recipes/tiny/cegppo/config_cpu.yaml` once, through the installed wheel's console script,
-    from a directory with no recipes/ folder (so the wheel's shipped recipe is used): what tests/test_launch.py,
-    test_docs.py (the docs' `cegppo-train` and `cegppo-plot` commands) and test_wheel.py check."""
+def tiny_recipe_run(wheel_venv, tmp_path_factory) -> ConsoleRun:
+    """`cegppo-train --config recipes/tiny/cegppo/config_cpu.yaml` from a directory with no recipes/ folder (so the
+    wheel's shipped recipe is used)."""
     cwd = tmp_path_factory.mktemp("tiny-recipe")
     assert not (cwd / "recipes").exists()
     proc = run_checked(["cegppo-train", "--config", TINY_RECIPE, "--output_dir", "run"], cwd, wheel_env(wheel_venv))
-    return RecipeRun(cwd, cwd / "run", proc)
+    return ConsoleRun(cwd, cwd / "run", proc)
 
 
 @pytest.fixture(scope="session")

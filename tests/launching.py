@@ -22,7 +22,6 @@ ACCELERATE_CONFIGS = Path(__file__).resolve().parents[1] / "accelerate_configs"
 
 
 def free_port() -> int:
-    """A free TCP port on the loopback interface, for `--main_process_port` / `--master_port`."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -67,13 +66,10 @@ def _crashed(stderr: str) -> bool:
 
 def run_launched(cmd, cwd=None, timeout: float = 1800, clean: Path | None = None) -> subprocess.CompletedProcess:
     """Run a command (a worker or `accelerate launch`) in `subprocess_env()`; fail the test with the command and its
-    output tails if it exits non-zero.
-
-    A multi-process launch whose worker died by SIGABRT or SIGSEGV, with no worker failing in Python, is run once
-    more, with a warning that carries the first run's stderr: a rank of a two-process ZeRO-3 launch died once by
-    SIGABRT on a CI machine (never in 19 repeats on another), its message lost in progress bars. A second such death, or any Python error, fails the test. `clean` (the run's output_dir) is
-    removed before the second run, so that it starts over rather than resuming.
-    """
+    output tails if it exits non-zero. A launch whose worker died by SIGABRT or SIGSEGV, with none failing in Python,
+    is run once more (`clean`, the run's output_dir, removed first so it starts over), with a warning that carries the
+    first stderr: a rank of a two-process ZeRO-3 launch died once by SIGABRT on a CI machine (never in 19 repeats on
+    another), its message lost in progress bars. A second such death, or any Python error, fails the test."""
     cmd = [str(a) for a in cmd]
     for attempt in (1, 2):
         proc = subprocess.run(cmd, cwd=cwd, env=subprocess_env(), capture_output=True, text=True, timeout=timeout)

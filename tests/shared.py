@@ -162,3 +162,14 @@ def assert_saved_settings(path: Path, instruction: str, temperature: float, max_
     assert generation["top_p"] == 1.0 and generation["max_new_tokens"] == max_new_tokens
     sampling = {"temperature": temperature, "top_p": 1.0, "top_k": 0, "max_new_tokens": max_new_tokens}
     assert load_eval_settings(path) == {"instruction": instruction, "system_prompt": "", **sampling}
+
+
+# --- s3e ---
+def load_script(path: Path):
+    """A Python file outside the package (.ci/, experiments/) imported as a module, under its file's name."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -1,21 +1,12 @@
-"""Every version floor pyproject.toml declares is true (issue 20). The floor tier, `python3 .ci/floor_tier.py` (TRL's
+"""Every version floor pyproject.toml declares is true (issue 20): the floor tier, `python3 .ci/floor_tier.py` (TRL's
 `tests_min_versions`), installs every dependency of the dev install at its declared floor and runs the fast tier there,
-so CI runs each fast test twice: at today's versions and at the floors. Here:
+so CI runs each fast test twice: at today's versions and at the floors."""
 
-* the pins the tier installs are exactly pyproject's floors, read independently with `packaging` (no drift);
-* the tier's check of what pip installed names every version off its floor (it runs before the tier's tests);
-* `.ci/run` runs the README's floor-tier command, and the tier runs the README's fast tier with the README's torch pin;
-* `cegppo-train` trains the tiny recipe, SFT warm start included (in the floor tier: with transformers 5.23, the first
-  with the recipes' `activation_checkpointing`).
-"""
-
-import importlib.util
 import shlex
 import subprocess
 import sys
 import tomllib
 from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
 
 import pytest
 from doc_blocks import code_blocks, readme_test_lines
@@ -23,23 +14,22 @@ from launching import MAX_STEPS, assert_trained_full_model, check_logs
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
-from shared import TINY_RECIPE
+from shared import ROOT, TINY_RECIPE, load_script
 
 
-ROOT = Path(__file__).resolve().parents[1]
 FLOOR_TIER = ROOT / ".ci" / "floor_tier.py"
 README_FLOOR_COMMAND = "python3 .ci/floor_tier.py"
 
 
-def _floor_tier_module():
-    spec = importlib.util.spec_from_file_location("floor_tier", FLOOR_TIER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _floor_tier(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(FLOOR_TIER), *args], capture_output=True, text=True, timeout=120)
+
+
+def _floor_pins() -> dict[str, str]:
+    """What `--print` gives: the constraints the tier installs."""
+    proc = _floor_tier("--print")
+    assert proc.returncode == 0, proc.stderr
+    return dict(line.split("==") for line in proc.stdout.splitlines())
 
 
 def _declared_requirements() -> tuple[list[Requirement], set[str]]:
@@ -59,11 +49,9 @@ def _declared_requirements() -> tuple[list[Requirement], set[str]]:
 
 
 def test_floor_pins_are_the_declared_floors():
-    """What `--print` gives (the constraints the tier installs) is each requirement's `>=` / `==` version, inside the
-    requirement's own range, for every base and dev requirement; only the GPU-only vllm extra is left out."""
-    proc = _floor_tier("--print")
-    assert proc.returncode == 0, proc.stderr
-    pins = dict(line.split("==") for line in proc.stdout.splitlines())
+    """Each pin is the requirement's `>=` / `==` version, inside the requirement's own range, for every base and dev
+    requirement; only the GPU-only vllm extra is left out."""
+    pins = _floor_pins()
     requirements, followed = _declared_requirements()
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert set(extras) - followed == {"vllm"}, followed
@@ -89,8 +77,7 @@ def test_floor_check_names_every_version_off_its_floor():
     """`--check` (the tier's step between the install and the tests) on this interpreter: it fails exactly when a
     package is not at its floor, naming each one. In the main environment it names transformers and the others that
     are newer; in the floor tier's it passes."""
-    pins = dict(line.split("==") for line in _floor_tier("--print").stdout.splitlines())
-    pins["torch"] = "2.13.0"  # the CPU pin
+    pins = {**_floor_pins(), "torch": "2.13.0"}  # the CPU pin
     off = []
     for name, floor in pins.items():
         try:
@@ -114,7 +101,7 @@ def test_a_requirement_without_a_floor_is_refused(tmp_path):
         '[project]\nname = "x"\ndependencies = ["trl>=1.16,<1.17", "torchvision<1"]\n'
         '[project.optional-dependencies]\ndev = ["x[plot]"]\nplot = ["matplotlib==3.9.0"]\n'
     )
-    floor_tier = _floor_tier_module()
+    floor_tier = load_script(FLOOR_TIER)
     with pytest.raises(SystemExit, match="'torchvision<1' needs exactly one floor"):
         floor_tier.floor_pins(pyproject)
     pyproject.write_text(pyproject.read_text().replace('"torchvision<1"', '"Tokenizers>=0.23.1"'))
@@ -130,7 +117,7 @@ def test_ci_runs_the_readme_floor_tier_with_the_readme_fast_tier():
     fast, slow = readme_test_lines()
     fast_at = next(i for i, line in enumerate(steps) if line.startswith(fast))
     assert steps.index(README_FLOOR_COMMAND) > fast_at
-    floor_tier = _floor_tier_module()
+    floor_tier = load_script(FLOOR_TIER)
     words = shlex.split(fast)
     assert words[words.index("pytest") - 1 :] == floor_tier.FAST_TIER, fast
     install = next(shlex.split(part) for part in fast.split(" && ") if "pip install" in part)
@@ -139,10 +126,10 @@ def test_ci_runs_the_readme_floor_tier_with_the_readme_fast_tier():
 
 
 def test_cegppo_train_trains_the_tiny_recipe(tmp_path, monkeypatch):
-    """`cegppo-train --config recipes/tiny/cegppo/config_cpu.yaml` in the fast tier, so that the floor tier proves the
-    recipe trains at the floors: its console function in this process (the console script's own start is what
-    test_signals.py and test_train_cli_messages.py run), with 20 of the recipe's 40 SFT warm-start steps (enough for
-    the format reward to tell completions apart; the slow tier runs the recipe as written, from the wheel)."""
+    """In the fast tier, so that the floor tier proves the recipe trains at the floors (SFT warm start included; in the
+    floor tier with transformers 5.23, the first with the recipes' `activation_checkpointing`): the console function
+    in this process, with 20 of the recipe's 40 SFT warm-start steps (enough for the format reward to tell completions
+    apart; the slow tier runs the recipe as written, from the wheel)."""
     from cegppo_trl.scripts.train import main
 
     monkeypatch.chdir(ROOT)

@@ -1,9 +1,5 @@
-"""No function or method body in the library (cegppo_trl/) is over 60 lines, docstring aside (issue 22).
-
-A body is counted from its first statement after the docstring to the function's last line (``end_lineno``), so
-blank lines and comments inside it count, the signature, decorators and docstring do not. Nested functions are
-checked on their own and also count toward the function that holds them.
-"""
+"""No function or method body in the library (cegppo_trl/) is over 60 lines, docstring aside (issue 22). Nested
+functions are checked on their own and also count toward the function that holds them."""
 
 from __future__ import annotations
 
@@ -19,7 +15,8 @@ LIBRARY = Path(cegppo_trl.__file__).resolve().parent
 
 
 def body_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
-    """Lines from the first statement after the docstring to the end of the function."""
+    """Lines from the first statement after the docstring to the function's last line (`end_lineno`): blank lines
+    and comments inside the body count, the signature, decorators and docstring do not."""
     body = node.body
     if ast.get_docstring(node, clean=False) is not None:
         body = body[1:]
@@ -29,7 +26,7 @@ def body_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
 
 
 def long_functions(source: str, filename: str, limit: int = MAX_BODY_LINES) -> list[str]:
-    """``"file:line qualified.name (N lines)"`` for each function or method of ``source`` whose body is over ``limit``."""
+    """`"file:line qualified.name (N lines)"` for each function or method of `source` whose body is over `limit`."""
     found = []
 
     def visit(node: ast.AST, prefix: str) -> None:
@@ -50,12 +47,8 @@ def long_functions(source: str, filename: str, limit: int = MAX_BODY_LINES) -> l
     return found
 
 
-def library_files() -> list[Path]:
-    return sorted(LIBRARY.rglob("*.py"))
-
-
 def test_no_library_function_body_is_over_60_lines():
-    files = library_files()
+    files = sorted(LIBRARY.rglob("*.py"))
     assert len(files) > 10, f"expected the package's modules under {LIBRARY}"
     offenders = [
         entry

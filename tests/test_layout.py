@@ -1,7 +1,6 @@
-"""The layout: nothing outside the demo package (`cegppo_trl.demo`: demo, toy, plots) imports it, the command-line
-scripts included; the tiny model that `builtin:tiny` builds is a library module (`cegppo_trl.tiny_model`); no import
-cycle in the package; no library module imports a command-line one (`cegppo_trl.scripts.*`). Every import is read
-with `ast`, also those inside functions."""
+"""The package's layout, from every import read with `ast` (also those inside functions): the demo package
+(`cegppo_trl.demo`) is imported by nothing outside it, there is no import cycle, and the command-line scripts sit
+on top."""
 
 import ast
 from pathlib import Path
@@ -53,7 +52,6 @@ LIBRARY = sorted(p for p in PACKAGE.rglob("*.py") if p.relative_to(PACKAGE).part
 
 
 def test_the_walk_sees_every_kind_of_import():
-    """The walker itself: absolute, relative (one and two levels), `from package import module`, inside functions."""
     code = (
         "import cegppo_trl.demo.run\nfrom ..demo import tiny\nfrom . import helper\n"
         "def f():\n    from ..demo.toy import run_toy\n    from cegppo_trl import demo\n"
@@ -94,7 +92,6 @@ def test_library_does_not_import_the_demo(path):
 
 
 def test_builtin_tiny_comes_from_the_library():
-    """`builtin:tiny` is built by the library's tiny-model module, which the launch script imports."""
     assert "cegppo_trl.tiny_model.materialize_tiny" in imports_of(LAUNCH_SCRIPT)
     assert not (PACKAGE / "demo" / "tiny.py").exists(), "the tiny model lives in cegppo_trl/tiny_model.py"
 
@@ -147,7 +144,6 @@ def test_no_import_cycle_in_the_package():
 
 
 def test_nothing_below_the_scripts_imports_a_script():
-    """The command-line modules (`cegppo_trl.scripts.*`) sit on top: no library module imports one."""
     below = [name for name in MODULES if not name.startswith("cegppo_trl.scripts")]
     upward = {n: sorted(m for m in _imported_package_modules(n) if m.startswith("cegppo_trl.scripts")) for n in below}
     assert not {n: m for n, m in upward.items() if m}, upward

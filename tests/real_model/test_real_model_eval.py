@@ -62,13 +62,6 @@ def check_grading(report: dict, k: int) -> int:
     return correct
 
 
-def _builtin_eval_file() -> Path:
-    """The raw problems of builtin:arithmetic_eval, as the package ships them."""
-    from importlib.resources import files
-
-    return Path(str(files("cegppo_trl") / "builtin_data" / "arithmetic_eval.jsonl"))
-
-
 def _greedy_reference(model, tokenizer, problems: list[str], instruction: str) -> list[str]:
     import torch
 
@@ -88,13 +81,15 @@ def _greedy_reference(model, tokenizer, problems: list[str], instruction: str) -
 def test_eval_full_model_greedy_is_what_the_model_writes(full_run, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from cegppo_trl.data import BUILTIN_DATASETS
+
     report = _evaluate(full_run.out, tmp_path / "greedy.json", "--temperature", "0", "--k", "1", "--batch_size", "1")
     settings = report["settings"]
     # The prompt and length came from the checkpoint; the temperature from the flag.
     assert {"instruction", "max_new_tokens"} <= set(settings["from_checkpoint"]), settings
     assert settings["max_new_tokens"] == MAX_NEW_TOKENS and settings["temperature"] == 0
     problems = report["datasets"][DATASET]["problems"]
-    source = [json.loads(line) for line in _builtin_eval_file().read_text().splitlines()[:PROBLEMS]]
+    source = [json.loads(line) for line in BUILTIN_DATASETS[DATASET].read_text().splitlines()[:PROBLEMS]]  # raw rows
     assert [p["solution"] for p in problems] == [row["answer"] for row in source]
     model = AutoModelForCausalLM.from_pretrained(full_run.out)
     tokenizer = AutoTokenizer.from_pretrained(full_run.out)

@@ -14,17 +14,10 @@ from real_runs import ROOT, real_model_env, run_command
 pytestmark = pytest.mark.real_model
 
 
-def _numbers(value):
-    if isinstance(value, bool):
-        return
-    if isinstance(value, (int, float)):
-        yield float(value)
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _numbers(item)
-    elif isinstance(value, list):
-        for item in value:
-            yield from _numbers(item)
+def _numbers(value) -> list[float]:
+    if isinstance(value, dict | list):
+        return [n for item in (value.values() if isinstance(value, dict) else value) for n in _numbers(item)]
+    return [float(value)] if isinstance(value, int | float) and not isinstance(value, bool) else []
 
 
 def test_learning_command_writes_its_table_and_figure(smollm2_dir, tmp_path):

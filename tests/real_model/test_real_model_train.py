@@ -1,19 +1,14 @@
 """`cegppo-train` on a real pretrained chat model: SmolLM2-135M-Instruct (built from the package index), with its own
 ChatML chat template and EOS token (`<|im_end|>`), dynamic sampling with 2x over-generation, off-policy updates,
 full-parameter and LoRA, on one process and on two gloo processes (`tests/real_model/smollm2_cpu.yaml`; only sizes
-are shrunk: 64 problems, 48-token completions, 4 steps).
-
-What a run must show: every step logged a finite loss and the CE-GPPO metrics; the model or adapter was saved with
-the prompt settings it was trained with (`cegppo_prompt.json`, `generation_config.json`); the trainer got chat
-messages (which TRL renders with the tokenizer's template) and the completions end at `<|im_end|>`.
-"""
+are shrunk: 64 problems, 48-token completions, 4 steps). What each run must show is in the `check_*` functions."""
 
 import json
 import math
 from pathlib import Path
 
 import pytest
-from launching import STEP_METRICS
+from launching import assert_trained_full_model, logged_steps
 from real_runs import train
 
 
@@ -25,24 +20,14 @@ IM_END = 2  # <|im_end|>: the tokenizer's eos_token and the model's eos_token_id
 INSTRUCTION = "{problem} Put the final answer in \\boxed{}."
 
 
-def _step_logs(out: Path) -> list[dict]:
-    state = json.loads((out / "trainer_state.json").read_text())
-    assert state["global_step"] == MAX_STEPS
-    steps = [e for e in state["log_history"] if "loss" in e]
-    assert [e["step"] for e in steps] == list(range(1, MAX_STEPS + 1))
-    return steps
-
-
 def _defined(value) -> bool:
     return value is not None and math.isfinite(value)
 
 
 def check_logs(out: Path, clipping: bool) -> list[dict]:
     """Finite losses and the CE-GPPO metrics at every step; with `clipping`, some off-policy step clipped tokens."""
-    steps = _step_logs(out)
+    steps = logged_steps(out, MAX_STEPS)
     for entry in steps:
-        missing = [m for m in STEP_METRICS if m not in entry]
-        assert not missing, f"step {entry['step']} lacks {missing}"
         assert _defined(entry["loss"]) and _defined(entry["grad_norm"]), entry
         assert (entry["cegppo/beta1"], entry["cegppo/beta2"]) == (0.5, 1.0)
         # A token share is undefined (None) only at a step that trained no group (dynamic sampling kept none).
@@ -104,15 +89,6 @@ def tokenizer(smollm2_dir):
     return AutoTokenizer.from_pretrained(smollm2_dir)
 
 
-def _assert_full_model_trained(out: Path, start: Path) -> None:
-    import torch
-    from safetensors.torch import load_file
-
-    trained, initial = load_file(out / "model.safetensors"), load_file(start / "model.safetensors")
-    assert trained.keys() == initial.keys()
-    assert any(not torch.equal(trained[k], initial[k]) for k in trained), "the saved weights are the initial ones"
-
-
 def _assert_adapter_trained(out: Path) -> None:
     from safetensors.torch import load_file
 
@@ -121,28 +97,18 @@ def _assert_adapter_trained(out: Path) -> None:
     assert lora_b and any(t.abs().sum() > 0 for t in lora_b), "LoRA B matrices are still zero: nothing was trained"
 
 
-def test_full_one_process(full_run, smollm2_dir, tokenizer):
-    check_logs(full_run.out, clipping=True)
-    check_prompt_settings(full_run.out)
-    check_completions(full_run, tokenizer)
-    _assert_full_model_trained(full_run.out, smollm2_dir)
-    print(f"full, 1 process: {full_run.seconds:.0f} s")
+# The session's shared runs (conftest.py; test_real_model_eval.py evaluates what they saved); the others run here.
+SHARED_RUNS = {(1, False): "full_run", (2, True): "lora_run"}
 
 
-def test_lora_two_processes(lora_run, tokenizer):
-    check_logs(lora_run.out, clipping=False)
-    check_prompt_settings(lora_run.out)
-    check_completions(lora_run, tokenizer)
-    _assert_adapter_trained(lora_run.out)
-    print(f"LoRA, 2 processes: {lora_run.seconds:.0f} s")
-
-
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_the_other_combinations(lora, smollm2_dir, tmp_path, tokenizer):
-    """Full-parameter on two processes and LoRA on one: the combinations the shared runs above leave out."""
-    run = train(smollm2_dir, tmp_path / "run", processes=1 if lora else 2, lora=lora)
+@pytest.mark.parametrize(
+    "processes, lora", [(1, False), (2, True), (2, False), (1, True)], ids=["full-1", "lora-2", "full-2", "lora-1"]
+)
+def test_training_full_and_lora_on_one_and_two_processes(processes, lora, smollm2_dir, tmp_path, tokenizer, request):
+    name = SHARED_RUNS.get((processes, lora))
+    run = request.getfixturevalue(name) if name else train(smollm2_dir, tmp_path / "r", processes=processes, lora=lora)
     check_logs(run.out, clipping=not lora)
     check_prompt_settings(run.out)
     check_completions(run, tokenizer)
-    _assert_adapter_trained(run.out) if lora else _assert_full_model_trained(run.out, smollm2_dir)
-    print(f"{'LoRA' if lora else 'full'}, {run.processes} process(es): {run.seconds:.0f} s")
+    _assert_adapter_trained(run.out) if lora else assert_trained_full_model(run.out, smollm2_dir)
+    print(f"{'LoRA' if lora else 'full'}, {processes} process(es): {run.seconds:.0f} s")

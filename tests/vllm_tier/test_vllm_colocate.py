@@ -10,12 +10,11 @@ text against the trainer's just before and just after it (`vllm_runs.ColocateRun
 
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from shared import contains_answer_reward
+from shared import ROOT, contains_answer_reward, run_checked
 from vllm_runs import COLOCATE, plain_cpu_linear, run_colocate, save_vllm_model
 
 
@@ -31,7 +30,6 @@ def vllm_model_dir(tiny_tokenizer, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def full_run(vllm_model_dir, arithmetic_dataset, tmp_path_factory):
-    """Full fine-tuning, TRL's importance-sampling correction on (its default)."""
     with plain_cpu_linear():
         return run_colocate(
             vllm_model_dir, arithmetic_dataset, contains_answer_reward, tmp_path_factory.mktemp("full") / "model"
@@ -40,8 +38,8 @@ def full_run(vllm_model_dir, arithmetic_dataset, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def lora_run(vllm_model_dir, arithmetic_dataset, tmp_path_factory):
-    """LoRA on every linear layer (TRL merges the adapter into the weights it sends to vLLM), the IS correction off;
-    LoRA's usual 10x learning rate."""
+    """LoRA on every linear layer (TRL merges the adapter into the weights it sends to vLLM); LoRA's usual 10x
+    learning rate."""
     from peft import LoraConfig
 
     lora = LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM")
@@ -106,8 +104,7 @@ def cegppo_eval(model, backend: str, output: Path, *flags: str) -> dict:
     ]  # fmt: skip
     if backend == "vllm":
         argv += ["--max-model-len", "256"]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_checked(argv, ROOT, timeout=900)
     (report,) = json.loads(output.read_text())["datasets"].values()
     return report
 

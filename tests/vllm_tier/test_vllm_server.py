@@ -1,14 +1,13 @@
 """`vllm_mode="server"` as far as a CPU allows: vLLM's own server started by the test as TRL 1.16 recommends in place
 of the deprecated `trl vllm-serve` (`VLLM_SERVER_DEV_MODE=1 vllm serve ...` with the settings of TRL's `build_command`;
-a subprocess on a free port, stopped by its PID), generation through TRL's `VLLMClient`, and training against it, which TRL 1.16 refuses without
-CUDA (its weight sync runs on vLLM's NCCL engine): the test checks that the refusal is TRL's own NotImplementedError
-and that nothing of ours fails first. And with no server answering, the trainer fails within TRL's
+a subprocess on a free port, stopped by its PID), generation through TRL's `VLLMClient`, and training against it,
+which TRL 1.16 refuses without CUDA (its weight sync runs on vLLM's NCCL engine): the refusal is TRL's own
+NotImplementedError and nothing of ours fails first. With no server answering, the trainer fails within TRL's
 `vllm_server_timeout`, not later."""
 
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import traceback
 from pathlib import Path
 
 import pytest
+from launching import free_port
 from shared import contains_answer_reward, cpu_config
 from vllm_runs import COLOCATE, save_vllm_model
 
@@ -25,23 +25,18 @@ pytestmark = pytest.mark.vllm
 SERVER_START_S = 600  # 3 processes each importing vLLM: ~1.5 min on 2 busy cores
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def server_config(output_dir, base_url: str, timeout_s: float):
-    from cegppo_trl import CEGPPOConfig
+def server_trainer(model, dataset, output_dir, base_url: str, timeout_s: float):
+    from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
 
     options = {**COLOCATE, "vllm_mode": "server", "vllm_server_base_url": base_url, "vllm_server_timeout": timeout_s}
-    return cpu_config(CEGPPOConfig, output_dir, **options)
+    args = cpu_config(CEGPPOConfig, output_dir, **options)
+    return CEGPPOTrainer(model=str(model), reward_funcs=contains_answer_reward, args=args, train_dataset=dataset)
 
 
 @pytest.fixture(scope="module")
 def vllm_server(tiny_tokenizer, tmp_path_factory):
-    """`vllm serve` on the tiny model, as `trl vllm-serve` tells to run it; yields (its base URL, the model's folder); stopped by PID (SIGTERM, then SIGKILL to its process
-    group if it has not exited after 60 s)."""
+    """`vllm serve` on the tiny model, as `trl vllm-serve` tells to run it; yields (its base URL, the model's folder).
+    Stopped by PID (SIGTERM, then SIGKILL to its process group if it has not exited after 60 s)."""
     import requests
 
     model = save_vllm_model(tiny_tokenizer, tmp_path_factory.mktemp("server-model") / "tiny")
@@ -91,14 +86,9 @@ def test_generation_through_trls_client(vllm_server, tiny_tokenizer):
 
 
 def test_training_in_server_mode_is_refused_by_trl_only(vllm_server, arithmetic_dataset, tmp_path):
-    from cegppo_trl import CEGPPOTrainer
-
     url, model = vllm_server
-    args = server_config(tmp_path / "run", url, timeout_s=30)
     with pytest.raises(NotImplementedError, match="needs a CUDA device") as refused:
-        CEGPPOTrainer(
-            model=str(model), reward_funcs=contains_answer_reward, args=args, train_dataset=arithmetic_dataset
-        )
+        server_trainer(model, arithmetic_dataset, tmp_path / "run", url, timeout_s=30)
     raised_in = traceback.extract_tb(refused.tb)[-1].filename
     assert raised_in.endswith(os.path.join("trl", "generation", "vllm_client.py")), raised_in
 
@@ -106,15 +96,10 @@ def test_training_in_server_mode_is_refused_by_trl_only(vllm_server, arithmetic_
 def test_no_server_answering_fails_within_trls_timeout(tiny_tokenizer, arithmetic_dataset, tmp_path):
     import requests
 
-    from cegppo_trl import CEGPPOTrainer
-
     model = save_vllm_model(tiny_tokenizer, tmp_path / "tiny")
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    args = server_config(tmp_path / "run", url, timeout_s=4)
     start = time.monotonic()
     # TRL's own error (requests' ConnectionError, one line naming the URL and the timeout); nothing of ours before it.
     with pytest.raises(requests.ConnectionError, match=re.escape(f"can't be reached at {url} after 4 seconds")):
-        CEGPPOTrainer(
-            model=str(model), reward_funcs=contains_answer_reward, args=args, train_dataset=arithmetic_dataset
-        )
+        server_trainer(model, arithmetic_dataset, tmp_path / "run", url, timeout_s=4)
     assert time.monotonic() - start < 4 + 60  # the timeout, plus loading the tiny model on a busy machine

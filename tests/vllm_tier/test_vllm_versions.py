@@ -15,15 +15,20 @@ def vllm_warnings(record) -> list[str]:
     return [str(w.message) for w in record if "cegppo-trl is tested with vLLM" in str(w.message)]
 
 
-def test_the_installed_vllm_is_the_tested_one(tmp_path):
+def config_warnings(output_dir, use_vllm: bool) -> list[str]:
     from cegppo_trl import CEGPPOConfig
+
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        cpu_config(CEGPPOConfig, output_dir, use_vllm=use_vllm)
+    return vllm_warnings(record)
+
+
+def test_the_installed_vllm_is_the_tested_one(tmp_path):
     from cegppo_trl.vllm_support import TESTED_VLLM, installed_vllm_version
 
     assert installed_vllm_version() == "0.30.0+cpu" and TESTED_VLLM == ">=0.30.0,<0.31"
-    with warnings.catch_warnings(record=True) as record:
-        warnings.simplefilter("always")
-        cpu_config(CEGPPOConfig, tmp_path, use_vllm=True)
-    assert vllm_warnings(record) == []
+    assert config_warnings(tmp_path, use_vllm=True) == []
 
 
 @pytest.fixture
@@ -36,14 +41,8 @@ def untested_vllm(monkeypatch):
 
 
 def test_untested_vllm_warns_once_at_the_config(untested_vllm, tmp_path):
-    from cegppo_trl import CEGPPOConfig
-
-    with warnings.catch_warnings(record=True) as record:
-        warnings.simplefilter("always")
-        cpu_config(CEGPPOConfig, tmp_path, use_vllm=False)
-        assert vllm_warnings(record) == []  # not using vLLM: not a word
-        cpu_config(CEGPPOConfig, tmp_path, use_vllm=True)
-    (message,) = vllm_warnings(record)
+    assert config_warnings(tmp_path, use_vllm=False) == []  # not using vLLM: not a word
+    (message,) = config_warnings(tmp_path, use_vllm=True)
     assert "\n" not in message
     assert (
         message.startswith("use_vllm=True: vLLM 0.31.1 is installed") and "pip install 'cegppo-trl[vllm]'" in message
