@@ -112,3 +112,17 @@ def wheel_env(venv: Path) -> dict:
         PYTHONUNBUFFERED="1",
     )
     return env
+
+
+# --- s3b ---
+def parse_train_args(*argv: str):
+    """`cegppo-train`'s parse of `argv` + `--use_cpu true` (no GPU here: a recipe's `bf16: true` then parses), failing
+    on a deprecated option (ours, TRL's or transformers' warn with a FutureWarning or DeprecationWarning)."""
+    import warnings
+
+    from cegppo_trl.scripts.train import make_parser
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        warnings.simplefilter("error", DeprecationWarning)
+        return make_parser().parse_args_and_config(args=[*map(str, argv), "--use_cpu", "true"])
