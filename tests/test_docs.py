@@ -19,23 +19,25 @@ import ast
 import contextlib
 import functools
 import io
+import json
 import re
 import runpy
 import shlex
 import subprocess
 import sys
+import tomllib
 import warnings
 from pathlib import Path
 
 import pytest
-from doc_blocks import FAST_CONFIG, code_blocks, readme_test_lines, swap_ids
+from doc_blocks import DOCS, FAST_CONFIG, code_blocks, readme_quick_start, readme_test_lines, swap_ids
 from launching import subprocess_env
-from shared import DEMO_OUTPUT, HUB_MODELS, TINY_RECIPE, run_checked
+from shared import DEMO_OUTPUT, HUB_MODELS, TINY_RECIPE, parse_train_args, run_checked
 
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BIN = Path(sys.executable).parent
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 # Placeholders the docs use in commands.
 PLACEHOLDER_RUNS = ("RUN_DIR",)
@@ -91,11 +93,6 @@ def classify(argv: list[str]) -> str:
     if prog == "sbatch":
         return "sbatch"
     return "unknown"
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Fixtures: the local stand-ins
-# ----------------------------------------------------------------------------------------------------------------
 
 
 def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
@@ -155,12 +152,6 @@ def test_python_blocks_run(doc, stand_ins, tmp_path, monkeypatch):
         assert trainer.state.global_step == FAST_CONFIG["max_steps"], f"{doc.name}: the trainer did not train"
 
 
-def test_readme_quick_start_is_the_first_python_block():
-    first = next(b for b in code_blocks(ROOT / "README.md") if b.lang == "python")
-    assert first.skip_reason is None
-    assert "from cegppo_trl import" in first.body and "trainer.train()" in first.body
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # Shell commands
 # ----------------------------------------------------------------------------------------------------------------
@@ -179,23 +170,20 @@ def test_every_command_has_a_kind():
     assert not unknown, "commands the doc harness does not know how to check:\n" + "\n".join(unknown)
 
 
-def _pyproject_extras() -> set[str]:
-    import tomllib
-
-    return set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
-
-
 def _ci_steps() -> list[str]:
     return [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.strip()]
 
 
 def test_readme_first_screen_has_the_commands_then_the_quick_start():
     """Before the README's first section: a one-sentence description, the install + demo command, the test command
-    and the slow-tier command beside it, then the Python quick start."""
+    and the slow-tier command beside it, then the Python quick start (the README's first python block)."""
     readme = (ROOT / "README.md").read_text()
     first_screen = readme[: readme.index("\n## ")]
     fast, slow = readme_test_lines()
-    for text in ("cegppo-demo", fast, slow, "from cegppo_trl import", "trainer.train()"):
+    quick_start = readme_quick_start()
+    assert quick_start.skip_reason is None and quick_start.body in first_screen
+    assert "from cegppo_trl import" in quick_start.body and "trainer.train()" in quick_start.body
+    for text in ("cegppo-demo", fast, slow):
         assert text in first_screen, f"the README's first screen lacks {text!r}"
     intro = first_screen[first_screen.index("\n") : first_screen.index("```")]  # between the title and the commands
     assert "drop-in replacement for TRL's `GRPOTrainer`" in intro, intro
@@ -214,11 +202,9 @@ def test_readme_test_command_is_ci():
     assert shlex.split(slow)[2:] == ["pytest", "tests", "-q", "-m", "slow"], slow
     lint = fast.index("ruff check"), fast.index("ruff format --check")
     assert max(lint) < fast.index("pytest"), "the README's test command lints before the tests"
-    steps = _ci_steps()
-    runs = [i for i, line in enumerate(steps) if line.split(" || ")[0] == fast]
-    slows = [i for i, line in enumerate(steps) if line.split(" || ")[0] == slow]
-    assert runs, f"README test command not in .ci/run: {fast}"
-    assert slows and runs[0] < slows[0], f".ci/run does not run the slow tier ({slow}) after the README's command"
+    steps = _ci_steps()  # each tier passes over "no test selected" (test below)
+    fast_at, slow_at = (steps.index(f"{command} || no_test_is_ok") for command in (fast, slow))
+    assert fast_at < slow_at, f".ci/run does not run the slow tier ({slow}) after the README's command"
 
 
 def test_ci_runs_the_readme_tiers_of_what_users_run():
@@ -236,9 +222,6 @@ def test_ci_accepts_a_tier_that_selects_no_test():
     """pytest exits 5 when a marker selects no test; `.ci/run` passes over that and fails on any other status."""
     steps = _ci_steps()
     handler = next(line for line in steps if line.startswith("no_test_is_ok()"))
-    fast, slow = readme_test_lines()
-    for command in (fast, slow):
-        assert next(line for line in steps if line.split(" || ")[0] == command) == f"{command} || no_test_is_ok"
     for status, expected in ((0, 0), (5, 0), (1, 1), (2, 2)):
         script = f"set -euo pipefail\n{handler}\n(exit {status}) || no_test_is_ok\necho reached"
         proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
@@ -248,7 +231,7 @@ def test_ci_accepts_a_tier_that_selects_no_test():
 @pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "install"], ids=lambda c: _id(c))
 def test_install_commands_name_real_extras(item):
     _, argv = item
-    extras = _pyproject_extras()
+    extras = set(PYPROJECT["project"]["optional-dependencies"])
     for word in argv:
         for group in re.findall(r"\[([\w,-]+)\]", word):
             for extra in group.split(","):
@@ -260,11 +243,9 @@ def test_install_commands_name_real_extras(item):
 @pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "lint"], ids=lambda c: _id(c))
 def test_lint_commands_pass_with_the_pinned_ruff(item):
     """Each lint command of the docs passes on the checkout, run by the ruff version the dev extra pins."""
-    import tomllib
-
     _, argv = item
     assert argv[1] in ("check", "format"), argv
-    dev = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["dev"]
+    dev = PYPROJECT["project"]["optional-dependencies"]["dev"]
     pinned = next(spec.split("==")[1] for spec in dev if spec.startswith("ruff=="))
     assert _run([str(BIN / "ruff"), "--version"], cwd=ROOT).stdout.split()[1] == pinned
     proc = subprocess.run([str(BIN / "ruff"), *argv[1:]], cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -281,9 +262,7 @@ def test_pytest_commands_name_real_paths(item):
         assert (ROOT / word.split("::")[0]).exists(), f"`{shlex.join(argv)}`: {word} does not exist"
     for i, word in enumerate(words[:-1]):
         if word == "-m":  # a marker expression names registered markers only
-            import tomllib
-
-            markers = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]
+            markers = PYPROJECT["tool"]["pytest"]["ini_options"]["markers"]
             registered = {m.split(":")[0].strip() for m in markers}
             used = set(re.findall(r"\w+", words[i + 1])) - {"not", "and", "or"}
             assert used <= registered, f"`{shlex.join(argv)}` selects unregistered markers {used - registered}"
@@ -323,9 +302,8 @@ def _console(name: str, args: list[str], cwd: Path, monkeypatch, capsys) -> str:
     docs' commands check our code; the console scripts' own start is tested where it matters (test_signals.py,
     test_train_cli_messages.py). Returns its stdout."""
     import pkgutil
-    import tomllib
 
-    entry = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"][name]
+    entry = PYPROJECT["project"]["scripts"][name]
     monkeypatch.chdir(cwd)
     monkeypatch.setattr(sys, "argv", [name, *args])
     status = pkgutil.resolve_name(entry)()
@@ -379,24 +357,14 @@ def test_train_commands(item, tmp_path, request):
 
 
 def _parse_training_args(train_args: list[str]):
-    """Parse a GPU training command through the script's own parser (+ `--use_cpu true`: no GPU here)."""
-    import warnings
-
-    from cegppo_trl.scripts.train import make_parser
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        script_args, training_args, model_args = make_parser().parse_args_and_config(
-            args=[*train_args, "--use_cpu", "true"]
-        )
+    script_args, _, model_args = parse_train_args(*train_args)
     assert model_args.model_name_or_path and script_args.dataset_name
-    return script_args, training_args, model_args
 
 
 @pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "accelerate"], ids=lambda c: _id(c))
 def test_accelerate_launches(item):
-    """Every `accelerate launch`: its accelerate config loads and its recipe validates. The CPU-runnable ones (tiny
-    recipe, `--mixed_precision no`) are what `tests/test_launch.py` runs, with the same configs."""
+    """Every `accelerate launch`: its accelerate config loads and its recipe validates. Which configs and recipes
+    they launch: tests/test_recipe_walk.py::test_doc_launch_lines_use_a_walked_config_and_recipe."""
     from accelerate.commands.config.config_args import load_config_from_file
     from accelerate.commands.launch import launch_command_parser
 
@@ -407,10 +375,7 @@ def test_accelerate_launches(item):
     config = load_config_from_file(str(ROOT / launch_args.config_file))
     assert config.distributed_type is not None
     _parse_training_args(argv[script_at + 1 :])
-    if _is_cpu_recipe(argv):
-        assert launch_args.mixed_precision == "no", "CPU launches need --mixed_precision no"
-        covered = {"multi_gpu.yaml", "zero2.yaml", "zero3.yaml", "fsdp2.yaml"}  # what tests/test_launch.py runs
-        assert Path(launch_args.config_file).name in covered and Path(TINY_RECIPE).name in argv[-1]
+    assert launch_args.mixed_precision == "no" or not _is_cpu_recipe(argv), "CPU launches need --mixed_precision no"
 
 
 @pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "vllm"], ids=lambda c: _id(c))
@@ -474,8 +439,6 @@ def test_eval_commands(item, stand_ins, tmp_path, request, monkeypatch, capsys):
     it reproduces the demo's held-out figure); any other command on the demo's output runs here and must reproduce
     the figure too."""
     _, argv = item
-    import json
-
     cmd = _replace(argv[1:], stand_ins)
     on_demo = _on_demo(cmd)
     cwd = request.getfixturevalue("quick_demo").cwd if on_demo else tmp_path
