@@ -126,3 +126,19 @@ def parse_train_args(*argv: str):
         warnings.simplefilter("error", FutureWarning)
         warnings.simplefilter("error", DeprecationWarning)
         return make_parser().parse_args_and_config(args=[*map(str, argv), "--use_cpu", "true"])
+
+
+def assert_trained_lora_adapter(output_dir: Path, base_dir: Path):
+    """`output_dir` holds a LoRA adapter (no full model) that loads on the model in `base_dir` and trained: its B
+    matrices (zero at the start) are not all zero."""
+    import warnings
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    assert (output_dir / "adapter_config.json").is_file() and not (output_dir / "model.safetensors").exists()
+    with warnings.catch_warnings():  # peft asks transformers' deprecated `is_gradient_checkpointing`
+        warnings.simplefilter("ignore", FutureWarning)
+        model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir), output_dir)
+    lora_b = [p for n, p in model.named_parameters() if "lora_B" in n]
+    assert lora_b and any(p.abs().sum() > 0 for p in lora_b), "LoRA B matrices are still zero: nothing trained"

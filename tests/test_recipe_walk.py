@@ -17,7 +17,6 @@ import json
 import re
 import shlex
 import time
-import warnings
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,7 @@ import torch
 import yaml
 from doc_blocks import DOCS, code_blocks
 from launching import assert_trained_full_model, launcher, logged_steps, run_launched
-from shared import parse_train_args, recipe_id
+from shared import assert_trained_lora_adapter, parse_train_args, recipe_id
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -354,30 +353,22 @@ def _check_training_args(output_dir: Path, values: dict):
 
 
 def _check_saved_model(output_dir: Path, values: dict, model_dir: Path):
-    from transformers import AutoModelForCausalLM
+    if not values.get("use_peft"):
+        return assert_trained_full_model(output_dir, model_dir)
+    adapter = json.loads((output_dir / "adapter_config.json").read_text())
+    assert adapter["r"] == values["lora_r"] and adapter["lora_alpha"] == values["lora_alpha"]
+    assert adapter["lora_dropout"] == values.get("lora_dropout", 0.05)
+    if values.get("lora_target_modules") == "all-linear":
+        from transformers import AutoModelForCausalLM
 
-    base = AutoModelForCausalLM.from_pretrained(model_dir)
-    if values.get("use_peft"):
-        from peft import PeftModel
-
-        assert (output_dir / "adapter_config.json").is_file() and not (output_dir / "model.safetensors").exists()
-        adapter = json.loads((output_dir / "adapter_config.json").read_text())
-        assert adapter["r"] == values["lora_r"] and adapter["lora_alpha"] == values["lora_alpha"]
-        assert adapter["lora_dropout"] == values.get("lora_dropout", 0.05)
-        if values.get("lora_target_modules") == "all-linear":
-            linear = {
-                name.rsplit(".", 1)[-1]
-                for name, module in base.named_modules()
-                if isinstance(module, torch.nn.Linear) and "lm_head" not in name
-            }
-            assert set(adapter["target_modules"]) == linear
-        with warnings.catch_warnings():  # peft asks transformers' deprecated `is_gradient_checkpointing`
-            warnings.simplefilter("ignore", FutureWarning)
-            model = PeftModel.from_pretrained(base, output_dir)
-        lora_b = [p for n, p in model.named_parameters() if "lora_B" in n]
-        assert lora_b and any(p.abs().sum() > 0 for p in lora_b), "LoRA B matrices are still zero: nothing trained"
-        return
-    assert_trained_full_model(output_dir, model_dir)
+        base = AutoModelForCausalLM.from_pretrained(model_dir)
+        linear = {
+            name.rsplit(".", 1)[-1]
+            for name, module in base.named_modules()
+            if isinstance(module, torch.nn.Linear) and "lm_head" not in name
+        }
+        assert set(adapter["target_modules"]) == linear
+    assert_trained_lora_adapter(output_dir, model_dir)
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from doc_blocks import FAST_CONFIG, code_blocks, swap_ids
+from doc_blocks import FAST_CONFIG, readme_quick_start, swap_ids
 from shared import run_checked, wheel_env
 
 
@@ -71,7 +71,7 @@ def test_installed_package_is_the_wheel(wheel_venv, tmp_path):
 
 def test_quick_start_from_the_wheel(wheel_venv, stand_ins, tmp_path):
     """The README's first python block, with the doc harness's stand-ins, in the wheel's environment."""
-    block = next(b for b in code_blocks(ROOT / "README.md") if b.lang == "python")
+    block = readme_quick_start()
     script = tmp_path / "quick_start.py"
     script.write_text(
         "import cegppo_trl\n"
