@@ -142,3 +142,15 @@ def assert_trained_lora_adapter(output_dir: Path, base_dir: Path):
         model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir), output_dir)
     lora_b = [p for n, p in model.named_parameters() if "lora_B" in n]
     assert lora_b and any(p.abs().sum() > 0 for p in lora_b), "LoRA B matrices are still zero: nothing trained"
+
+
+def assert_trls_vllm_serve_settings(argv: list[str]):
+    """A `vllm serve` command line carries every setting TRL 1.16's `trl vllm-serve` imposes (its `build_command`),
+    with its value, and `--enable-scale-out` (added only with vllm >= 0.30.0, which the `vllm` extra pins)."""
+    from trl.scripts.vllm_serve import ScriptArguments, build_command
+
+    trl = build_command(ScriptArguments(model="m"))
+    imposed = trl[trl.index("--weight-transfer-config") :]
+    for flag, value in zip(imposed[::2], imposed[1::2]):
+        assert flag in argv and argv[argv.index(flag) + 1] == value, (flag, value, argv)
+    assert "--enable-scale-out" in argv

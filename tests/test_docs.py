@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 from doc_blocks import DOCS, FAST_CONFIG, code_blocks, readme_quick_start, readme_test_lines, swap_ids
 from launching import subprocess_env
-from shared import DEMO_OUTPUT, HUB_MODELS, TINY_RECIPE, parse_train_args, run_checked
+from shared import DEMO_OUTPUT, HUB_MODELS, TINY_RECIPE, assert_trls_vllm_serve_settings, parse_train_args, run_checked
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -380,18 +380,11 @@ def test_accelerate_launches(item):
 
 @pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "vllm"], ids=lambda c: _id(c))
 def test_vllm_serve_commands_are_trls(item):
-    """vLLM's own server as TRL 1.16 starts it (`trl vllm-serve` is deprecated): dev mode, and every setting TRL's
-    `build_command` imposes, with its value (`--enable-scale-out`: vllm >= 0.30.0, which the `vllm` extra pins)."""
-    from trl.scripts.vllm_serve import ScriptArguments, build_command
-
+    """vLLM's own server as TRL 1.16 starts it (`trl vllm-serve` is deprecated): dev mode and TRL's settings."""
     block, argv = item
     assert argv[2] in HUB_MODELS, argv
     assert re.search(r"VLLM_SERVER_DEV_MODE=1 (\S+ )*vllm serve " + re.escape(argv[2]), block.body), block.where
-    trl = build_command(ScriptArguments(model=argv[2]))
-    imposed = trl[trl.index("--weight-transfer-config") :]
-    for flag, value in zip(imposed[::2], imposed[1::2]):
-        assert flag in argv and argv[argv.index(flag) + 1] == value, (flag, value, argv)
-    assert "--enable-scale-out" in argv
+    assert_trls_vllm_serve_settings(argv)
 
 
 @pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "sbatch"], ids=lambda c: _id(c))
