@@ -9,13 +9,14 @@ from importlib.metadata import packages_distributions
 from pathlib import Path
 
 import pytest
+from doc_blocks import DOCS
 
 import cegppo_trl
 
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "cegppo_trl"
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 # `from cegppo_trl import a, b` in prose or code, over line breaks and inside parentheses.
 _DOC_IMPORT_RE = re.compile(r"from\s+cegppo_trl\s+import\s+\(?\s*([A-Za-z_]\w*(?:\s*,\s*[A-Za-z_]\w*)*)")
 
@@ -102,8 +103,6 @@ def test_trainer_import_is_the_real_class():
 
 
 def _requirement_names(specs: list[str]) -> set[str]:
-    import re
-
     return {re.split(r"[<>=!~\[; ]", spec, maxsplit=1)[0].lower().replace("_", "-") for spec in specs}
 
 
@@ -120,8 +119,7 @@ def _top_level_imports(path: Path) -> set[str]:
 
 
 def test_module_level_imports_are_base_dependencies():
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    base = _requirement_names(project["dependencies"]) | {"torch"}  # torch: installed with trl / accelerate
+    base = _requirement_names(PROJECT["dependencies"]) | {"torch"}  # torch: installed with trl / accelerate
     distributions = packages_distributions()
     stdlib = sys.stdlib_module_names
     offenders = []
@@ -135,10 +133,9 @@ def test_module_level_imports_are_base_dependencies():
 
 def test_declared_dependencies_are_used():
     """Every base dependency is imported somewhere in the library (no stale entries such as pyyaml)."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     source = "\n".join(p.read_text() for p in PACKAGE.rglob("*.py"))
     import_names = {"math-verify": "math_verify"}
-    for name in _requirement_names(project["dependencies"]):
+    for name in _requirement_names(PROJECT["dependencies"]):
         module = import_names.get(name, name.replace("-", "_"))
         assert f"import {module}" in source or f"from {module}" in source, f"{name} is declared but never imported"
 
@@ -146,9 +143,8 @@ def test_declared_dependencies_are_used():
 def _extra_packages() -> dict[str, set[str]]:
     """The distributions each extra adds to the base install (`dev` lists `cegppo-trl[...]`, `vllm` may go through
     `trl[vllm]`: those names are base dependencies and left out)."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    base = _requirement_names(project["dependencies"]) | {"cegppo-trl"}
-    return {extra: _requirement_names(specs) - base for extra, specs in project["optional-dependencies"].items()}
+    base = _requirement_names(PROJECT["dependencies"]) | {"cegppo-trl"}
+    return {extra: _requirement_names(specs) - base for extra, specs in PROJECT["optional-dependencies"].items()}
 
 
 # Optional packages a library module may use, and the module name each imports as (vllm: also what `trl[vllm]` adds).
