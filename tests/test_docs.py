@@ -159,9 +159,14 @@ def test_python_blocks_run(doc, stand_ins, tmp_path, monkeypatch):
 SHELL_COMMANDS = [(block, argv) for block in SHELL_BLOCKS for argv in shell_commands(block.body)]
 
 
-def _id(item) -> str:
-    block, argv = item
-    return f"{block.where}:{program(argv)}"
+def commands(*kinds: str, is_slow=lambda argv: False) -> list:
+    """The docs' commands of `kinds` as parameters, those for which `is_slow(argv)` holds marked `slow` (they need a
+    training or demo run)."""
+    return [
+        pytest.param((b, a), id=f"{b.where}:{program(a)}", marks=[pytest.mark.slow] * is_slow(a))
+        for b, a in SHELL_COMMANDS
+        if classify(a) in kinds
+    ]
 
 
 def test_every_command_has_a_kind():
@@ -228,7 +233,7 @@ def test_ci_accepts_a_tier_that_selects_no_test():
         assert proc.returncode == expected and ("reached" in proc.stdout) == (expected == 0), (status, proc)
 
 
-@pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "install"], ids=lambda c: _id(c))
+@pytest.mark.parametrize("item", commands("install"))
 def test_install_commands_name_real_extras(item):
     _, argv = item
     extras = set(PYPROJECT["project"]["optional-dependencies"])
@@ -240,7 +245,7 @@ def test_install_commands_name_real_extras(item):
             assert word == "torch==2.13.0", "the docs pin the CPU torch build as torch==2.13.0"
 
 
-@pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "lint"], ids=lambda c: _id(c))
+@pytest.mark.parametrize("item", commands("lint"))
 def test_lint_commands_pass_with_the_pinned_ruff(item):
     """Each lint command of the docs passes on the checkout, run by the ruff version the dev extra pins."""
     _, argv = item
@@ -252,7 +257,7 @@ def test_lint_commands_pass_with_the_pinned_ruff(item):
     assert proc.returncode == 0, f"`{shlex.join(argv)}` fails:\n{proc.stdout[-4000:]}{proc.stderr[-2000:]}"
 
 
-@pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "pytest"], ids=lambda c: _id(c))
+@pytest.mark.parametrize("item", commands("pytest"))
 def test_pytest_commands_name_real_paths(item):
     _, argv = item
     words = argv[3:]
@@ -285,7 +290,7 @@ def _help_text(script: str) -> str:
     return out.getvalue()
 
 
-@pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "script"], ids=lambda c: _id(c))
+@pytest.mark.parametrize("item", commands("script"))
 def test_scripts_answer_help(item):
     _, argv = item
     assert (ROOT / argv[1]).is_file(), f"{argv[1]} does not exist"
@@ -329,16 +334,7 @@ def _is_cpu_recipe(argv: list[str]) -> bool:
     return "--config" in argv and "recipes/tiny/" in argv[argv.index("--config") + 1]
 
 
-def _slow_if(items: list, is_slow) -> list:
-    """`items` as parameters, those for which `is_slow(argv)` holds marked `slow` (they need a training run)."""
-    return [pytest.param(item, marks=pytest.mark.slow) if is_slow(item[1]) else item for item in items]
-
-
-@pytest.mark.parametrize(
-    "item",
-    _slow_if([c for c in SHELL_COMMANDS if classify(c[1]) in ("cegppo-train", "train-script")], _is_cpu_recipe),
-    ids=lambda c: _id(c),
-)
+@pytest.mark.parametrize("item", commands("cegppo-train", "train-script", is_slow=_is_cpu_recipe))
 def test_train_commands(item, tmp_path, request):
     """CPU recipes run (the plain tiny-recipe command is the shared `tiny_recipe_run`; others run here); GPU recipes
     parse."""
@@ -361,7 +357,7 @@ def _parse_training_args(train_args: list[str]):
     assert model_args.model_name_or_path and script_args.dataset_name
 
 
-@pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "accelerate"], ids=lambda c: _id(c))
+@pytest.mark.parametrize("item", commands("accelerate"))
 def test_accelerate_launches(item):
     """Every `accelerate launch`: its accelerate config loads and its recipe validates. Which configs and recipes
     they launch: tests/test_recipe_walk.py::test_doc_launch_lines_use_a_walked_config_and_recipe."""
@@ -378,7 +374,7 @@ def test_accelerate_launches(item):
     assert launch_args.mixed_precision == "no" or not _is_cpu_recipe(argv), "CPU launches need --mixed_precision no"
 
 
-@pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "vllm"], ids=lambda c: _id(c))
+@pytest.mark.parametrize("item", commands("vllm"))
 def test_vllm_serve_commands_are_trls(item):
     """vLLM's own server as TRL 1.16 starts it (`trl vllm-serve` is deprecated): dev mode and TRL's settings."""
     block, argv = item
@@ -387,7 +383,7 @@ def test_vllm_serve_commands_are_trls(item):
     assert_trls_vllm_serve_settings(argv)
 
 
-@pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "sbatch"], ids=lambda c: _id(c))
+@pytest.mark.parametrize("item", commands("sbatch"))
 def test_sbatch_commands(item):
     """A shipped SLURM script; for train.slurm its recipe validates with the options after `--` (as the script's own
     parse does; tests/test_slurm.py runs the script) and its accelerate config is shipped."""
@@ -409,7 +405,7 @@ def _on_demo(argv: list[str]) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "cegppo-demo"], ids=lambda c: _id(c))
+@pytest.mark.parametrize("item", commands("cegppo-demo"))
 def test_demo_commands(item, quick_demo, tmp_path):
     """`cegppo-demo` runs as the shared quick demo (the full run is the README's main job, about 10 minutes on 2
     cores); a command with other flags runs on its own, also `--quick`."""
@@ -423,9 +419,7 @@ def test_demo_commands(item, quick_demo, tmp_path):
     assert "CE-GPPO" in proc.stdout and (out / "results.json").is_file()
 
 
-@pytest.mark.parametrize(
-    "item", _slow_if([c for c in SHELL_COMMANDS if classify(c[1]) == "cegppo-eval"], _on_demo), ids=lambda c: _id(c)
-)
+@pytest.mark.parametrize("item", commands("cegppo-eval", is_slow=_on_demo))
 def test_eval_commands(item, stand_ins, tmp_path, request, monkeypatch, capsys):
     """Hub ids and placeholders become the tiny checkpoint; `cegppo-demo-output/...` is the shared quick demo's output.
     A command the demo printed is checked to be one (tests/test_demo_eval.py runs each printed command and checks that
@@ -459,7 +453,7 @@ def test_eval_commands(item, stand_ins, tmp_path, request, monkeypatch, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "cegppo-plot"], ids=lambda c: _id(c))
+@pytest.mark.parametrize("item", commands("cegppo-plot"))
 def test_plot_commands(item, tiny_recipe_run, tmp_path):
     """`cegppo-plot` on the shared tiny-recipe run (`RUN_DIR` in the docs)."""
     _, argv = item
@@ -471,9 +465,7 @@ def test_plot_commands(item, tiny_recipe_run, tmp_path):
     assert out.stat().st_size > 0
 
 
-@pytest.mark.parametrize(
-    "item", [c for c in SHELL_COMMANDS if classify(c[1]) == "cegppo-recipes"], ids=lambda c: _id(c)
-)
+@pytest.mark.parametrize("item", commands("cegppo-recipes"))
 def test_recipes_commands(item, tmp_path):
     _, argv = item
     _run([str(BIN / "cegppo-recipes"), *argv[1:]], cwd=tmp_path)
