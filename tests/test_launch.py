@@ -1,9 +1,6 @@
 """The launch script end to end on the tiny CPU recipe: one process (the shared `tiny_recipe_run` of conftest.py,
-`cegppo-train` from the installed wheel), and `examples/train_cegppo.py` on two gloo processes (DDP, with LoRA) and
-with DeepSpeed ZeRO-2 / ZeRO-3 and FSDP2 on two CPU processes. Each run must save a model (or adapter) that loads, a
-model card, and a `trainer_state.json` whose logs carry the CE-GPPO metrics.
-
-Runs are 4 optimizer steps of 8 completions per process; nothing is downloaded (HF_HUB_OFFLINE=1). The first
+`cegppo-train` from the installed wheel), and `examples/train_cegppo.py` on two CPU processes under each accelerate
+config. Runs are 4 optimizer steps of 8 completions per process; nothing is downloaded (HF_HUB_OFFLINE=1). The first
 DeepSpeed run compiles a small communication op with g++/ninja (about 25 s, cached afterwards).
 """
 
