@@ -181,7 +181,8 @@ def _ci_steps() -> list[str]:
 
 def test_readme_first_screen_has_the_commands_then_the_quick_start():
     """Before the README's first section: a one-sentence description, the install + demo command, the test command
-    and the slow-tier command beside it, then the Python quick start (the README's first python block)."""
+    and the slow-tier command beside it, then the Python quick start (the README's first python block); the
+    real-model and vLLM tier commands, which `.ci/run` runs."""
     readme = (ROOT / "README.md").read_text()
     first_screen = readme[: readme.index("\n## ")]
     fast, slow = readme_test_lines()
@@ -194,6 +195,9 @@ def test_readme_first_screen_has_the_commands_then_the_quick_start():
     assert "drop-in replacement for TRL's `GRPOTrainer`" in intro, intro
     assert first_screen.index("cegppo-demo") < first_screen.index("from cegppo_trl import")
     assert first_screen.index(slow) < first_screen.index("from cegppo_trl import")
+    for command in ("python3 .ci/real_model_tier.py", "python3 .ci/vllm_tier.py"):
+        assert f"\n{command}\n" in first_screen, f"the README's first screen lacks {command!r}"
+        assert command in _ci_steps() and (ROOT / command.split()[1]).is_file(), f".ci/run does not run {command!r}"
 
 
 def test_readme_test_command_is_ci():
@@ -210,17 +214,6 @@ def test_readme_test_command_is_ci():
     steps = _ci_steps()  # each tier passes over "no test selected" (test below)
     fast_at, slow_at = (steps.index(f"{command} || no_test_is_ok") for command in (fast, slow))
     assert fast_at < slow_at, f".ci/run does not run the slow tier ({slow}) after the README's command"
-
-
-def test_ci_runs_the_readme_tiers_of_what_users_run():
-    """The real-model and vLLM tiers: the README names each command on its first screen, and `.ci/run` runs it."""
-    readme = (ROOT / "README.md").read_text()
-    first_screen = readme[: readme.index("\n## ")]
-    steps = _ci_steps()
-    for command in ("python3 .ci/real_model_tier.py", "python3 .ci/vllm_tier.py"):
-        assert f"\n{command}\n" in first_screen, f"the README's first screen lacks {command!r}"
-        assert command in steps, f".ci/run does not run {command!r}"
-        assert (ROOT / command.split()[1]).is_file(), command
 
 
 def test_ci_accepts_a_tier_that_selects_no_test():
