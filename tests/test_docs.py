@@ -2,16 +2,13 @@
 
 * ```python blocks run as written, one namespace per document (a later block may use an earlier block's names).
   What cannot run offline is swapped by this harness, never by editing the docs: Hub model and data-set ids become
-  local stand-ins (`STAND_INS`: the tiny model, the built-in data), and `CEGPPOConfig` gets the small CPU settings of
-  `FAST_CONFIG` on top of what the block passes (steps, batch and lengths shrink; every CE-GPPO field is kept).
-* ```bash blocks are split into commands (continuations joined, `&&` chains split, comments and `VAR=value`
-  prefixes dropped) and each command is handled by kind (`classify`): console commands run (`cegppo-demo` as the
-  shared quick demo of conftest.py, `cegppo-eval` on a tiny checkpoint, `cegppo-train` on the tiny recipe as the
-  shared `tiny_recipe_run`, `cegppo-plot`, `cegppo-recipes`), scripts run with `--help` (once per script), GPU and
-  multi-node launches are parsed (the accelerate config loads, the recipe validates through the script's own
-  parser), `vllm serve` carries TRL's server settings, `sbatch` names a shipped script whose recipe validates, install commands name only extras that exist, lint commands run, and the README's test commands are
-  `.ci/run`'s. A command of a kind the harness does not know fails the test. Commands that need a training or demo
-  run are `slow`.
+  local stand-ins (the `stand_ins` fixture: the tiny model, the built-in data), and `CEGPPOConfig` gets the small CPU
+  settings of `FAST_CONFIG` on top of what the block passes (steps, batch and lengths shrink; every CE-GPPO field is
+  kept).
+* ```bash blocks are split into commands (`shell_commands`) and each command is checked by its kind (`classify`, one
+  test per kind, each saying how: console commands run on local stand-ins, scripts answer `--help`, launches and
+  recipes parse, ...). A command of a kind the harness does not know fails the test. Commands that need a training or
+  demo run are `slow`.
 * A block meant only to be read carries `<!-- doc-test: skip (reason) -->` on the line above its fence.
 """
 
@@ -99,11 +96,6 @@ def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return run_checked(argv, cwd, subprocess_env(), TIMEOUT_S)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# The blocks themselves
-# ----------------------------------------------------------------------------------------------------------------
-
-
 def test_every_block_is_known():
     """Every fenced block is python, a shell block, or marked as text / skipped with a reason."""
     assert PYTHON_DOCS, "no python block found: the harness is not reading the docs"
@@ -151,10 +143,6 @@ def test_python_blocks_run(doc, stand_ins, tmp_path, monkeypatch):
     for trainer in trainers:
         assert trainer.state.global_step == FAST_CONFIG["max_steps"], f"{doc.name}: the trainer did not train"
 
-
-# ----------------------------------------------------------------------------------------------------------------
-# Shell commands
-# ----------------------------------------------------------------------------------------------------------------
 
 SHELL_COMMANDS = [(block, argv) for block in SHELL_BLOCKS for argv in shell_commands(block.body)]
 

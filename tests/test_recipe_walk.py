@@ -128,11 +128,6 @@ def override_args(model_dir, output_dir, data_file) -> list[str]:
     return [item for key, value in values.items() for item in (f"--{key}", value)]
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# The plan (fast)
-# ----------------------------------------------------------------------------------------------------------------
-
-
 def test_walk_covers_every_gpu_recipe():
     assert GPU_RECIPES, "no GPU recipe found under recipes/"
     walked = {(recipe, config) for recipe, config, _ in WALK}
@@ -186,11 +181,6 @@ def _same(actual, expected) -> bool:
     return actual == expected
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# The docs' launch lines (fast, read-only over README.md and docs/*.md)
-# ----------------------------------------------------------------------------------------------------------------
-
-
 def test_doc_launch_lines_use_a_walked_config_and_recipe():
     """Every `accelerate launch` of a shell block of the docs, skipped blocks too."""
     walked = {(config, recipe) for recipe, config, _ in WALK} | LAUNCH_TESTED
@@ -206,11 +196,6 @@ def test_doc_launch_lines_use_a_walked_config_and_recipe():
         assert str(SCRIPT.relative_to(ROOT)) in tokens or "cegppo_trl.scripts.train" in tokens, f"{doc}: `{command}`"
         pair = (Path(config_file).name, recipe.removeprefix("recipes/"))
         assert pair in walked, f"{doc}: `{command}` launches {pair}, which neither the walk nor test_launch runs"
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# The walk (slow)
-# ----------------------------------------------------------------------------------------------------------------
 
 
 def write_walk_data(path: Path) -> Path:

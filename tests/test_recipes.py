@@ -1,8 +1,5 @@
-"""Every recipe parses into valid configs, and the paper recipes carry the paper's numbers.
-
-The paper recipes say `bf16: true`, which TrainingArguments refuses on a machine without a GPU unless `use_cpu` is
-set, so they are parsed here with `--use_cpu true` appended (a command-line override, as a user would give it).
-"""
+"""Every recipe parses into valid configs (with `--use_cpu true`: see `parse_train_args`), and the paper recipes carry
+the paper's numbers."""
 
 import dataclasses
 import re

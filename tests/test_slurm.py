@@ -138,10 +138,6 @@ def test_unknown_or_missing_options_stop_before_any_step(tmp_path):
     assert not log.exists(), "a step was started"
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Slow: two simulated nodes train, are stopped by SIGTERM, resume; then the evaluation script
-# ----------------------------------------------------------------------------------------------------------------
-
 SAVE_STEPS, MAX_STEPS = 4, 8  # the tiny recipe's generation batch feeds 4 optimizer steps: checkpoints at boundaries
 
 

@@ -206,11 +206,6 @@ def test_every_flag_is_read_or_refused():
     assert unread(config, training) == set()
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# What parses: both spellings of --config, a shipped recipe, the prompt words, rewards from the current directory
-# ----------------------------------------------------------------------------------------------------------------
-
-
 def test_config_spellings_and_the_prompt_words(tmp_path, monkeypatch):
     from cegppo_trl.data import DEFAULT_INSTRUCTION
 
@@ -241,11 +236,6 @@ def test_help_describes_the_command(capsys):
     assert exit_info.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "Train a causal language model with CE-GPPO" in text and "--cegppo_beta1" in text
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# A stopped run names its last complete checkpoint and the command that resumes from it
-# ----------------------------------------------------------------------------------------------------------------
 
 
 def test_interrupted_message_names_the_last_complete_checkpoint(tmp_path):
