@@ -298,10 +298,6 @@ def _console(name: str, args: list[str], cwd: Path, monkeypatch, capsys) -> str:
     return out.out
 
 
-def _replace(argv: list[str], stand_ins: dict[str, str]) -> list[str]:
-    return [stand_ins.get(word, word) for word in argv]
-
-
 def _set_flag(argv: list[str], flag: str, value: str) -> list[str]:
     argv = list(argv)
     if flag in argv:
@@ -396,7 +392,7 @@ def test_eval_commands(item, stand_ins, tmp_path, request, monkeypatch, capsys):
     it reproduces the demo's held-out figure); any other command on the demo's output runs here and must reproduce
     the figure too."""
     _, argv = item
-    cmd = _replace(argv[1:], stand_ins)
+    cmd = [stand_ins.get(word, word) for word in argv[1:]]
     on_demo = _on_demo(cmd)
     cwd = request.getfixturevalue("quick_demo").cwd if on_demo else tmp_path
     if on_demo:
