@@ -11,6 +11,7 @@ from shared import cpu_config
 
 
 ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SKIP_RE = re.compile(r"<!--\s*doc-test:\s*skip\s*\((?P<reason>[^)]+)\)\s*-->")
 FENCE_RE = re.compile(r"^```(?P<lang>[\w-]*)\n(?P<body>.*?)^```", re.S | re.M)
 
@@ -48,6 +49,11 @@ def swap_ids(source: str, stand_ins: dict[str, str]) -> str:
     for name, value in stand_ins.items():
         source = source.replace(f'"{name}"', repr(value)).replace(f"'{name}'", repr(value))
     return source
+
+
+def readme_quick_start() -> Block:
+    """The README's first python block: the quick start (tests/test_quick_start.py, test_wheel.py)."""
+    return next(b for b in code_blocks(ROOT / "README.md") if b.lang == "python")
 
 
 def readme_test_lines() -> tuple[str, str]:

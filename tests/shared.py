@@ -173,3 +173,45 @@ def load_script(path: Path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+# --- s3b ---
+def parse_train_args(*argv: str):
+    """`cegppo-train`'s parse of `argv` + `--use_cpu true` (no GPU here: a recipe's `bf16: true` then parses), failing
+    on a deprecated option (ours, TRL's or transformers' warn with a FutureWarning or DeprecationWarning)."""
+    import warnings
+
+    from cegppo_trl.scripts.train import make_parser
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        warnings.simplefilter("error", DeprecationWarning)
+        return make_parser().parse_args_and_config(args=[*map(str, argv), "--use_cpu", "true"])
+
+
+def assert_trained_lora_adapter(output_dir: Path, base_dir: Path):
+    """`output_dir` holds a LoRA adapter (no full model) that loads on the model in `base_dir` and trained: its B
+    matrices (zero at the start) are not all zero."""
+    import warnings
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    assert (output_dir / "adapter_config.json").is_file() and not (output_dir / "model.safetensors").exists()
+    with warnings.catch_warnings():  # peft asks transformers' deprecated `is_gradient_checkpointing`
+        warnings.simplefilter("ignore", FutureWarning)
+        model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir), output_dir)
+    lora_b = [p for n, p in model.named_parameters() if "lora_B" in n]
+    assert lora_b and any(p.abs().sum() > 0 for p in lora_b), "LoRA B matrices are still zero: nothing trained"
+
+
+def assert_trls_vllm_serve_settings(argv: list[str]):
+    """A `vllm serve` command line carries every setting TRL 1.16's `trl vllm-serve` imposes (its `build_command`),
+    with its value, and `--enable-scale-out` (added only with vllm >= 0.30.0, which the `vllm` extra pins)."""
+    from trl.scripts.vllm_serve import ScriptArguments, build_command
+
+    trl = build_command(ScriptArguments(model="m"))
+    imposed = trl[trl.index("--weight-transfer-config") :]
+    for flag, value in zip(imposed[::2], imposed[1::2]):
+        assert flag in argv and argv[argv.index(flag) + 1] == value, (flag, value, argv)
+    assert "--enable-scale-out" in argv

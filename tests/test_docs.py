@@ -2,16 +2,13 @@
 
 * ```python blocks run as written, one namespace per document (a later block may use an earlier block's names).
   What cannot run offline is swapped by this harness, never by editing the docs: Hub model and data-set ids become
-  local stand-ins (`STAND_INS`: the tiny model, the built-in data), and `CEGPPOConfig` gets the small CPU settings of
-  `FAST_CONFIG` on top of what the block passes (steps, batch and lengths shrink; every CE-GPPO field is kept).
-* ```bash blocks are split into commands (continuations joined, `&&` chains split, comments and `VAR=value`
-  prefixes dropped) and each command is handled by kind (`classify`): console commands run (`cegppo-demo` as the
-  shared quick demo of conftest.py, `cegppo-eval` on a tiny checkpoint, `cegppo-train` on the tiny recipe as the
-  shared `tiny_recipe_run`, `cegppo-plot`, `cegppo-recipes`), scripts run with `--help` (once per script), GPU and
-  multi-node launches are parsed (the accelerate config loads, the recipe validates through the script's own
-  parser), `vllm serve` carries TRL's server settings, `sbatch` names a shipped script whose recipe validates, install commands name only extras that exist, lint commands run, and the README's test commands are
-  `.ci/run`'s. A command of a kind the harness does not know fails the test. Commands that need a training or demo
-  run are `slow`.
+  local stand-ins (the `stand_ins` fixture: the tiny model, the built-in data), and `CEGPPOConfig` gets the small CPU
+  settings of `FAST_CONFIG` on top of what the block passes (steps, batch and lengths shrink; every CE-GPPO field is
+  kept).
+* ```bash blocks are split into commands (`shell_commands`) and each command is checked by its kind (`classify`, one
+  test per kind, each saying how: console commands run on local stand-ins, scripts answer `--help`, launches and
+  recipes parse, ...). A command of a kind the harness does not know fails the test. Commands that need a training or
+  demo run are `slow`.
 * A block meant only to be read carries `<!-- doc-test: skip (reason) -->` on the line above its fence.
 """
 
@@ -19,23 +16,25 @@ import ast
 import contextlib
 import functools
 import io
+import json
 import re
 import runpy
 import shlex
 import subprocess
 import sys
+import tomllib
 import warnings
 from pathlib import Path
 
 import pytest
-from doc_blocks import FAST_CONFIG, code_blocks, readme_test_lines, swap_ids
+from doc_blocks import DOCS, FAST_CONFIG, code_blocks, readme_quick_start, readme_test_lines, swap_ids
 from launching import subprocess_env
-from shared import DEMO_OUTPUT, HUB_MODELS, TINY_RECIPE, run_checked
+from shared import DEMO_OUTPUT, HUB_MODELS, TINY_RECIPE, assert_trls_vllm_serve_settings, parse_train_args, run_checked
 
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BIN = Path(sys.executable).parent
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 # Placeholders the docs use in commands.
 PLACEHOLDER_RUNS = ("RUN_DIR",)
@@ -93,18 +92,8 @@ def classify(argv: list[str]) -> str:
     return "unknown"
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Fixtures: the local stand-ins
-# ----------------------------------------------------------------------------------------------------------------
-
-
 def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return run_checked(argv, cwd, subprocess_env(), TIMEOUT_S)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# The blocks themselves
-# ----------------------------------------------------------------------------------------------------------------
 
 
 def test_every_block_is_known():
@@ -155,22 +144,17 @@ def test_python_blocks_run(doc, stand_ins, tmp_path, monkeypatch):
         assert trainer.state.global_step == FAST_CONFIG["max_steps"], f"{doc.name}: the trainer did not train"
 
 
-def test_readme_quick_start_is_the_first_python_block():
-    first = next(b for b in code_blocks(ROOT / "README.md") if b.lang == "python")
-    assert first.skip_reason is None
-    assert "from cegppo_trl import" in first.body and "trainer.train()" in first.body
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Shell commands
-# ----------------------------------------------------------------------------------------------------------------
-
 SHELL_COMMANDS = [(block, argv) for block in SHELL_BLOCKS for argv in shell_commands(block.body)]
 
 
-def _id(item) -> str:
-    block, argv = item
-    return f"{block.where}:{program(argv)}"
+def commands(*kinds: str, is_slow=lambda argv: False) -> list:
+    """The docs' commands of `kinds` as parameters, those for which `is_slow(argv)` holds marked `slow` (they need a
+    training or demo run)."""
+    return [
+        pytest.param((b, a), id=f"{b.where}:{program(a)}", marks=[pytest.mark.slow] * is_slow(a))
+        for b, a in SHELL_COMMANDS
+        if classify(a) in kinds
+    ]
 
 
 def test_every_command_has_a_kind():
@@ -179,28 +163,29 @@ def test_every_command_has_a_kind():
     assert not unknown, "commands the doc harness does not know how to check:\n" + "\n".join(unknown)
 
 
-def _pyproject_extras() -> set[str]:
-    import tomllib
-
-    return set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
-
-
 def _ci_steps() -> list[str]:
     return [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.strip()]
 
 
 def test_readme_first_screen_has_the_commands_then_the_quick_start():
     """Before the README's first section: a one-sentence description, the install + demo command, the test command
-    and the slow-tier command beside it, then the Python quick start."""
+    and the slow-tier command beside it, then the Python quick start (the README's first python block); the
+    real-model and vLLM tier commands, which `.ci/run` runs."""
     readme = (ROOT / "README.md").read_text()
     first_screen = readme[: readme.index("\n## ")]
     fast, slow = readme_test_lines()
-    for text in ("cegppo-demo", fast, slow, "from cegppo_trl import", "trainer.train()"):
+    quick_start = readme_quick_start()
+    assert quick_start.skip_reason is None and quick_start.body in first_screen
+    assert "from cegppo_trl import" in quick_start.body and "trainer.train()" in quick_start.body
+    for text in ("cegppo-demo", fast, slow):
         assert text in first_screen, f"the README's first screen lacks {text!r}"
     intro = first_screen[first_screen.index("\n") : first_screen.index("```")]  # between the title and the commands
     assert "drop-in replacement for TRL's `GRPOTrainer`" in intro, intro
     assert first_screen.index("cegppo-demo") < first_screen.index("from cegppo_trl import")
     assert first_screen.index(slow) < first_screen.index("from cegppo_trl import")
+    for command in ("python3 .ci/real_model_tier.py", "python3 .ci/vllm_tier.py"):
+        assert f"\n{command}\n" in first_screen, f"the README's first screen lacks {command!r}"
+        assert command in _ci_steps() and (ROOT / command.split()[1]).is_file(), f".ci/run does not run {command!r}"
 
 
 def test_readme_test_command_is_ci():
@@ -214,41 +199,25 @@ def test_readme_test_command_is_ci():
     assert shlex.split(slow)[2:] == ["pytest", "tests", "-q", "-m", "slow"], slow
     lint = fast.index("ruff check"), fast.index("ruff format --check")
     assert max(lint) < fast.index("pytest"), "the README's test command lints before the tests"
-    steps = _ci_steps()
-    runs = [i for i, line in enumerate(steps) if line.split(" || ")[0] == fast]
-    slows = [i for i, line in enumerate(steps) if line.split(" || ")[0] == slow]
-    assert runs, f"README test command not in .ci/run: {fast}"
-    assert slows and runs[0] < slows[0], f".ci/run does not run the slow tier ({slow}) after the README's command"
-
-
-def test_ci_runs_the_readme_tiers_of_what_users_run():
-    """The real-model and vLLM tiers: the README names each command on its first screen, and `.ci/run` runs it."""
-    readme = (ROOT / "README.md").read_text()
-    first_screen = readme[: readme.index("\n## ")]
-    steps = _ci_steps()
-    for command in ("python3 .ci/real_model_tier.py", "python3 .ci/vllm_tier.py"):
-        assert f"\n{command}\n" in first_screen, f"the README's first screen lacks {command!r}"
-        assert command in steps, f".ci/run does not run {command!r}"
-        assert (ROOT / command.split()[1]).is_file(), command
+    steps = _ci_steps()  # each tier passes over "no test selected" (test below)
+    fast_at, slow_at = (steps.index(f"{command} || no_test_is_ok") for command in (fast, slow))
+    assert fast_at < slow_at, f".ci/run does not run the slow tier ({slow}) after the README's command"
 
 
 def test_ci_accepts_a_tier_that_selects_no_test():
     """pytest exits 5 when a marker selects no test; `.ci/run` passes over that and fails on any other status."""
     steps = _ci_steps()
     handler = next(line for line in steps if line.startswith("no_test_is_ok()"))
-    fast, slow = readme_test_lines()
-    for command in (fast, slow):
-        assert next(line for line in steps if line.split(" || ")[0] == command) == f"{command} || no_test_is_ok"
     for status, expected in ((0, 0), (5, 0), (1, 1), (2, 2)):
         script = f"set -euo pipefail\n{handler}\n(exit {status}) || no_test_is_ok\necho reached"
         proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
         assert proc.returncode == expected and ("reached" in proc.stdout) == (expected == 0), (status, proc)
 
 
-@pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "install"], ids=lambda c: _id(c))
+@pytest.mark.parametrize("item", commands("install"))
 def test_install_commands_name_real_extras(item):
     _, argv = item
-    extras = _pyproject_extras()
+    extras = set(PYPROJECT["project"]["optional-dependencies"])
     for word in argv:
         for group in re.findall(r"\[([\w,-]+)\]", word):
             for extra in group.split(","):
@@ -257,21 +226,19 @@ def test_install_commands_name_real_extras(item):
             assert word == "torch==2.13.0", "the docs pin the CPU torch build as torch==2.13.0"
 
 
-@pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "lint"], ids=lambda c: _id(c))
+@pytest.mark.parametrize("item", commands("lint"))
 def test_lint_commands_pass_with_the_pinned_ruff(item):
     """Each lint command of the docs passes on the checkout, run by the ruff version the dev extra pins."""
-    import tomllib
-
     _, argv = item
     assert argv[1] in ("check", "format"), argv
-    dev = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["dev"]
+    dev = PYPROJECT["project"]["optional-dependencies"]["dev"]
     pinned = next(spec.split("==")[1] for spec in dev if spec.startswith("ruff=="))
     assert _run([str(BIN / "ruff"), "--version"], cwd=ROOT).stdout.split()[1] == pinned
     proc = subprocess.run([str(BIN / "ruff"), *argv[1:]], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"`{shlex.join(argv)}` fails:\n{proc.stdout[-4000:]}{proc.stderr[-2000:]}"
 
 
-@pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "pytest"], ids=lambda c: _id(c))
+@pytest.mark.parametrize("item", commands("pytest"))
 def test_pytest_commands_name_real_paths(item):
     _, argv = item
     words = argv[3:]
@@ -281,9 +248,7 @@ def test_pytest_commands_name_real_paths(item):
         assert (ROOT / word.split("::")[0]).exists(), f"`{shlex.join(argv)}`: {word} does not exist"
     for i, word in enumerate(words[:-1]):
         if word == "-m":  # a marker expression names registered markers only
-            import tomllib
-
-            markers = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]
+            markers = PYPROJECT["tool"]["pytest"]["ini_options"]["markers"]
             registered = {m.split(":")[0].strip() for m in markers}
             used = set(re.findall(r"\w+", words[i + 1])) - {"not", "and", "or"}
             assert used <= registered, f"`{shlex.join(argv)}` selects unregistered markers {used - registered}"
@@ -306,7 +271,7 @@ def _help_text(script: str) -> str:
     return out.getvalue()
 
 
-@pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "script"], ids=lambda c: _id(c))
+@pytest.mark.parametrize("item", commands("script"))
 def test_scripts_answer_help(item):
     _, argv = item
     assert (ROOT / argv[1]).is_file(), f"{argv[1]} does not exist"
@@ -323,19 +288,14 @@ def _console(name: str, args: list[str], cwd: Path, monkeypatch, capsys) -> str:
     docs' commands check our code; the console scripts' own start is tested where it matters (test_signals.py,
     test_train_cli_messages.py). Returns its stdout."""
     import pkgutil
-    import tomllib
 
-    entry = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"][name]
+    entry = PYPROJECT["project"]["scripts"][name]
     monkeypatch.chdir(cwd)
     monkeypatch.setattr(sys, "argv", [name, *args])
     status = pkgutil.resolve_name(entry)()
     out = capsys.readouterr()
     assert status in (0, None), f"`{shlex.join([name, *args])}` failed ({status})\n{out.out[-3000:]}{out.err[-6000:]}"
     return out.out
-
-
-def _replace(argv: list[str], stand_ins: dict[str, str]) -> list[str]:
-    return [stand_ins.get(word, word) for word in argv]
 
 
 def _set_flag(argv: list[str], flag: str, value: str) -> list[str]:
@@ -351,52 +311,27 @@ def _is_cpu_recipe(argv: list[str]) -> bool:
     return "--config" in argv and "recipes/tiny/" in argv[argv.index("--config") + 1]
 
 
-def _slow_if(items: list, is_slow) -> list:
-    """`items` as parameters, those for which `is_slow(argv)` holds marked `slow` (they need a training run)."""
-    return [pytest.param(item, marks=pytest.mark.slow) if is_slow(item[1]) else item for item in items]
-
-
-@pytest.mark.parametrize(
-    "item",
-    _slow_if([c for c in SHELL_COMMANDS if classify(c[1]) in ("cegppo-train", "train-script")], _is_cpu_recipe),
-    ids=lambda c: _id(c),
-)
-def test_train_commands(item, tmp_path, request):
-    """CPU recipes run (the plain tiny-recipe command is the shared `tiny_recipe_run`; others run here); GPU recipes
-    parse."""
+@pytest.mark.parametrize("item", commands("cegppo-train", "train-script", is_slow=_is_cpu_recipe))
+def test_train_commands(item, request):
+    """The tiny recipe's command is the shared `tiny_recipe_run` (the only CPU training command of the docs); GPU
+    recipes parse."""
     _, argv = item
     if _is_cpu_recipe(argv):
-        if program(argv) == "cegppo-train" and argv[1:] == ["--config", TINY_RECIPE]:
-            run = request.getfixturevalue("tiny_recipe_run")
-            assert (run.out / "trainer_state.json").is_file()
-            return
-        cmd = [str(BIN / "cegppo-train")] if program(argv) == "cegppo-train" else [sys.executable, argv[1]]
-        rest = argv[1:] if program(argv) == "cegppo-train" else argv[2:]
-        _run([*cmd, *_set_flag(rest, "--output_dir", str(tmp_path / "run"))], cwd=ROOT)
-        assert (tmp_path / "run" / "trainer_state.json").is_file()
+        assert argv[1:] == ["--config", TINY_RECIPE] and program(argv) == "cegppo-train", f"run {argv} here"
+        assert (request.getfixturevalue("tiny_recipe_run").out / "trainer_state.json").is_file()
     else:
         _parse_training_args(argv[1:] if program(argv) == "cegppo-train" else argv[2:])
 
 
 def _parse_training_args(train_args: list[str]):
-    """Parse a GPU training command through the script's own parser (+ `--use_cpu true`: no GPU here)."""
-    import warnings
-
-    from cegppo_trl.scripts.train import make_parser
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        script_args, training_args, model_args = make_parser().parse_args_and_config(
-            args=[*train_args, "--use_cpu", "true"]
-        )
+    script_args, _, model_args = parse_train_args(*train_args)
     assert model_args.model_name_or_path and script_args.dataset_name
-    return script_args, training_args, model_args
 
 
-@pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "accelerate"], ids=lambda c: _id(c))
+@pytest.mark.parametrize("item", commands("accelerate"))
 def test_accelerate_launches(item):
-    """Every `accelerate launch`: its accelerate config loads and its recipe validates. The CPU-runnable ones (tiny
-    recipe, `--mixed_precision no`) are what `tests/test_launch.py` runs, with the same configs."""
+    """Every `accelerate launch`: its accelerate config loads and its recipe validates. Which configs and recipes
+    they launch: tests/test_recipe_walk.py::test_doc_launch_lines_use_a_walked_config_and_recipe."""
     from accelerate.commands.config.config_args import load_config_from_file
     from accelerate.commands.launch import launch_command_parser
 
@@ -407,29 +342,19 @@ def test_accelerate_launches(item):
     config = load_config_from_file(str(ROOT / launch_args.config_file))
     assert config.distributed_type is not None
     _parse_training_args(argv[script_at + 1 :])
-    if _is_cpu_recipe(argv):
-        assert launch_args.mixed_precision == "no", "CPU launches need --mixed_precision no"
-        covered = {"multi_gpu.yaml", "zero2.yaml", "zero3.yaml", "fsdp2.yaml"}  # what tests/test_launch.py runs
-        assert Path(launch_args.config_file).name in covered and Path(TINY_RECIPE).name in argv[-1]
+    assert launch_args.mixed_precision == "no" or not _is_cpu_recipe(argv), "CPU launches need --mixed_precision no"
 
 
-@pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "vllm"], ids=lambda c: _id(c))
+@pytest.mark.parametrize("item", commands("vllm"))
 def test_vllm_serve_commands_are_trls(item):
-    """vLLM's own server as TRL 1.16 starts it (`trl vllm-serve` is deprecated): dev mode, and every setting TRL's
-    `build_command` imposes, with its value (`--enable-scale-out`: vllm >= 0.30.0, which the `vllm` extra pins)."""
-    from trl.scripts.vllm_serve import ScriptArguments, build_command
-
+    """vLLM's own server as TRL 1.16 starts it (`trl vllm-serve` is deprecated): dev mode and TRL's settings."""
     block, argv = item
     assert argv[2] in HUB_MODELS, argv
     assert re.search(r"VLLM_SERVER_DEV_MODE=1 (\S+ )*vllm serve " + re.escape(argv[2]), block.body), block.where
-    trl = build_command(ScriptArguments(model=argv[2]))
-    imposed = trl[trl.index("--weight-transfer-config") :]
-    for flag, value in zip(imposed[::2], imposed[1::2]):
-        assert flag in argv and argv[argv.index(flag) + 1] == value, (flag, value, argv)
-    assert "--enable-scale-out" in argv
+    assert_trls_vllm_serve_settings(argv)
 
 
-@pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "sbatch"], ids=lambda c: _id(c))
+@pytest.mark.parametrize("item", commands("sbatch"))
 def test_sbatch_commands(item):
     """A shipped SLURM script; for train.slurm its recipe validates with the options after `--` (as the script's own
     parse does; tests/test_slurm.py runs the script) and its accelerate config is shipped."""
@@ -451,32 +376,23 @@ def _on_demo(argv: list[str]) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "cegppo-demo"], ids=lambda c: _id(c))
-def test_demo_commands(item, quick_demo, tmp_path):
+@pytest.mark.parametrize("item", commands("cegppo-demo"))
+def test_demo_commands(item, quick_demo):
     """`cegppo-demo` runs as the shared quick demo (the full run is the README's main job, about 10 minutes on 2
-    cores); a command with other flags runs on its own, also `--quick`."""
+    cores; the docs give it no other flag)."""
     _, argv = item
-    args = [a for a in argv[1:] if a != "--quick"]
-    if args:
-        out = tmp_path / "demo"
-        proc = _run([str(BIN / "cegppo-demo"), *args, "--quick", "--no-progress", "--output-dir", str(out)], tmp_path)
-    else:
-        out, proc = quick_demo.out, quick_demo.proc
-    assert "CE-GPPO" in proc.stdout and (out / "results.json").is_file()
+    assert [a for a in argv[1:] if a != "--quick"] == [], f"run {argv} here"
+    assert "CE-GPPO" in quick_demo.proc.stdout and (quick_demo.out / "results.json").is_file()
 
 
-@pytest.mark.parametrize(
-    "item", _slow_if([c for c in SHELL_COMMANDS if classify(c[1]) == "cegppo-eval"], _on_demo), ids=lambda c: _id(c)
-)
+@pytest.mark.parametrize("item", commands("cegppo-eval", is_slow=_on_demo))
 def test_eval_commands(item, stand_ins, tmp_path, request, monkeypatch, capsys):
     """Hub ids and placeholders become the tiny checkpoint; `cegppo-demo-output/...` is the shared quick demo's output.
     A command the demo printed is checked to be one (tests/test_demo_eval.py runs each printed command and checks that
     it reproduces the demo's held-out figure); any other command on the demo's output runs here and must reproduce
     the figure too."""
     _, argv = item
-    import json
-
-    cmd = _replace(argv[1:], stand_ins)
+    cmd = [stand_ins.get(word, word) for word in argv[1:]]
     on_demo = _on_demo(cmd)
     cwd = request.getfixturevalue("quick_demo").cwd if on_demo else tmp_path
     if on_demo:
@@ -503,7 +419,7 @@ def test_eval_commands(item, stand_ins, tmp_path, request, monkeypatch, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("item", [c for c in SHELL_COMMANDS if classify(c[1]) == "cegppo-plot"], ids=lambda c: _id(c))
+@pytest.mark.parametrize("item", commands("cegppo-plot"))
 def test_plot_commands(item, tiny_recipe_run, tmp_path):
     """`cegppo-plot` on the shared tiny-recipe run (`RUN_DIR` in the docs)."""
     _, argv = item
@@ -515,9 +431,7 @@ def test_plot_commands(item, tiny_recipe_run, tmp_path):
     assert out.stat().st_size > 0
 
 
-@pytest.mark.parametrize(
-    "item", [c for c in SHELL_COMMANDS if classify(c[1]) == "cegppo-recipes"], ids=lambda c: _id(c)
-)
+@pytest.mark.parametrize("item", commands("cegppo-recipes"))
 def test_recipes_commands(item, tmp_path):
     _, argv = item
     _run([str(BIN / "cegppo-recipes"), *argv[1:]], cwd=tmp_path)

@@ -14,6 +14,8 @@ import warnings
 from pathlib import Path
 
 import pytest
+from doc_blocks import readme_quick_start
+from shared import parse_train_args
 
 from cegppo_trl import CEGPPOConfig, load_math_dataset
 
@@ -36,15 +38,10 @@ ALLOWED = {  # CEGPPOConfig field -> why the quick start differs from the recipe
 MODEL_OPTIONS = {"dtype": "bfloat16", "attn_implementation": "sdpa"}
 
 
-def quick_start_block() -> str:
-    """The README's first python block (the quick start; tests/test_docs.py runs it on local stand-ins)."""
-    return re.search(r"^```python\n(.*?)^```", (ROOT / "README.md").read_text(), re.S | re.M)[1]
-
-
 def quick_start_calls() -> dict[str, ast.Call]:
     """The calls of the quick start, by function name."""
     calls = {}
-    for node in ast.walk(ast.parse(quick_start_block())):
+    for node in ast.walk(ast.parse(readme_quick_start().body)):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
             calls[node.func.id] = node
     assert {"load_math_dataset", "CEGPPOConfig", "CEGPPOTrainer"} <= set(calls), sorted(calls)
@@ -57,20 +54,14 @@ def keywords(call: ast.Call) -> dict:
 
 def effective(config) -> dict:
     values = {f.name: getattr(config, f.name) for f in dataclasses.fields(CEGPPOConfig)}
-    values["epsilon_high"] = (
-        config.epsilon if config.epsilon_high is None else config.epsilon_high
-    )  # TRL reads None so
+    # TRL reads epsilon_high None as epsilon.
+    values["epsilon_high"] = config.epsilon if config.epsilon_high is None else config.epsilon_high
     return values
 
 
 @pytest.fixture(scope="module")
 def recipe():
-    from cegppo_trl.scripts.train import make_parser
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        # --use_cpu: no GPU here (the recipe's bf16 then still parses); the same on both sides.
-        return make_parser().parse_args_and_config(args=["--config", str(RECIPE), "--use_cpu", "true"])
+    return parse_train_args("--config", RECIPE)  # + `--use_cpu true`, as the quick start's config below
 
 
 def test_quick_start_config_is_the_paper_recipe(recipe):
@@ -127,7 +118,7 @@ def test_quick_start_data_model_and_reward_are_the_recipes(recipe, tmp_path):
 
 def test_readme_states_every_difference():
     readme = (ROOT / "README.md").read_text()
-    block = quick_start_block()
+    block = readme_quick_start().body
     after = " ".join(readme[readme.index(block) + len(block) :][:1500].split())
     assert "tests/test_quick_start.py" in after
     stated = set(re.findall(r"`([a-z_]+)\*?(?::[^`]*)?`", after))

@@ -1,61 +1,31 @@
-"""Every shipped recipe, walked (issue 15): each GPU recipe under `recipes/` runs through `accelerate launch` on CPU
-processes with all of its own options on, and only its size and hardware changed.
+"""Every shipped recipe, walked (issue 15; docs/launch.md, "On a CPU", says what and how): each recipe under
+`recipes/` but `tiny/` runs through `accelerate launch` on 2 gloo processes with `multi_gpu.yaml` and with every config
+its own header names (`single_gpu.yaml`: 1 process), with all of its own options on and only size and hardware
+swapped on the command line after `--config` (`SIZE_OVERRIDES`, `HARDWARE_OVERRIDES`).
 
-Which recipes: every `*.yaml` under `recipes/` except `recipes/tiny/` (found by glob at collection time, so a recipe
-added later is walked too). Which launches, for each recipe:
-
-* `accelerate_configs/multi_gpu.yaml` on 2 gloo processes (DDP; the CPU form of the README's multi-GPU launch:
-  `accelerate launch --config_file accelerate_configs/multi_gpu.yaml --num_processes 2 --mixed_precision no`);
-* every accelerate config that the recipe's own header (`# accelerate launch --config_file ...`) names: ZeRO-2 for
-  the 1.5B paper recipes, ZeRO-3 for the 7B ones (2 processes each), `single_gpu.yaml` for the LoRA recipe (1 process,
-  as that config says).
-
-What the walk swaps, and nothing else (`OVERRIDES`, given on the command line after `--config`; TrlParser lets the
-command line override the recipe):
-
-* size: the tiny local model (the ~1M-parameter Qwen2-style model of `builtin:tiny`, warm-started with
-  `WALK_SFT_STEPS` SFT steps so that some groups are right and some wrong) in place of the Hub model; the problems it
-  was warm-started on (the "sums" of `builtin:arithmetic`, written to a temporary `.jsonl` with its columns
-  `problem` / `answer`, and the tiny recipe's prompt instruction that the tiny model was trained on) in place of the
-  Hub data set; 16-token completions; 2 optimizer steps; a temporary `output_dir`. Model and data are chosen so that
-  most groups are informative (measured: ~65% of 8-sample groups at temperature 1 have both right and wrong answers),
-  enough to fill the training batch of a recipe that over-generates 2x.
-* hardware: Hugging Face generation in place of vLLM (`use_vllm false`), fp32 in place of bf16 (`bf16 false`,
-  `dtype float32`), `use_cpu true`; on the launcher `--mixed_precision no` (the accelerate configs say bf16) and
-  `--num_processes 2` in place of the configs' 8.
-
-Kept as the recipe has them: dynamic sampling (`cegppo_exclude_zero_advantage_groups`, `cegppo_oversampling`), the
-betas, clip ranges, loss type, KL, rollouts per prompt, temperature / top_p, the batch sizes
-(`per_device_train_batch_size`, `gradient_accumulation_steps`, `steps_per_generation`, so the off-policy ratio too),
-learning rate and schedule,
-weight decay, gradient clipping, LoRA, activation checkpointing, saving and the seed (the vLLM options too, unused
-with `use_vllm false`). `test_overrides_change_only_size_and_hardware` checks that the overrides change exactly the
-fields listed in `OVERRIDES`; each run checks that every other `CEGPPOConfig` key of the recipe reached the trainer
-unchanged (its saved `training_args.bin`), the model keys through `model_init_kwargs` / the LoRA adapter's config, and
-the reward through the logged rewards.
-
-Each run must exit 0, save a model (or LoRA adapter) that loads and differs from the start, log the CE-GPPO metrics at
-both steps with the recipe's betas, and, with dynamic sampling on, have dropped some groups and kept others, trained on
-the first informative groups, and logged `cegppo/batch_fill` 1.0 at every step whose generation batch had enough
-informative groups to fill the training batch -- and a recipe that over-generates (`cegppo_oversampling` 2.0) must
-have had such a step, so the full-batch check really runs. Nothing is
-downloaded (HF_HUB_OFFLINE=1). The walks are `slow`; the checks of the walk's plan and of the docs' launch lines are
-fast.
+Size: the tiny model warm-started with `WALK_SFT_STEPS` SFT steps on the sums of `builtin:arithmetic`, and those sums
+(in a `.jsonl`, with the tiny recipe's instruction) as the data: ~65% of 8-sample groups at temperature 1 have both
+right and wrong answers, enough to fill the training batch of a recipe that over-generates 2x. Each run checks that
+every other key of the recipe reached the trainer unchanged (`training_args.bin`, `model_init_kwargs`, the LoRA
+adapter's config, the logged rewards); that it saved a model (or adapter) that loads and differs from the start; the
+CE-GPPO metrics at both steps with the recipe's betas; and, with dynamic sampling on, that groups were dropped and
+kept and `cegppo/batch_fill` is 1.0 at every step with enough informative groups (and a 2x recipe had such a step).
+The walks are `slow`; the plan and the docs' launch lines are checked fast.
 """
 
 import json
 import re
 import shlex
-import sys
 import time
-import warnings
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from launching import assert_trained_full_model, free_port, logged_steps, run_launched
-from shared import recipe_id
+from doc_blocks import DOCS, code_blocks
+from launching import assert_trained_full_model, launcher, logged_steps, run_launched
+from shared import assert_trained_lora_adapter, parse_train_args, recipe_id
+from test_launch import ADDED as LAUNCHED_CONFIGS
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,39 +47,21 @@ DDP_CONFIG = "multi_gpu.yaml"
 ERC_METRICS = ("cegppo/erc_low_frac", "cegppo/erc_high_frac")  # logged with cegppo_entropy_ratio_clip
 DDP_PROCESSES = 2
 
-# What the walk changes, with why. Everything else is the recipe's own value.
-SIZE_KEYS = frozenset(
-    {
-        "model_name_or_path",  # the tiny local model (its folder) in place of a Hub model
-        "dataset_name",  # builtin:arithmetic in place of a Hub data set
-        "problem_column",  # ... and its columns
-        "answer_column",
-        "instruction",  # ... and the prompt format the tiny model was trained on (the tiny recipe's)
-        "max_completion_length",
-        "max_steps",
-        "output_dir",
-    }
-)
-HARDWARE_KEYS = frozenset({"use_vllm", "bf16", "dtype", "use_cpu"})  # no GPU: no vLLM, no bf16
-OVERRIDES = {
+# What the walk changes; everything else is the recipe's own value. The launcher adds `--mixed_precision no`.
+SIZE_OVERRIDES = {
     "model_name_or_path": None,  # filled with the tiny model's folder
-    "dataset_name": None,  # filled with the walk's data file (the sums of builtin:arithmetic)
+    "dataset_name": None,  # filled with the walk's data file (the sums of builtin:arithmetic), with its columns
     "problem_column": "problem",
     "answer_column": "answer",
-    "instruction": yaml.safe_load(TINY_RECIPE.read_text())["instruction"],
+    "instruction": yaml.safe_load(TINY_RECIPE.read_text())["instruction"],  # the tiny model's prompt format
     "max_completion_length": "16",
     "max_steps": str(MAX_STEPS),
     "output_dir": None,  # filled with a temporary folder
-    "use_vllm": "false",
-    "bf16": "false",
-    "dtype": "float32",
-    "use_cpu": "true",
 }
-LAUNCHER_OVERRIDES = ("--mixed_precision", "no")  # plus --num_processes and a free --main_process_port
+HARDWARE_OVERRIDES = {"use_vllm": "false", "bf16": "false", "dtype": "float32", "use_cpu": "true"}  # no GPU
+OVERRIDES = {**SIZE_OVERRIDES, **HARDWARE_OVERRIDES}
 # (accelerate config, recipe) pairs that tests/test_launch.py runs (the tiny recipe on 2 processes).
-LAUNCH_TESTED = frozenset(
-    (config, "tiny/cegppo/config_cpu.yaml") for config in ("multi_gpu.yaml", "zero2.yaml", "zero3.yaml", "fsdp2.yaml")
-)
+LAUNCH_TESTED = frozenset((f"{config}.yaml", "tiny/cegppo/config_cpu.yaml") for config in LAUNCHED_CONFIGS)
 
 
 GPU_RECIPES = sorted(p for p in RECIPES_DIR.rglob("*.yaml") if p.relative_to(RECIPES_DIR).parts[0] != "tiny")
@@ -176,11 +128,6 @@ def override_args(model_dir, output_dir, data_file) -> list[str]:
     return [item for key, value in values.items() for item in (f"--{key}", value)]
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# The plan (fast)
-# ----------------------------------------------------------------------------------------------------------------
-
-
 def test_walk_covers_every_gpu_recipe():
     assert GPU_RECIPES, "no GPU recipe found under recipes/"
     walked = {(recipe, config) for recipe, config, _ in WALK}
@@ -199,14 +146,7 @@ def test_walk_covers_every_gpu_recipe():
 
 
 def test_override_list_is_size_and_hardware_only():
-    assert set(OVERRIDES) == SIZE_KEYS | HARDWARE_KEYS
-    assert not SIZE_KEYS & HARDWARE_KEYS
-
-
-def _parse(argv):
-    from cegppo_trl.scripts.train import make_parser
-
-    return make_parser().parse_args_and_config(args=argv)
+    assert not SIZE_OVERRIDES.keys() & HARDWARE_OVERRIDES.keys()
 
 
 @pytest.mark.parametrize("recipe", GPU_RECIPES, ids=recipe_id)
@@ -216,11 +156,8 @@ def test_overrides_change_only_size_and_hardware(recipe, tmp_path):
     import dataclasses
 
     values = yaml.safe_load(recipe.read_text())
-    # The recipe as a GPU user gets it (bf16 needs `use_cpu` on a machine without a GPU, see tests/test_recipes.py).
-    as_shipped = _parse(["--config", str(recipe), "--use_cpu", "true"])
-    walked = _parse(
-        ["--config", str(recipe), *override_args(tmp_path / "model", tmp_path / "out", tmp_path / "walk.jsonl")]
-    )
+    as_shipped = parse_train_args("--config", recipe)  # with `--use_cpu true`, as the walk's hardware swap has it
+    walked = parse_train_args("--config", recipe, *override_args(tmp_path / "m", tmp_path / "o", tmp_path / "w.jsonl"))
     changed = set()
     for ours, theirs in zip(as_shipped, walked):
         a, b = dataclasses.asdict(ours), dataclasses.asdict(theirs)
@@ -244,32 +181,13 @@ def _same(actual, expected) -> bool:
     return actual == expected
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# The docs' launch lines (fast, read-only over README.md and docs/*.md)
-# ----------------------------------------------------------------------------------------------------------------
-
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-
-
-SHELL_FENCES = ("", "bash", "sh", "shell", "console")
-
-
-def doc_launch_lines() -> list[tuple[str, str]]:
-    """(file, command) for every `accelerate launch` command in a shell code block of the README and docs/*.md."""
-    found = []
-    for doc in DOCS:
-        for lang, block in re.findall(r"^```([\w-]*)\n(.*?)^```", doc.read_text(), flags=re.S | re.M):
-            if lang in SHELL_FENCES:
-                found += [(doc.name, c) for c in _shell_commands(block) if re.search(r"\baccelerate launch\b", c)]
-    return found
-
-
 def test_doc_launch_lines_use_a_walked_config_and_recipe():
-    test_launch = (ROOT / "tests" / "test_launch.py").read_text()
-    for config, _ in LAUNCH_TESTED:  # guard: tests/test_launch.py still runs the tiny recipe under these configs
-        assert Path(config).stem in test_launch, f"tests/test_launch.py no longer runs {config}"
+    """Every `accelerate launch` of a shell block of the docs, skipped blocks too."""
     walked = {(config, recipe) for recipe, config, _ in WALK} | LAUNCH_TESTED
-    lines = doc_launch_lines()
+    blocks = [b for doc in DOCS for b in code_blocks(doc) if b.lang in ("", "bash", "sh", "shell", "console")]
+    lines = [
+        (b.doc.name, c) for b in blocks for c in _shell_commands(b.body) if re.search(r"\baccelerate launch\b", c)
+    ]
     assert len({doc for doc, _ in lines}) >= 2 and len(lines) >= 5, lines  # README.md and docs/launch.md at least
     for doc, command in lines:
         config_file, recipe, tokens = _launch_target(command)
@@ -278,11 +196,6 @@ def test_doc_launch_lines_use_a_walked_config_and_recipe():
         assert str(SCRIPT.relative_to(ROOT)) in tokens or "cegppo_trl.scripts.train" in tokens, f"{doc}: `{command}`"
         pair = (Path(config_file).name, recipe.removeprefix("recipes/"))
         assert pair in walked, f"{doc}: `{command}` launches {pair}, which neither the walk nor test_launch runs"
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# The walk (slow)
-# ----------------------------------------------------------------------------------------------------------------
 
 
 def write_walk_data(path: Path) -> Path:
@@ -326,11 +239,8 @@ def walk_model_dir(tmp_path_factory):
 
 
 def _launch(recipe: Path, config: str, processes: int, model_dir: Path, data_file: Path, output_dir: Path) -> float:
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS_DIR / config)]
-    if processes > 1:
-        launcher += ["--num_processes", str(processes), "--main_process_port", str(free_port())]
-    launcher += [*LAUNCHER_OVERRIDES, str(SCRIPT), "--config", str(recipe)]
-    cmd = [*launcher, *override_args(model_dir, output_dir, data_file)]
+    cmd = [*launcher(processes, config), str(SCRIPT), "--config", str(recipe)]
+    cmd += override_args(model_dir, output_dir, data_file)
     start = time.perf_counter()
     run_launched(cmd, cwd=ROOT, timeout=TIMEOUT_S, clean=output_dir)
     return time.perf_counter() - start
@@ -424,30 +334,22 @@ def _check_training_args(output_dir: Path, values: dict):
 
 
 def _check_saved_model(output_dir: Path, values: dict, model_dir: Path):
-    from transformers import AutoModelForCausalLM
+    if not values.get("use_peft"):
+        return assert_trained_full_model(output_dir, model_dir)
+    adapter = json.loads((output_dir / "adapter_config.json").read_text())
+    assert adapter["r"] == values["lora_r"] and adapter["lora_alpha"] == values["lora_alpha"]
+    assert adapter["lora_dropout"] == values.get("lora_dropout", 0.05)
+    if values.get("lora_target_modules") == "all-linear":
+        from transformers import AutoModelForCausalLM
 
-    base = AutoModelForCausalLM.from_pretrained(model_dir)
-    if values.get("use_peft"):
-        from peft import PeftModel
-
-        assert (output_dir / "adapter_config.json").is_file() and not (output_dir / "model.safetensors").exists()
-        adapter = json.loads((output_dir / "adapter_config.json").read_text())
-        assert adapter["r"] == values["lora_r"] and adapter["lora_alpha"] == values["lora_alpha"]
-        assert adapter["lora_dropout"] == values.get("lora_dropout", 0.05)
-        if values.get("lora_target_modules") == "all-linear":
-            linear = {
-                name.rsplit(".", 1)[-1]
-                for name, module in base.named_modules()
-                if isinstance(module, torch.nn.Linear) and "lm_head" not in name
-            }
-            assert set(adapter["target_modules"]) == linear
-        with warnings.catch_warnings():  # peft asks transformers' deprecated `is_gradient_checkpointing`
-            warnings.simplefilter("ignore", FutureWarning)
-            model = PeftModel.from_pretrained(base, output_dir)
-        lora_b = [p for n, p in model.named_parameters() if "lora_B" in n]
-        assert lora_b and any(p.abs().sum() > 0 for p in lora_b), "LoRA B matrices are still zero: nothing trained"
-        return
-    assert_trained_full_model(output_dir, model_dir)
+        base = AutoModelForCausalLM.from_pretrained(model_dir)
+        linear = {
+            name.rsplit(".", 1)[-1]
+            for name, module in base.named_modules()
+            if isinstance(module, torch.nn.Linear) and "lm_head" not in name
+        }
+        assert set(adapter["target_modules"]) == linear
+    assert_trained_lora_adapter(output_dir, model_dir)
 
 
 @pytest.mark.slow

@@ -3,10 +3,8 @@ stand-ins for SLURM (tests/standins/slurm/: `srun` starts each "node" of a step 
 SLURM_* variables of its task; `scontrol show hostnames`; the batch shell's SLURM_* variables set here). The nodes are
 127.0.0.1 and 127.0.0.2 (both loopback), so the launchers really rendezvous over TCP as separate machines would.
 
-* Fast, with recorders for `accelerate` and `vllm` (tests/standins/recorders/): every node gets its own machine rank
-  (and a copy of the script with the double-quoted `$SLURM_NODEID` trap gives every node rank 0, which the same check
-  catches), gradient accumulation and precision come from the recipe as the trainer parses it, every srun has
-  --kill-on-bad-exit=1, and the vLLM node runs `vllm serve` with the flags TRL 1.16's `trl vllm-serve` would add.
+* Fast, with recorders for `accelerate` and `vllm` (tests/standins/recorders/): what each node's launcher and the vLLM
+  node are started with.
 * Slow: 2 nodes x 1 process (gloo) train the tiny recipe (`builtin:tiny`: both nodes start building it into the shared
   output_dir together), checkpoint, are stopped by SIGTERM sent to every process of the step (as SLURM's
   `--signal=TERM@120` does before the time limit), and the same sbatch command resumes and finishes; `evaluate.slurm`
@@ -25,7 +23,9 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from launching import free_port, subprocess_env
+from shared import assert_trls_vllm_serve_settings
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,16 +73,19 @@ def run_batch(script: Path, args: list[str], env: dict, cwd: Path, **kwargs) -> 
     return subprocess.run(["bash", str(script), *args], env=env, cwd=cwd, capture_output=True, text=True, **kwargs)
 
 
-def test_each_node_gets_its_own_machine_rank_and_the_vllm_node_serves(tmp_path):
-    import yaml
-    from trl.scripts.vllm_serve import ScriptArguments, build_command
-
+def recorded_batch(script: Path, args: list[str], nodes: str, tmp_path: Path) -> Path:
+    """Run `script` with the recorders for `accelerate` and `vllm`; it must exit 0. Returns the stand-ins' log."""
     log = tmp_path / "slurm.jsonl"
+    proc = run_batch(script, args, slurm_env(log, nodes, recorders=True), tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return log
+
+
+def test_each_node_gets_its_own_machine_rank_and_the_vllm_node_serves(tmp_path):
     args = ["--recipe", PAPER_RECIPE, "--accelerate-config", "zero2", "--processes-per-node", "4", "--vllm-node",
             "--vllm-tp", "2", "--", "--use_cpu", "true", "--gradient_accumulation_steps", "4",
             "--steps_per_generation", "32"]  # fmt: skip
-    proc = run_batch(TRAIN_SLURM, args, slurm_env(log, "node[1-3]", recorders=True), tmp_path, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    log = recorded_batch(TRAIN_SLURM, args, "node[1-3]", tmp_path)
     assert machine_ranks(log) == [0, 1]
     launches = events(log, "accelerate")
     recipe = yaml.safe_load((ROOT / PAPER_RECIPE).read_text())
@@ -102,13 +105,7 @@ def test_each_node_gets_its_own_machine_rank_and_the_vllm_node_serves(tmp_path):
     argv = vllm["argv"]
     assert argv[:2] == ["serve", recipe["model_name_or_path"]]
     assert (option(argv, "--tensor-parallel-size"), option(argv, "--data-parallel-size")) == ("2", "2")
-    # The settings TRL 1.16's `trl vllm-serve` imposes on `vllm serve` (its build_command; --enable-scale-out only
-    # when vllm >= 0.30.0 is installed, which the `vllm` extra pins).
-    trl = build_command(ScriptArguments(model="m"))
-    imposed = trl[trl.index("--weight-transfer-config") :]
-    for flag in imposed[::2]:
-        assert option(argv, flag) == option(imposed, flag), flag
-    assert "--enable-scale-out" in argv
+    assert_trls_vllm_serve_settings(argv)
     steps = events(log, "step")
     assert sorted(s["nodes"] for s in steps) == [["node1", "node2"], ["node3"]]
     assert all(s["kill_on_bad_exit"] for s in steps), "every srun needs --kill-on-bad-exit=1"
@@ -123,14 +120,10 @@ def test_the_rank_check_catches_a_double_quoted_slurm_nodeid(tmp_path):
     assert shipped.count(correct) == 1
     trapped = tmp_path / "trapped.slurm"
     trapped.write_text(shipped.replace(correct, "--machine_rank '\"$SLURM_NODEID\"'"))
-    log = tmp_path / "slurm.jsonl"
     args = ["--recipe", PAPER_RECIPE, "--accelerate-config", "multi_gpu", "--", "--use_cpu", "true"]
-    proc = run_batch(trapped, args, slurm_env(log, "node[1-2]", recorders=True), tmp_path, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    log = recorded_batch(trapped, args, "node[1-2]", tmp_path)
     assert machine_ranks(log) == [0, 0]
     # With no override the launcher takes the recipe's gradient accumulation.
-    import yaml
-
     expected = str(yaml.safe_load((ROOT / PAPER_RECIPE).read_text())["gradient_accumulation_steps"])
     assert {option(e["argv"], "--gradient_accumulation_steps") for e in events(log, "accelerate")} == {expected}
 
@@ -144,10 +137,6 @@ def test_unknown_or_missing_options_stop_before_any_step(tmp_path):
     assert proc.returncode == 2 and "unknown option --vllm" in proc.stderr
     assert not log.exists(), "a step was started"
 
-
-# ----------------------------------------------------------------------------------------------------------------
-# Slow: two simulated nodes train, are stopped by SIGTERM, resume; then the evaluation script
-# ----------------------------------------------------------------------------------------------------------------
 
 SAVE_STEPS, MAX_STEPS = 4, 8  # the tiny recipe's generation batch feeds 4 optimizer steps: checkpoints at boundaries
 

@@ -12,8 +12,10 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
+from shared import parse_train_args
+from trl_batches import build
 
-from cegppo_trl.data import write_jsonl
+from cegppo_trl.data import DatasetFormatError, load_math_dataset, write_jsonl
 from cegppo_trl.scripts.stopping import interrupted_message, last_complete_checkpoint
 from cegppo_trl.scripts.train import build_reward_funcs, main, make_parser
 
@@ -85,8 +87,6 @@ DATA_FAULTS = {
 
 @pytest.mark.parametrize("fault", DATA_FAULTS)
 def test_a_bad_data_set_is_one_line_and_exit_2(fault, tmp_path, capsys):
-    from cegppo_trl.data import DatasetFormatError, load_math_dataset
-
     rows, words = DATA_FAULTS[fault]
     data = write_jsonl(rows, tmp_path / "data.jsonl")
     assert main(["--config", str(TINY_RECIPE), "--dataset_name", data, "--output_dir", str(tmp_path / "o")]) == 2
@@ -109,10 +109,6 @@ def test_a_data_set_smaller_than_a_generation_batch_is_refused(
     tmp_path, tiny_checkpoint, capsys, tiny_model, tiny_tokenizer
 ):
     """It trained 0 steps, exited 0 and saved the untrained model. The tiny recipe's generation batch: 8 prompts."""
-    from trl_batches import build
-
-    from cegppo_trl import load_math_dataset
-
     argv = ["--config", str(TINY_RECIPE), "--model_name_or_path", str(tiny_checkpoint), "--max_train_samples", "7"]
     assert main([*argv, "--output_dir", str(tmp_path / "o")]) == 2
     assert "has 7 prompts, fewer than the 8 of one generation batch" in _error_line(capsys.readouterr().err)
@@ -140,9 +136,6 @@ def test_a_reward_that_returns_none_for_every_completion_stops_the_run(tmp_path,
 def test_a_truncated_weights_file_is_named(tmp_path, tiny_checkpoint, capsys):
     import shutil
 
-    from trl_batches import build
-
-    from cegppo_trl import load_math_dataset
     from cegppo_trl.model_source import UnreadableWeightsError
 
     model_dir = tmp_path / "model"
@@ -213,33 +206,25 @@ def test_every_flag_is_read_or_refused():
     assert unread(config, training) == set()
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# What parses: both spellings of --config, a shipped recipe, the prompt words, rewards from the current directory
-# ----------------------------------------------------------------------------------------------------------------
-
-
 def test_config_spellings_and_the_prompt_words(tmp_path, monkeypatch):
     from cegppo_trl.data import DEFAULT_INSTRUCTION
 
-    def parsed(*flags):
-        return make_parser().parse_args_and_config(args=list(flags))
-
     for spelling in (["--config", str(TINY_RECIPE)], [f"--config={TINY_RECIPE}"]):
-        _, config, _ = parsed(*spelling, "--max_steps", "3")
+        _, config, _ = parse_train_args(*spelling, "--max_steps", "3")
         assert config.max_steps == 3 and config.learning_rate == 1.0e-3  # the recipe read, the flag wins
     monkeypatch.chdir(tmp_path)  # no recipes/ here: the copy shipped with the package
-    script_args, _, _ = parsed("--config", "recipes/tiny/cegppo/config_cpu.yaml", "--system_prompt", "none")
+    script_args, _, _ = parse_train_args("--config", "recipes/tiny/cegppo/config_cpu.yaml", "--system_prompt", "none")
     assert script_args.system_prompt is None and script_args.dataset_name == "builtin:arithmetic"
     words = {"none": None, "default": DEFAULT_INSTRUCTION, "Q: {problem}": "Q: {problem}"}
     for word, meaning in words.items():  # as cegppo-eval reads them
-        assert parsed("--config", str(TINY_RECIPE), "--instruction", word)[0].instruction == meaning
+        assert parse_train_args("--config", str(TINY_RECIPE), "--instruction", word)[0].instruction == meaning
 
 
 def test_rewards_from_the_current_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))
     (tmp_path / "cli_msg_rewards.py").write_text("def short(completions, **kwargs):\n    return [0.0]\n")
-    script_args = make_parser().parse_args_and_config(args=["--config", str(TINY_RECIPE)])[0]
+    script_args = parse_train_args("--config", TINY_RECIPE)[0]
     script_args.reward_funcs = ["math", "cli_msg_rewards.short"]
     funcs = build_reward_funcs(script_args)
     assert funcs[1].__name__ == "short" and funcs[1](["x"]) == [0.0]
@@ -251,11 +236,6 @@ def test_help_describes_the_command(capsys):
     assert exit_info.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "Train a causal language model with CE-GPPO" in text and "--cegppo_beta1" in text
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# A stopped run names its last complete checkpoint and the command that resumes from it
-# ----------------------------------------------------------------------------------------------------------------
 
 
 def test_interrupted_message_names_the_last_complete_checkpoint(tmp_path):

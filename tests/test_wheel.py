@@ -2,12 +2,8 @@
 environment outside the checkout, and from a directory that is not the checkout run the README's quick start (with
 the doc harness's stand-ins), `cegppo-demo --quick` and `cegppo-train` on the tiny recipe.
 
-The wheel, its environment and the two end-to-end runs are the session fixtures of conftest.py (`wheel_dist`,
-`wheel_venv`, `quick_demo`, `tiny_recipe_run`), shared with the other slow tests. The fresh environment gets the wheel
-with `pip install --no-deps --no-index`; its third-party dependencies come from the environment running the tests,
-through a `.pth` line (no download, and the checkout's own editable install is not visible there). A check then
-proves the wheel's declared base requirements are met by what it finds, and `cegppo_trl.__file__` proves the wheel,
-not the checkout, is imported.
+The wheel, its environment (no download: see `wheel_venv`) and the two end-to-end runs are the session fixtures of
+conftest.py, shared with the other slow tests. `cegppo_trl.__file__` proves the wheel, not the checkout, is imported.
 """
 
 import json
@@ -15,7 +11,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from doc_blocks import FAST_CONFIG, code_blocks, swap_ids
+from doc_blocks import FAST_CONFIG, readme_quick_start, swap_ids
 from shared import run_checked, wheel_env
 
 
@@ -71,7 +67,7 @@ def test_installed_package_is_the_wheel(wheel_venv, tmp_path):
 
 def test_quick_start_from_the_wheel(wheel_venv, stand_ins, tmp_path):
     """The README's first python block, with the doc harness's stand-ins, in the wheel's environment."""
-    block = next(b for b in code_blocks(ROOT / "README.md") if b.lang == "python")
+    block = readme_quick_start()
     script = tmp_path / "quick_start.py"
     script.write_text(
         "import cegppo_trl\n"
