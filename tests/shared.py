@@ -114,7 +114,6 @@ def wheel_env(venv: Path) -> dict:
     return env
 
 
-# --- s3a ---
 EVAL_SETTING_NAMES = ["instruction", "system_prompt", "temperature", "top_p", "top_k", "max_new_tokens"]
 
 
@@ -164,7 +163,6 @@ def assert_saved_settings(path: Path, instruction: str, temperature: float, max_
     assert load_eval_settings(path) == {"instruction": instruction, "system_prompt": "", **sampling}
 
 
-# --- s3e ---
 def load_script(path: Path):
     """A Python file outside the package (.ci/, experiments/) imported as a module, under its file's name."""
     import importlib.util
@@ -175,7 +173,6 @@ def load_script(path: Path):
     return module
 
 
-# --- s3b ---
 def parse_train_args(*argv: str):
     """`cegppo-train`'s parse of `argv` + `--use_cpu true` (no GPU here: a recipe's `bf16: true` then parses), failing
     on a deprecated option (ours, TRL's or transformers' warn with a FutureWarning or DeprecationWarning)."""
