@@ -20,7 +20,6 @@ from datasets import Dataset
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
 
 
-warnings.filterwarnings("ignore")
 OLD_LOGP_NOISE = 0.5  # spreads the ratios over every CE-GPPO branch (both clipped sets) from the first step on
 OLD_ENTROPY_NOISE = 0.1  # log-normal factor on the old entropies: ~60% of tokens leave (0.95, 1.05), on both sides
 BASE = dict(
@@ -144,6 +143,7 @@ def run(model_dir: str, out_dir: Path, scenario: dict) -> None:
 
 
 def main() -> None:
+    warnings.filterwarnings("ignore")  # in the launched worker only: importing this module leaves pytest's filters
     model_dir, out_dir, scenarios = sys.argv[1], Path(sys.argv[2]), json.loads(Path(sys.argv[3]).read_text())
     for scenario in scenarios:
         run(model_dir, out_dir, scenario)
