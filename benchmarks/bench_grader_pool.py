@@ -1,20 +1,9 @@
 """The grading pool of cegppo_trl.rewards (``grading.GraderPool``) against ``pebble.ProcessPool``, on the same batches.
 
-Both pools grade raw ``(answer, gold)`` pairs with math-verify (LaTeX extraction, no signal timeouts inside) and a
-per-task timeout; pebble's worker function does the same parse/verify as ours, with the same 3 GiB address-space
-limit (above what ``fork`` inherits) and the same warm-up in its initializer. Rows, each in a fresh process:
-
-- start-up: pool creation to the first result (interpreter start, sympy import and warm-up in the worker);
-- ordinary: the distinct pairs of one GRPO step (benchmarks/bench_reward.py's mix) that need math-verify, pairs/s;
-- hostile: towers, huge factorials/binomials, slow polynomials and sums sent straight to the pool (no pre-filters),
-  then ordinary pairs that must still be graded right;
-- 2 ranks (torchrun, as ``accelerate launch`` does): each rank grades with its own pool; no worker may outlive it;
-- no ``__main__`` guard: a script file that builds the pool at top level (default start method, and ``forkserver``,
-  the default on Linux from Python 3.14);
-- forked DataLoader worker: the pool is used in the parent, then inside a ``torch`` DataLoader worker (fork).
-
-Needs ``pip install pebble`` (and torch for the DataLoader row). docs/rewards_and_data.md ("Own pool or pebble")
-quotes it.
+Both grade raw ``(answer, gold)`` pairs with math-verify, a per-task timeout, the same 3 GiB address-space limit and
+warm-up; each row (start-up, ordinary, hostile, 2 ranks, no ``__main__`` guard, DataLoader worker) runs in a fresh
+process. Needs ``pip install pebble`` (and torch for the DataLoader row). docs/rewards_and_data.md ("Own pool or
+pebble") describes the rows and quotes the table.
 """
 
 from __future__ import annotations
