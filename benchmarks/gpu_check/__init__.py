@@ -61,20 +61,14 @@ def parse_args(argv=None):
     p.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, same code path")
     p.add_argument("--force-no-cuda", action="store_true", help="behave as if no GPU were present (tests)")
     p.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="parts to run (default: all)")
-    p.add_argument(
-        "--cases", nargs="+", default=None, help="loss cases, a subset of: " + " ".join(c[0] for c in FULL_CASES)
-    )
-    p.add_argument("--completion-len", type=int, default=None, help="loss benchmark tokens (default 4096; smoke: 32)")
-    p.add_argument("--batch", type=int, default=None, help="completions per micro-batch (default 1; smoke: 2)")
-    p.add_argument("--repeats", type=int, default=None, help="interleaved rounds per case (default 5; smoke: 1)")
+    p.add_argument("--cases", nargs="+", help="loss cases, a subset of: " + " ".join(c[0] for c in FULL_CASES))
+    p.add_argument("--completion-len", type=int, help="loss benchmark tokens (default 4096; smoke: 32)")
+    p.add_argument("--batch", type=int, help="completions per micro-batch (default 1; smoke: 2)")
+    p.add_argument("--repeats", type=int, help="interleaved rounds per case (default 5; smoke: 1)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    p.add_argument(
-        "--deadline-s", type=float, default=None, help="skip the loss cases left after this many seconds (GPU: 150)"
-    )
-    p.add_argument("--workdir", default=None, help="folder for the recipe runs' model, outputs, logs and reports "
-                   "(kept; default: a temporary folder, removed at the end)")  # fmt: skip
-    p.add_argument("--recipe-completion-len", type=int, default=None, help="recipes' max_completion_length "
-                   "(default 256; smoke: 16)")  # fmt: skip
+    p.add_argument("--deadline-s", type=float, help="skip the loss cases left after this many seconds (GPU: 150)")
+    p.add_argument("--workdir", help="recipe runs' model, outputs, logs, reports (kept; default: a temp folder)")
+    p.add_argument("--recipe-completion-len", type=int, help="recipes' max_completion_length (default 256; smoke: 16)")
     p.add_argument("--generation", default="auto", choices=rc.GENERATION, help="recipes' generation: auto = vLLM "
                    "(the recipes' setting) where installed, else HF generate; continuous_batching = TRL's "
                    "use_transformers_continuous_batching")  # fmt: skip
@@ -89,12 +83,8 @@ def eq8_check(trainers, model, shape, device, batch_size, completion_len):
     batch["advantages"][: batch_size // 2] = batch["advantages"][: batch_size // 2].abs()
     params = [p for p in model.parameters() if p.requires_grad]
     c = bs.reference_gradient_check(trainers, model, params, batch, "cegppo", "grpo")  # the betas in force
-    ok = (
-        c["loss_err"] <= 2e-2
-        and c["cos"] >= 0.999
-        and c["rel"] <= 5e-2
-        and c["control_rel"] > 10 * max(c["rel"], 1e-3)
-    )
+    ok = c["loss_err"] <= 2e-2 and c["cos"] >= 0.999 and c["rel"] <= 5e-2
+    ok = ok and c["control_rel"] > 10 * max(c["rel"], 1e-3)
     print(
         f"EQ8 {'PASS' if ok else 'FAIL'}: dtype={next(model.parameters()).dtype} B={batch_size} T={completion_len} "
         f"clipped={c['marked']:.3f} loss={c['loss']:.6f} ref={c['ref']:.6f} loss_rel_err={c['loss_err']:.2e} "

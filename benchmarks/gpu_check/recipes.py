@@ -1,11 +1,7 @@
 """The GPU check's `lora` and `paper` parts: the shipped DeepSeek-R1-Distill-Qwen-1.5B CE-GPPO recipes launched as a
-user launches them, on a random-init model of that shape built locally, then `cegppo-eval` on what each run saved.
-
-    accelerate launch --config_file accelerate_configs/single_gpu.yaml examples/train_cegppo.py --config <recipe> ...
-
-Only size and hardware are swapped, on the command line after `--config` (TrlParser lets flags override a recipe);
-every other recipe option stays on as the recipe has it. docs/scaling.md ("GPU check") lists the swaps, and each
-`RECIPE` line says which were made (`swaps`); a `split_groups` reward is added to `math` (benchmarks/split_reward.py).
+user launches them (`accelerate launch ... examples/train_cegppo.py --config <recipe>`), on a random-init model of
+that shape built locally, then `cegppo-eval` on what each run saved. Only size and hardware are swapped, by flags
+after `--config`; docs/scaling.md ("GPU check") lists the swaps, and each `RECIPE` line says which (`swaps`).
 """
 
 from __future__ import annotations
@@ -287,20 +283,13 @@ def run_recipe(run: RecipeRun, model_dir: Path, workdir: Path, sizes: Sizes, gen
 
 def eval_figures(report_path: Path) -> dict | None:
     """The built-in eval set's figures from a `cegppo-eval` report: problems, k, avg@k, pass@k, seconds."""
-    if not report_path.exists():
-        return None
-    report = json.loads(report_path.read_text())
+    report = json.loads(report_path.read_text()) if report_path.exists() else {}
     result = report.get("datasets", {}).get("builtin:arithmetic_eval")
     if not result:
         return None
-    k = result["k"]
-    return {
-        "problems": result["num_problems"],
-        "k": k,
-        "accuracy": result[f"avg@{k}"],
-        "pass_k": result.get(f"pass@{k}", float("nan")),
-        "seconds": result.get("seconds", float("nan")),
-    }
+    k, nan = result["k"], float("nan")
+    figures = dict(problems=result["num_problems"], k=k, accuracy=result[f"avg@{k}"])
+    return dict(figures, pass_k=result.get(f"pass@{k}", nan), seconds=result.get("seconds", nan))
 
 
 def run_eval(name: str, model_dir: Path, workdir: Path, sizes: Sizes) -> bool:
