@@ -75,12 +75,8 @@ def overhead_only(points, variants, repeats=5):
             bwd.append((time.perf_counter() - t0) * 1e3)
         row["corr_bwd_ms"] = statistics.median(bwd[1:])
         rows.append(row)
-        print(
-            f"{t_len:>5} {b:>2} {t_len * b:>6} "
-            + " ".join(f"{v}={row[f'delta_ms_{v}']:7.2f}" for v in variants)
-            + f"  correction backward={row['corr_bwd_ms']:6.2f}",
-            flush=True,
-        )
+        deltas = " ".join(f"{v}={row[f'delta_ms_{v}']:7.2f}" for v in variants)
+        print(f"{t_len:>5} {b:>2} {t_len * b:>6} {deltas}  correction backward={row['corr_bwd_ms']:6.2f}", flush=True)
     return rows
 
 
@@ -143,12 +139,8 @@ def main(argv=None) -> list[dict]:
     device = torch.device("cpu")
     shape = bs.TINY if args.tiny else bs.QWEN2_1_5B
     points = [parse_point(p) for p in args.points]
-    if args.variant_points is not None:
-        variant_points = {parse_point(p) for p in args.variant_points}
-    elif args.points != DEFAULT_POINTS:
-        variant_points = set(points)
-    else:
-        variant_points = {parse_point(p) for p in DEFAULT_VARIANT_POINTS}
+    chosen = args.variant_points or (args.points if args.points != DEFAULT_POINTS else DEFAULT_VARIANT_POINTS)
+    variant_points = {parse_point(p) for p in chosen}
 
     model = bs.build_model(shape, args.layers, device)
     n_params = sum(p.numel() for p in model.parameters())
@@ -215,27 +207,17 @@ def plot(results, path, overhead=None):
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8), sharey=False)
-    for ax, key, title in zip(
-        axes,
-        ("lb_ratio", "step_ratio", "mem_ratio"),
-        ("loss + backward time", "training step time (+AdamW)", "loss + backward peak memory"),
-    ):
+    titles = ("loss + backward time", "training step time (+AdamW)", "loss + backward peak memory")
+    for ax, key, title in zip(axes, ("lb_ratio", "step_ratio", "mem_ratio"), titles):
         for variant, marker in zip(VARIANTS, "osDv"):
             rows = sorted((r for r in results if r["variant"] == variant), key=lambda r: (r["T"] * r["B"], r["B"]))
             if not rows:
                 continue
-            x = [r["T"] * r["B"] for r in rows]
-            ax.plot(
-                x,
-                [r[key] for r in rows],
-                marker=marker,
-                linestyle="-" if variant == "base" else "none",
-                label=f"CE-GPPO {variant}",
-            )
-            for r in rows:
-                ax.annotate(
-                    f"B={r['B']}", (r["T"] * r["B"], r[key]), fontsize=7, xytext=(3, 3), textcoords="offset points"
-                )
+            points = [(r["T"] * r["B"], r[key]) for r in rows]
+            style = dict(marker=marker, linestyle="-" if variant == "base" else "none", label=f"CE-GPPO {variant}")
+            ax.plot(*zip(*points), **style)
+            for r, point in zip(rows, points):
+                ax.annotate(f"B={r['B']}", point, fontsize=7, xytext=(3, 3), textcoords="offset points")
         if key == "lb_ratio" and overhead:
             # Bound from CE-GPPO's own cost over a GRPO step, extrapolated linearly in tokens from the largest base
             # point measured.

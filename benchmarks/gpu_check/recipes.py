@@ -210,11 +210,13 @@ def run_logged(command: list[str], log_path: Path, sizes: Sizes, timeout_s: floa
     return status, seconds, f"gpu_peak_gib={peak[0] / 2**30:.1f}" if gpu else "gpu_peak_gib=nan"
 
 
-def log_tail(log_path: Path, lines: int = 8) -> str:
-    """The last error-looking lines of a log (or its last lines), for a failed run's report."""
-    text = log_path.read_text(errors="replace").splitlines() if log_path.exists() else []
-    errors = [line for line in text if re.search(r"Error|error:|Traceback|cegppo-(train|eval):", line)]
-    return " | ".join((errors or text)[-lines:])[-1500:]
+def print_line(line: str, ok: bool, log_path: Path) -> None:
+    """Print a RECIPE / EVAL line; a failed run's ends with the last error-looking lines of its log (or its last)."""
+    if not ok:
+        text = log_path.read_text(errors="replace").splitlines() if log_path.exists() else []
+        errors = [entry for entry in text if re.search(r"Error|error:|Traceback|cegppo-(train|eval):", entry)]
+        line += " | " + " | ".join((errors or text)[-8:])[-1500:]
+    print(line, flush=True)
 
 
 def read_recipe(run: RecipeRun) -> dict:
@@ -275,9 +277,7 @@ def run_recipe(run: RecipeRun, model_dir: Path, workdir: Path, sizes: Sizes, gen
     line += f" | {memory} | recipe={run.recipe.relative_to(ROOT)} completion_len={sizes.completion_len}"
     line += " batch=" + (",".join(f"{k}={v}" for k, v in run.batch.items()) or "recipe's")
     line += " | swapped: " + "; ".join(swaps(run, sizes, generation)) + f" | log={log_path}"
-    if not ok:
-        line += f" | {log_tail(log_path)}"
-    print(line, flush=True)
+    print_line(line, ok, log_path)
     return output_dir if ok else None
 
 
@@ -307,9 +307,7 @@ def run_eval(name: str, model_dir: Path, workdir: Path, sizes: Sizes) -> bool:
             f"(avg@{figures['k']}) pass@{figures['k']}={figures['pass_k']:.3f} seconds={figures['seconds']:.1f}"
         )
     line += f" wall_s={wall:.0f} {memory} max_new_tokens={sizes.eval_new_tokens} report={report}"
-    if not ok:
-        line += f" | {log_tail(log_path)}"
-    print(line, flush=True)
+    print_line(line, ok, log_path)
     return ok
 
 
