@@ -233,8 +233,7 @@ class _TrlChild:
         if not ready:  # abandoned: a fresh child for the next item
             self.close()
             return None, cap
-        value, seconds = json.loads(self.proc.stdout.readline())
-        return value, seconds
+        return tuple(json.loads(self.proc.stdout.readline()))
 
     def close(self) -> None:
         if self.proc is not None:
