@@ -1,20 +1,9 @@
 """The grading pool of cegppo_trl.rewards (``grading.GraderPool``) against ``pebble.ProcessPool``, on the same batches.
 
-Both pools grade raw ``(answer, gold)`` pairs with math-verify (LaTeX extraction, no signal timeouts inside) and a
-per-task timeout; pebble's worker function does the same parse/verify as ours, with the same 3 GiB address-space
-limit (above what ``fork`` inherits) and the same warm-up in its initializer. Rows, each in a fresh process:
-
-- start-up: pool creation to the first result (interpreter start, sympy import and warm-up in the worker);
-- ordinary: the distinct pairs of one GRPO step (benchmarks/bench_reward.py's mix) that need math-verify, pairs/s;
-- hostile: towers, huge factorials/binomials, slow polynomials and sums sent straight to the pool (no pre-filters),
-  then ordinary pairs that must still be graded right;
-- 2 ranks (torchrun, as ``accelerate launch`` does): each rank grades with its own pool; no worker may outlive it;
-- no ``__main__`` guard: a script file that builds the pool at top level (default start method, and ``forkserver``,
-  the default on Linux from Python 3.14);
-- forked DataLoader worker: the pool is used in the parent, then inside a ``torch`` DataLoader worker (fork).
-
-Needs ``pip install pebble`` (and torch for the DataLoader row). docs/rewards_and_data.md ("Own pool or pebble")
-quotes it.
+Both grade raw ``(answer, gold)`` pairs with math-verify, a per-task timeout, the same 3 GiB address-space limit and
+warm-up; each row (start-up, ordinary, hostile, 2 ranks, no ``__main__`` guard, DataLoader worker) runs in a fresh
+process. Needs ``pip install pebble`` (and torch for the DataLoader row). docs/rewards_and_data.md ("Own pool or
+pebble") describes the rows and quotes the table.
 """
 
 from __future__ import annotations
@@ -42,6 +31,7 @@ ORDINARY_CHECK = [
     ("[1, 2)", "(1,2)", "wrong"),
     (r"\{1,2\}", r"\{2,1\}", "correct"),
 ]
+CHECK_PAIRS, CHECK_STATUSES = [(a, g) for a, g, _ in ORDINARY_CHECK], [expected for *_, expected in ORDINARY_CHECK]
 HOSTILE = [
     (r"9^{9^{9^{9^9}}}", "1"),
     ("99999999!", "7"),
@@ -67,10 +57,6 @@ def _children() -> list[int]:
     """Pids of the live (non-zombie) direct children of this process."""
     me = os.getpid()
     return [int(e) for e in os.listdir("/proc") if e.isdigit() and (s := _stat(e)) and int(s[1]) == me and s[0] != "Z"]
-
-
-def _alive(pid: int) -> bool:
-    return _stat(pid)[:1] not in ([], ["Z"])
 
 
 class OwnPool:
@@ -166,19 +152,6 @@ class PebblePool:
 POOLS = {"own": OwnPool, "pebble": PebblePool}
 
 
-def _ordinary_pairs(n: int = 2048) -> list[tuple[str, str]]:
-    from bench_reward import build_mix, pool_pair
-
-    ordinary, _, _ = build_mix(n)
-    pairs = (pool_pair(completion, gold) for completion, gold in ordinary)
-    return list(dict.fromkeys(pair for pair in pairs if pair is not None))
-
-
-def _check(pool, timeout_s: float) -> bool:
-    statuses = pool.grade([(a, g) for a, g, _ in ORDINARY_CHECK], timeout_s)
-    return statuses == [expected for *_, expected in ORDINARY_CHECK]
-
-
 def case_startup(kind: str, workers: int, timeout_s: float) -> dict:
     start = time.perf_counter()
     pool = POOLS[kind](workers)
@@ -195,13 +168,16 @@ def _timed(kind: str, workers: int, timeout_s: float, pairs) -> tuple[list[str],
     start = time.perf_counter()
     statuses = pool.grade(pairs, timeout_s)
     seconds = time.perf_counter() - start
-    ok = _check(pool, timeout_s)
+    ok = pool.grade(CHECK_PAIRS, timeout_s) == CHECK_STATUSES
     pool.close()
     return statuses, seconds, ok
 
 
 def case_ordinary(kind: str, workers: int, timeout_s: float) -> dict:
-    pairs = _ordinary_pairs()
+    from bench_reward import build_mix, pool_pair
+
+    pairs = [pool_pair(completion, gold) for completion, gold in build_mix(2048)[0]]  # one GRPO step's ordinary part
+    pairs = list(dict.fromkeys(pair for pair in pairs if pair is not None))  # those that need math-verify, once each
     statuses, seconds, ok = _timed(kind, workers, timeout_s, pairs)
     slow = sum(s in ("timeout", "error") for s in statuses)
     return {"ok": ok and slow == 0, "cell": f"{len(pairs) / seconds:.0f} pairs/s ({len(pairs)}; {slow} t/o)"}
@@ -224,11 +200,11 @@ def case_rank(kind: str, workers: int, timeout_s: float) -> dict:
     workers = grading.default_num_workers()  # CPUs / LOCAL_WORLD_SIZE, as math_reward does
     start = time.perf_counter()
     pool = POOLS[kind](workers)
-    statuses = pool.grade([*HOSTILE[:2], *[(a, g) for a, g, _ in ORDINARY_CHECK]], timeout_s)
+    statuses = pool.grade([*HOSTILE[:2], *CHECK_PAIRS], timeout_s)
     pids = _children()
     seconds = time.perf_counter() - start
     pool.close()
-    ok = statuses[2:] == [expected for *_, expected in ORDINARY_CHECK] and "correct" not in statuses[:2]
+    ok = statuses[2:] == CHECK_STATUSES and "correct" not in statuses[:2]
     return {"ok": ok, "rank": int(os.environ.get("RANK", "0")), "pids": pids, "seconds": seconds}
 
 
@@ -295,23 +271,22 @@ def run_ranks(kind: str, args) -> str:
         return f"FAIL: hung, killed at {seconds:.0f} s"
     if code != 0 or len(reports) != 2:
         return f"FAIL: exit {code}, {len(reports)} reports"
-    left = [pid for r in reports for pid in r["pids"] if _alive(pid)]
+    left = [pid for r in reports for pid in r["pids"] if _stat(pid)[:1] not in ([], ["Z"])]  # alive
     ok = all(r["ok"] for r in reports) and not left
     cell = f"{seconds:.1f} s, {sum(len(r['pids']) for r in reports)} workers, {len(left)} left"
     return cell if ok else f"FAIL: {cell}"
 
 
 _NO_GUARD = """
-from bench_grader_pool import POOLS, ORDINARY_CHECK
+from bench_grader_pool import POOLS, CHECK_PAIRS
 pool = POOLS[{kind!r}](1, context={context!r})
-print(json.dumps([pool.grade([(a, g) for a, g, _ in ORDINARY_CHECK], {timeout})]))
+print(json.dumps([pool.grade(CHECK_PAIRS, {timeout})]))
 pool.close()
 """
 _DATALOADER = """
 import torch
 from torch.utils.data import DataLoader, Dataset
-from bench_grader_pool import POOLS, ORDINARY_CHECK
-PAIRS = [(a, g) for a, g, _ in ORDINARY_CHECK]
+from bench_grader_pool import POOLS, CHECK_PAIRS as PAIRS
 pool = POOLS[{kind!r}](1)
 first = pool.grade(PAIRS, {timeout})  # used in the trainer process first: its workers exist before the fork
 
@@ -331,7 +306,7 @@ print(json.dumps([first, *inside, after]))
 
 def run_script(template: str, kind: str, args, limit_s: float, gradings: int, **fields) -> str:
     """`template` filled in, as a script file of its own (this folder and the repository importable), run with
-    `python`: ok when it printed, as its last JSON line, `gradings` lists of `ORDINARY_CHECK`'s statuses."""
+    `python`: ok when it printed, as its last JSON line, `gradings` lists of `CHECK_STATUSES`."""
     body = template.format(kind=kind, timeout=args.timeout, **fields)
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "train_script.py"
@@ -340,7 +315,7 @@ def run_script(template: str, kind: str, args, limit_s: float, gradings: int, **
     if code is None:
         return f"FAIL: hung, killed at {seconds:.0f} s"
     report = _last_json(out) if code == 0 else None
-    if report != [[expected for *_, expected in ORDINARY_CHECK]] * gradings:
+    if report != [CHECK_STATUSES] * gradings:
         got = [status for statuses in report or [] for status in statuses]
         counts = ", ".join(f"{got.count(s)} {s}" for s in sorted(set(got)))
         return f"FAIL: exit {code}; {counts or _LAST_ERROR[0]}"

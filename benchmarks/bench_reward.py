@@ -1,16 +1,8 @@
 """Grading throughput and latency of cegppo_trl.math_reward against TRL's trl.rewards.accuracy_reward, on one GRPO
-step's mix: groups of 16 completions, 90% ordinary answers (MATH-like gold types; right, rewritten, wrong or unboxed)
-and 10% slow or hostile ones (`HOSTILE_KINDS`). docs/rewards_and_data.md ("Performance") describes it and quotes it.
-
-TRL's function runs serially in a child process, as in the trainer; each item is capped (``--trl-cap``) and the child
-restarted, so when a cap is hit its mix figures are bounds (``>=`` / ``<=``). math_reward runs in a fresh process per
-row, through its public API, so that ``--baseline DIR`` (a folder holding another checkout's ``cegppo_trl/``, e.g.
-from ``git archive <commit> cegppo_trl | tar -x -C DIR``) is measured the same way, side by side, with a ratio row
-and the number of completions whose status differs.
-
-``--protocols``: instead, the wall time per completion and the statuses of each grading protocol
-(cegppo_trl.rewards.protocols) on ``--n`` long reasoning-model-like completions of ``--chars`` characters (a think
-block of arithmetic steps with intermediate boxed values, then a boxed answer; half right), after a warm-up call.
+step's mix (90% ordinary answers, 10% slow or hostile ones: `HOSTILE_KINDS`); docs/rewards_and_data.md ("Performance")
+describes and quotes it. TRL's items are capped (``--trl-cap``; a capped mix gives bounds, ``>=`` / ``<=``);
+math_reward runs in a fresh process per row, so that ``--baseline DIR`` (another checkout's ``cegppo_trl/``, e.g. from
+``git archive``) is measured the same way. ``--protocols``: each grading protocol's time per long completion instead.
 """
 
 from __future__ import annotations
@@ -184,9 +176,8 @@ def run_ours(items: list[tuple[str, str]], timeout_s: float, workers: int, root:
 def run_ours_parts(
     parts: dict[str, list], timeout_s: float, workers: int, roots: list[Path], repeats: int = 1
 ) -> list[dict]:
-    """``{part: measurement}`` for each root, the run of median rate out of ``repeats``. Each part is measured for
-    every root in turn (side by side), the order reversed from one round to the next so that neither root always
-    runs on the machine the other one warmed."""
+    """``{part: measurement}`` per root, the run of median rate out of ``repeats``; the roots run side by side, their
+    order reversed from one round to the next (neither always runs on the machine the other one warmed)."""
     runs: list[dict[str, list]] = [{part: [] for part in parts} for _ in roots]
     round_ = 0
     for _ in range(repeats):
@@ -223,51 +214,44 @@ for line in sys.stdin:
 
 
 class _TrlChild:
-    def __init__(self) -> None:
-        self.start()
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", _TRL_CHILD],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        assert self.proc.stdout.readline().strip() == "ready"
+    proc = None  # started for the first item and after each abandoned one
 
     def grade(self, completion: str, gold: str, cap: float) -> tuple[float | None, float]:
         """(reward, seconds); (None, cap) when the item did not finish within ``cap`` seconds."""
+        if self.proc is None:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", _TRL_CHILD],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
+            assert self.proc.stdout.readline().strip() == "ready"
         self.proc.stdin.write(json.dumps([completion, gold]) + "\n")
         self.proc.stdin.flush()
         ready, _, _ = select.select([self.proc.stdout], [], [], cap)
         if not ready:  # abandoned: a fresh child for the next item
             self.close()
-            self.start()
             return None, cap
-        value, seconds = json.loads(self.proc.stdout.readline())
-        return value, seconds
+        return tuple(json.loads(self.proc.stdout.readline()))
 
     def close(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
 
 
 def run_trl(ordinary: list[tuple[str, str]], hostile_kinds: list[str], cap: float) -> dict:
     child = _TrlChild()
-    ordinary_latencies = []
-    correct = 0
-    for completion, gold in ordinary:
-        value, seconds = child.grade(completion, gold, cap)
-        ordinary_latencies.append(seconds)
-        correct += value == 1.0
+    graded = [child.grade(completion, gold, cap) for completion, gold in ordinary]
+    ordinary_latencies = [seconds for _, seconds in graded]
     kind_seconds = {}
     for kind in dict.fromkeys(hostile_kinds):  # each distinct hostile kind once, then extrapolate
         value, seconds = child.grade(HOSTILE_KINDS[kind](0), "7", cap)
         kind_seconds[kind] = (seconds, value is None)
     child.close()
     hostile_latencies = [kind_seconds[k][0] for k in hostile_kinds]
-    capped = any(kind_seconds[k][1] for k in hostile_kinds)
     ordinary_time = sum(ordinary_latencies)
     mix_time = ordinary_time + sum(hostile_latencies)
     latencies = ordinary_latencies + hostile_latencies
@@ -276,10 +260,9 @@ def run_trl(ordinary: list[tuple[str, str]], hostile_kinds: list[str], cap: floa
         "mix_rate": len(latencies) / mix_time,
         "p99": _percentile(latencies, 0.99),
         "max": max(latencies),
-        "capped": capped,
-        "capped_kinds": [k for k, (_, c) in kind_seconds.items() if c],
+        "capped": any(kind_seconds[k][1] for k in hostile_kinds),
         "kind_seconds": kind_seconds,
-        "correct": correct,
+        "correct": sum(value == 1.0 for value, _ in graded),
     }
 
 

@@ -4,12 +4,9 @@
     python benchmarks/bench_scaling.py --points 256x1 1024x2 --variants base sft
     python benchmarks/bench_scaling.py --tiny --points 32x2  # seconds: tiny shapes, same code (tests use this)
 
-Both trainers wrap the same model and get the same hand-made off-policy batch per point; rounds are interleaved and
-medians taken. Per point and variant (`VARIANTS`, each against the same plain GRPO) it prints CE-GPPO / GRPO: `lb`
-(loss + backward time), `step` (+ AdamW step), `mem` (loss + backward peak above the level before it), and CE-GPPO's
-extra ms and MiB; an `erc/base` line where `erc` and `base` share a point (ERC's own cost, and the old pass with the
-entropies kept / dropped); then CE-GPPO's own cost per micro-batch on a tiny model (`overhead_only`), and with
-`--plot` the figure. docs/scaling.md describes the method and quotes the figures. Goal: every ratio <= 1.01.
+Per point and variant (`VARIANTS`, each against the same plain GRPO): CE-GPPO / GRPO ratios `lb` (loss + backward),
+`step` (+ AdamW) and `mem` (peak), extra ms and MiB; `erc/base` lines; CE-GPPO's own cost; with `--plot` the figure.
+docs/scaling.md describes the method and quotes the figures. Goal: every ratio <= 1.01.
 """
 
 from __future__ import annotations
@@ -78,12 +75,8 @@ def overhead_only(points, variants, repeats=5):
             bwd.append((time.perf_counter() - t0) * 1e3)
         row["corr_bwd_ms"] = statistics.median(bwd[1:])
         rows.append(row)
-        print(
-            f"{t_len:>5} {b:>2} {t_len * b:>6} "
-            + " ".join(f"{v}={row[f'delta_ms_{v}']:7.2f}" for v in variants)
-            + f"  correction backward={row['corr_bwd_ms']:6.2f}",
-            flush=True,
-        )
+        deltas = " ".join(f"{v}={row[f'delta_ms_{v}']:7.2f}" for v in variants)
+        print(f"{t_len:>5} {b:>2} {t_len * b:>6} {deltas}  correction backward={row['corr_bwd_ms']:6.2f}", flush=True)
     return rows
 
 
@@ -98,23 +91,16 @@ def parse_args(argv=None):
         "--points", nargs="*", default=DEFAULT_POINTS, help="completion_len x batch, e.g. 1024x2 (none: overhead only)"
     )
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    default = " ".join(DEFAULT_VARIANT_POINTS)
     p.add_argument(
-        "--variant-points",
-        nargs="+",
-        default=None,
-        help="points where the non-base variants run (default: " + " ".join(DEFAULT_VARIANT_POINTS) + "; "
-        "with --points given: all of them)",
+        "--variant-points", nargs="+", help=f"where non-base variants run (default {default}; --points: all)"
     )
     p.add_argument("--layers", type=int, default=1)
     p.add_argument("--repeats", type=int, default=None, help="interleaved rounds per point (default: by size)")
     p.add_argument("--tiny", action="store_true", help="tiny shapes (hidden 64, vocab 1024): a smoke run")
     p.add_argument("--json", default=None, help="also write the results to this JSON file")
-    p.add_argument(
-        "--overhead-points",
-        nargs="*",
-        default=["256x1", "256x2", "1024x1", "1024x4", "2048x1", "4096x1", "4096x2"],
-        help="points where CE-GPPO's own cost is timed on a tiny model (cheap; covers the left-out long points)",
-    )
+    overhead = ["256x1", "256x2", "1024x1", "1024x4", "2048x1", "4096x1", "4096x2"]  # cheap: covers the long points
+    p.add_argument("--overhead-points", nargs="*", default=overhead, help="where CE-GPPO's own cost is timed (tiny)")
     p.add_argument("--plot", default=None, help="write the ratio-vs-tokens figure here (PNG)")
     p.add_argument("--from-json", default=None, help="skip the runs: plot / print from a JSON written by --json")
     return p.parse_args(argv)
@@ -153,12 +139,8 @@ def main(argv=None) -> list[dict]:
     device = torch.device("cpu")
     shape = bs.TINY if args.tiny else bs.QWEN2_1_5B
     points = [parse_point(p) for p in args.points]
-    if args.variant_points is not None:
-        variant_points = {parse_point(p) for p in args.variant_points}
-    elif args.points != DEFAULT_POINTS:
-        variant_points = set(points)
-    else:
-        variant_points = {parse_point(p) for p in DEFAULT_VARIANT_POINTS}
+    chosen = args.variant_points or (args.points if args.points != DEFAULT_POINTS else DEFAULT_VARIANT_POINTS)
+    variant_points = {parse_point(p) for p in chosen}
 
     model = bs.build_model(shape, args.layers, device)
     n_params = sum(p.numel() for p in model.parameters())
@@ -209,12 +191,9 @@ def main(argv=None) -> list[dict]:
         )
         overhead = overhead_only([parse_point(p) for p in args.overhead_points], args.variants)
     if args.json:
+        saved = {"params": n_params, "layers": args.layers, "results": results, "erc": erc_rows, "overhead": overhead}
         with open(args.json, "w") as f:
-            json.dump(
-                {"params": n_params, "layers": args.layers, "results": results, "erc": erc_rows, "overhead": overhead},
-                f,
-                indent=1,
-            )
+            json.dump(saved, f, indent=1)
     if args.plot:
         plot(results, args.plot, overhead)
     return results
@@ -228,27 +207,17 @@ def plot(results, path, overhead=None):
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8), sharey=False)
-    for ax, key, title in zip(
-        axes,
-        ("lb_ratio", "step_ratio", "mem_ratio"),
-        ("loss + backward time", "training step time (+AdamW)", "loss + backward peak memory"),
-    ):
+    titles = ("loss + backward time", "training step time (+AdamW)", "loss + backward peak memory")
+    for ax, key, title in zip(axes, ("lb_ratio", "step_ratio", "mem_ratio"), titles):
         for variant, marker in zip(VARIANTS, "osDv"):
             rows = sorted((r for r in results if r["variant"] == variant), key=lambda r: (r["T"] * r["B"], r["B"]))
             if not rows:
                 continue
-            x = [r["T"] * r["B"] for r in rows]
-            ax.plot(
-                x,
-                [r[key] for r in rows],
-                marker=marker,
-                linestyle="-" if variant == "base" else "none",
-                label=f"CE-GPPO {variant}",
-            )
-            for r in rows:
-                ax.annotate(
-                    f"B={r['B']}", (r["T"] * r["B"], r[key]), fontsize=7, xytext=(3, 3), textcoords="offset points"
-                )
+            points = [(r["T"] * r["B"], r[key]) for r in rows]
+            style = dict(marker=marker, linestyle="-" if variant == "base" else "none", label=f"CE-GPPO {variant}")
+            ax.plot(*zip(*points), **style)
+            for r, point in zip(rows, points):
+                ax.annotate(f"B={r['B']}", point, fontsize=7, xytext=(3, 3), textcoords="offset points")
         if key == "lb_ratio" and overhead:
             # Bound from CE-GPPO's own cost over a GRPO step, extrapolated linearly in tokens from the largest base
             # point measured.

@@ -1,7 +1,5 @@
-"""The one harness of the benchmarks and the GPU check: the model shapes, a random-init Qwen2 on the device, TRL's
-GRPOTrainer beside CEGPPOTrainer variants on the same model, an off-policy batch, timed and profiled loss + backward
-and training steps compared side by side, CE-GPPO's own cost (`DeltaTimer`), the old-pass cost, and gradient
-comparison. The reference loss is the tests' (`tests/oracles.py`)."""
+"""The one harness of the benchmarks and the GPU check: shapes, a random-init Qwen2, TRL's GRPOTrainer beside
+CEGPPOTrainer variants on the same model, an off-policy batch, side-by-side timing and memory, gradient checks."""
 
 from __future__ import annotations
 
@@ -189,10 +187,19 @@ def timed_step(trainer, batch, optimizer, device):
 
 def peak_bytes(run, device) -> float:
     """Peak bytes of `run()` above the level before it: `max_memory_allocated` on CUDA (the result held until
-    measured, as a batch holds it), `profiled_peak` on CPU."""
+    measured, as a batch holds it); on CPU the profiler's allocation events (allocations minus frees of each op
+    itself), replayed in start-time order."""
     gc.collect()
     if device.type != "cuda":
-        return profiled_peak(run)
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            run()
+        level = peak = 0
+        for e in sorted(prof.events(), key=lambda e: e.time_range.start):
+            level += e.self_cpu_memory_usage
+            peak = max(peak, level)
+        return float(peak)
     sync(device)
     torch.cuda.reset_peak_memory_stats(device)
     base = torch.cuda.memory_allocated(device)
@@ -345,65 +352,36 @@ def format_erc(erc: dict, t_len: int, b: int) -> str:
     )
 
 
-def profiled_peak(run) -> float:
-    """Peak bytes of `run()` on CPU: the profiler's allocation events (allocations minus frees of each op itself),
-    replayed in start-time order."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        run()
-    level = peak = 0
-    for e in sorted(prof.events(), key=lambda e: e.time_range.start):
-        level += e.self_cpu_memory_usage
-        peak = max(peak, level)
-    return float(peak)
-
-
 def grads(params) -> list[torch.Tensor]:
     return [p.grad.detach().float().clone() if p.grad is not None else torch.zeros_like(p, dtype=torch.float32)
             for p in params]  # fmt: skip
 
 
-def relative_error(found, reference) -> float:
-    diff = sum(float(((g - r) ** 2).sum()) for g, r in zip(found, reference))
-    return (diff / max(sum(float((r * r).sum()) for r in reference), 1e-30)) ** 0.5
-
-
-def token_mean_reference_loss(
-    logps, old_logps, advantages, mask, params, entropies=None, old_entropies=None, band=None
-):
-    """`tests/oracles.py`'s Eq. 8 (and entropy-ratio clipping with `band`), token mean over `mask`, and the share of
-    the tokens in the clipped sets (or outside the band)."""
-    from oracles import gppo_erc_per_token_loss
-
-    a = advantages.unsqueeze(1).expand_as(logps)
-    loss = gppo_erc_per_token_loss(logps, old_logps, a, entropies, old_entropies, params, band)
-    mask = mask.double()
-    if band is None:
-        r = torch.exp(logps.detach().double() - old_logps.double())
-        marked = ((r < 1 - params.epsilon_low) & (a < 0)) | ((r > 1 + params.epsilon_high) & (a > 0))
-    else:
-        rho = (entropies.double() + 1e-8) / (old_entropies.double() + 1e-8)
-        marked = (rho <= band[0]) | (rho >= band[1])
-    return (loss * mask).sum() / mask.sum(), (marked.double() * mask).sum() / mask.sum()
-
-
 def reference_gradient_check(trainers, model, params, batch, checked: str, control: str, band=None) -> dict:
-    """`trainers[checked]`'s loss and gradient (all trainable parameters) against `token_mean_reference_loss` on
-    `batch` (Eq. 8 with the trainer's betas; with `band`, entropy-ratio clipping on the batch's old entropies), and
+    """`trainers[checked]`'s loss and gradient (all trainable parameters) against `tests/oracles.py`'s Eq. 8 (with the
+    trainer's betas; with `band`, entropy-ratio clipping on the batch's old entropies), token mean, on `batch`, and
     `trainers[control]`'s gradient, a control that must not match. `marked`: the share of tokens in the clipped sets
     (or outside the band)."""
-    trainer = trainers[checked]
+    from oracles import gppo_erc_per_token_loss
+
+    trainer, params_ = trainers[checked], trainers[checked].clip_params
     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
     attn = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
     model.zero_grad(set_to_none=True)
     logps, entropies, _ = trainer._get_per_token_logps_and_entropies(
         model, ids, attn, batch["completion_ids"].size(1), compute_entropy=band is not None
     )
-    ref_loss, marked = token_mean_reference_loss(
-        logps, batch["old_per_token_logps"], batch["advantages"], batch["completion_mask"], trainer.clip_params,
-        entropies, batch.get("cegppo_old_entropies"), band,
-    )  # fmt: skip
+    old_logps, old_entropies = batch["old_per_token_logps"], batch.get("cegppo_old_entropies")
+    a = batch["advantages"].unsqueeze(1).expand_as(logps)
+    loss = gppo_erc_per_token_loss(logps, old_logps, a, entropies, old_entropies, params_, band)
+    mask = batch["completion_mask"].double()
+    if band is None:
+        r = torch.exp(logps.detach().double() - old_logps.double())
+        marked = ((r < 1 - params_.epsilon_low) & (a < 0)) | ((r > 1 + params_.epsilon_high) & (a > 0))
+    else:
+        rho = (entropies.double() + 1e-8) / (old_entropies.double() + 1e-8)
+        marked = (rho <= band[0]) | (rho >= band[1])
+    ref_loss, marked = (loss * mask).sum() / mask.sum(), (marked.double() * mask).sum() / mask.sum()
     ref_loss.backward()
     reference = grads(params)
     found = {}
@@ -414,7 +392,9 @@ def reference_gradient_check(trainers, model, params, batch, checked: str, contr
         g = grads(params)
         dot = sum(float((a * b).sum()) for a, b in zip(g, reference))
         norms = sum(float((a * a).sum()) for a in g) * sum(float((b * b).sum()) for b in reference)
-        found[name] = (float(loss), relative_error(g, reference), dot / max(norms**0.5, 1e-30))
+        diff = sum(float(((a - b) ** 2).sum()) for a, b in zip(g, reference))
+        rel = (diff / max(sum(float((b * b).sum()) for b in reference), 1e-30)) ** 0.5
+        found[name] = (float(loss), rel, dot / max(norms**0.5, 1e-30))
     model.zero_grad(set_to_none=True)
     (loss, rel, cos), (_, control_rel, control_cos) = found[checked], found[control]
     ref = float(ref_loss)

@@ -6,7 +6,7 @@ as a user launches them, then `cegppo-eval` on their outputs.
     python benchmarks/gpu_check --smoke    # every part on CPU at tiny shapes (tests/test_gpu_check.py runs it)
 
 Parts (`--parts`, default all), each printing its lines as it finishes: `loss` (`RESULT <case>:` per case, then
-`EQ8`), `erc` (`RESULT erc:`, `ERC`), `sync` (`RESULT sync:`, gpu_check/sync.py), `lora` and `paper` (`RECIPE
+`EQ8`), `erc` (`RESULT erc:`, `ERC`), `sync` (`RESULT sync:`), `lora` and `paper` (`RECIPE
 <name>:`, `EVAL <name>:`, gpu_check/recipes.py). docs/scaling.md ("GPU check") says what each line's fields are. Ends
 with `GPU_CHECK DONE ok: ...`; exit status 0 only if every part ran and passed (EQ8 PASS, ERC PASS, every recipe
 trained every step and saved, every evaluation read its model), 1 otherwise, 2 when there is no GPU (refused).
@@ -15,6 +15,7 @@ trained every step and saved, every evaluation read its model), 1 otherwise, 2 w
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import importlib
 import os
@@ -22,6 +23,8 @@ import shutil
 import sys
 import tempfile
 import time
+import warnings
+from collections import Counter
 from pathlib import Path
 
 
@@ -31,7 +34,6 @@ import harness as bs  # noqa: E402
 import torch  # noqa: E402
 
 from . import recipes as rc  # noqa: E402
-from . import sync  # noqa: E402
 
 
 REFUSAL = (
@@ -44,8 +46,13 @@ FULL_CASES.append(("qwen2-7b", bs.QWEN2_7B, 28, False))
 SMOKE_CASES = [(name, bs.TINY, 2, lora) for name, _, _, lora in FULL_CASES]
 LORA = dict(r=32, lora_alpha=64, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
 ERC_VARIANT = {"cegppo_entropy_ratio_clip": [0.95, 1.05]}  # the authors' released band
-
-
+# The sync part's CE-GPPO variants next to GRPO: the paper's loss, with the entropy controller, with the SFT term.
+SYNC_VARIANTS = {
+    "cegppo": {},
+    "cegppo_entropy": {"cegppo_entropy_target": 0.5},
+    "cegppo_sft": {"cegppo_sft_coef": 0.1},
+}
+HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__")
 PARTS = ("loss", "erc", "sync", "lora", "paper")
 
 
@@ -54,20 +61,14 @@ def parse_args(argv=None):
     p.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, same code path")
     p.add_argument("--force-no-cuda", action="store_true", help="behave as if no GPU were present (tests)")
     p.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="parts to run (default: all)")
-    p.add_argument(
-        "--cases", nargs="+", default=None, help="loss cases, a subset of: " + " ".join(c[0] for c in FULL_CASES)
-    )
-    p.add_argument("--completion-len", type=int, default=None, help="loss benchmark tokens (default 4096; smoke: 32)")
-    p.add_argument("--batch", type=int, default=None, help="completions per micro-batch (default 1; smoke: 2)")
-    p.add_argument("--repeats", type=int, default=None, help="interleaved rounds per case (default 5; smoke: 1)")
+    p.add_argument("--cases", nargs="+", help="loss cases, a subset of: " + " ".join(c[0] for c in FULL_CASES))
+    p.add_argument("--completion-len", type=int, help="loss benchmark tokens (default 4096; smoke: 32)")
+    p.add_argument("--batch", type=int, help="completions per micro-batch (default 1; smoke: 2)")
+    p.add_argument("--repeats", type=int, help="interleaved rounds per case (default 5; smoke: 1)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    p.add_argument(
-        "--deadline-s", type=float, default=None, help="skip the loss cases left after this many seconds (GPU: 150)"
-    )
-    p.add_argument("--workdir", default=None, help="folder for the recipe runs' model, outputs, logs and reports "
-                   "(kept; default: a temporary folder, removed at the end)")  # fmt: skip
-    p.add_argument("--recipe-completion-len", type=int, default=None, help="recipes' max_completion_length "
-                   "(default 256; smoke: 16)")  # fmt: skip
+    p.add_argument("--deadline-s", type=float, help="skip the loss cases left after this many seconds (GPU: 150)")
+    p.add_argument("--workdir", help="recipe runs' model, outputs, logs, reports (kept; default: a temp folder)")
+    p.add_argument("--recipe-completion-len", type=int, help="recipes' max_completion_length (default 256; smoke: 16)")
     p.add_argument("--generation", default="auto", choices=rc.GENERATION, help="recipes' generation: auto = vLLM "
                    "(the recipes' setting) where installed, else HF generate; continuous_batching = TRL's "
                    "use_transformers_continuous_batching")  # fmt: skip
@@ -82,12 +83,8 @@ def eq8_check(trainers, model, shape, device, batch_size, completion_len):
     batch["advantages"][: batch_size // 2] = batch["advantages"][: batch_size // 2].abs()
     params = [p for p in model.parameters() if p.requires_grad]
     c = bs.reference_gradient_check(trainers, model, params, batch, "cegppo", "grpo")  # the betas in force
-    ok = (
-        c["loss_err"] <= 2e-2
-        and c["cos"] >= 0.999
-        and c["rel"] <= 5e-2
-        and c["control_rel"] > 10 * max(c["rel"], 1e-3)
-    )
+    ok = c["loss_err"] <= 2e-2 and c["cos"] >= 0.999 and c["rel"] <= 5e-2
+    ok = ok and c["control_rel"] > 10 * max(c["rel"], 1e-3)
     print(
         f"EQ8 {'PASS' if ok else 'FAIL'}: dtype={next(model.parameters()).dtype} B={batch_size} T={completion_len} "
         f"clipped={c['marked']:.3f} loss={c['loss']:.6f} ref={c['ref']:.6f} loss_rel_err={c['loss_err']:.2e} "
@@ -257,6 +254,102 @@ def recipes_part(args) -> tuple[bool, str]:
     return ok, f"recipes {trained}/{len(names)}, evals {evaluated}/{len(names)}"
 
 
+# The sync part: how many synchronizing calls one micro-batch's loss + backward makes, CE-GPPO next to TRL's GRPO
+# (dapo), on the same model and batch. On CUDA, every call that makes the host wait, via
+# `torch.cuda.set_sync_debug_mode("warn")` (the method of the 2026-12-04 H200 run). On CPU nothing waits, so `--smoke`
+# counts the Python-level host reads that would be syncs on a GPU (`HOST_READS`): the same code path and comparison,
+# not the same totals (reads inside torch's C++ are not seen). Each call is counted on the second loss + backward.
+
+
+def _where(filename: str, lineno: int) -> str:
+    """A short location: the path from site-packages/ or from the package folder on."""
+    for marker in ("site-packages/", "cegppo_trl/"):
+        if marker in filename:
+            tail = filename.split(marker)[-1]
+            return f"{'' if marker == 'site-packages/' else marker}{tail}:{lineno}"
+    return f"{Path(filename).name}:{lineno}"
+
+
+@contextlib.contextmanager
+def _cuda_syncs(found: Counter):
+    """Count CUDA's synchronizing-call warnings by where they come from."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    for w in caught:
+        if "synchroniz" in str(w.message):
+            found[_where(w.filename, w.lineno)] += 1
+
+
+@contextlib.contextmanager
+def _host_reads(found: Counter):
+    """Count Python-level host reads of tensors (`HOST_READS`) by their caller, by wrapping those Tensor methods."""
+    saved = {name: torch.Tensor.__dict__.get(name) for name in HOST_READS}
+
+    def wrap(name):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, **kwargs):
+            frame = sys._getframe(1)
+            found[_where(frame.f_code.co_filename, frame.f_lineno)] += 1
+            return original(self, *args, **kwargs)
+
+        return counted
+
+    for name in HOST_READS:
+        setattr(torch.Tensor, name, wrap(name))
+    try:
+        yield
+    finally:
+        for name, method in saved.items():
+            if method is None:
+                delattr(torch.Tensor, name)
+            else:
+                setattr(torch.Tensor, name, method)
+
+
+def count_syncs(trainer, model, batch, device) -> Counter:
+    """Synchronizing calls (CUDA) or host reads (CPU) of one loss + backward of `trainer` and the gradient norm the
+    Trainer takes before `optimizer.step()` (`_get_grad_norm`: CE-GPPO's step check, issue 35), by location."""
+    counter = _cuda_syncs if device.type == "cuda" else _host_reads
+    for _ in range(2):  # the first call warms up; count the second
+        found = Counter()
+        model.zero_grad(set_to_none=True)
+        with counter(found):
+            loss = trainer._compute_loss(model, batch)
+            loss.backward()
+            trainer._get_grad_norm(model)
+    model.zero_grad(set_to_none=True)
+    return found
+
+
+def sync_part(device, dtype, smoke: bool) -> bool:
+    """Build the model and trainers, count per variant, print one `RESULT sync:` line (and where the extra ones are)."""
+    shape = bs.TINY if smoke else bs.QWEN2_1_5B
+    completion_len = 32 if smoke else 1024
+    model = bs.build_model(shape, 2, device, dtype)
+    trainers = bs.make_trainers(model, device, completion_len, variants=SYNC_VARIANTS)
+    batch = bs.make_batch(trainers["grpo"], shape["vocab_size"], 2, completion_len, device)
+    counts = {name: count_syncs(trainer, model, batch, device) for name, trainer in trainers.items()}
+    total = {name: sum(found.values()) for name, found in counts.items()}
+    method = "cuda_sync_debug" if device.type == "cuda" else "python_host_reads (CPU: no device syncs)"
+    parts = [f"grpo={total['grpo']}", *(f"{n}={total[n]} ({total[n] - total['grpo']:+d})" for n in SYNC_VARIANTS)]
+    ok = total["grpo"] > 0 and all(total[name] >= total["grpo"] for name in SYNC_VARIANTS)
+    print(
+        f"RESULT sync: {'ok' if ok else 'FAILED'} per step of one micro-batch (loss+backward+grad norm): "
+        f"{' '.join(parts)} | method={method} T={completion_len} B=2 layers=2 dtype={dtype}",
+        flush=True,
+    )
+    for name in SYNC_VARIANTS:
+        print(f"# sync {name} beyond grpo at: {dict(counts[name] - counts['grpo']) or 'nowhere'}", flush=True)
+    del trainers, model, batch
+    return ok
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if not args.smoke and (args.force_no_cuda or not torch.cuda.is_available()):
@@ -284,7 +377,7 @@ def main(argv=None) -> int:
         summary.append(f"erc {'PASS' if erc_ok else 'FAIL'}")
         free_device_memory(device)
     if "sync" in args.parts:
-        ok = sync.sync_part(bs, device, dtype, args.smoke) and ok
+        ok = sync_part(device, dtype, args.smoke) and ok
         summary.append("sync")
         free_device_memory(device)
     if "lora" in args.parts or "paper" in args.parts:

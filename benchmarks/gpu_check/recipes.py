@@ -1,11 +1,7 @@
 """The GPU check's `lora` and `paper` parts: the shipped DeepSeek-R1-Distill-Qwen-1.5B CE-GPPO recipes launched as a
-user launches them, on a random-init model of that shape built locally, then `cegppo-eval` on what each run saved.
-
-    accelerate launch --config_file accelerate_configs/single_gpu.yaml examples/train_cegppo.py --config <recipe> ...
-
-Only size and hardware are swapped, on the command line after `--config` (TrlParser lets flags override a recipe);
-every other recipe option stays on as the recipe has it. docs/scaling.md ("GPU check") lists the swaps, and each
-`RECIPE` line says which were made (`swaps`); a `split_groups` reward is added to `math` (benchmarks/split_reward.py).
+user launches them (`accelerate launch ... examples/train_cegppo.py --config <recipe>`), on a random-init model of
+that shape built locally, then `cegppo-eval` on what each run saved. Only size and hardware are swapped, by flags
+after `--config`; docs/scaling.md ("GPU check") lists the swaps, and each `RECIPE` line says which (`swaps`).
 """
 
 from __future__ import annotations
@@ -214,11 +210,13 @@ def run_logged(command: list[str], log_path: Path, sizes: Sizes, timeout_s: floa
     return status, seconds, f"gpu_peak_gib={peak[0] / 2**30:.1f}" if gpu else "gpu_peak_gib=nan"
 
 
-def log_tail(log_path: Path, lines: int = 8) -> str:
-    """The last error-looking lines of a log (or its last lines), for a failed run's report."""
-    text = log_path.read_text(errors="replace").splitlines() if log_path.exists() else []
-    errors = [line for line in text if re.search(r"Error|error:|Traceback|cegppo-(train|eval):", line)]
-    return " | ".join((errors or text)[-lines:])[-1500:]
+def print_line(line: str, ok: bool, log_path: Path) -> None:
+    """Print a RECIPE / EVAL line; a failed run's ends with the last error-looking lines of its log (or its last)."""
+    if not ok:
+        text = log_path.read_text(errors="replace").splitlines() if log_path.exists() else []
+        errors = [entry for entry in text if re.search(r"Error|error:|Traceback|cegppo-(train|eval):", entry)]
+        line += " | " + " | ".join((errors or text)[-8:])[-1500:]
+    print(line, flush=True)
 
 
 def read_recipe(run: RecipeRun) -> dict:
@@ -279,28 +277,19 @@ def run_recipe(run: RecipeRun, model_dir: Path, workdir: Path, sizes: Sizes, gen
     line += f" | {memory} | recipe={run.recipe.relative_to(ROOT)} completion_len={sizes.completion_len}"
     line += " batch=" + (",".join(f"{k}={v}" for k, v in run.batch.items()) or "recipe's")
     line += " | swapped: " + "; ".join(swaps(run, sizes, generation)) + f" | log={log_path}"
-    if not ok:
-        line += f" | {log_tail(log_path)}"
-    print(line, flush=True)
+    print_line(line, ok, log_path)
     return output_dir if ok else None
 
 
 def eval_figures(report_path: Path) -> dict | None:
     """The built-in eval set's figures from a `cegppo-eval` report: problems, k, avg@k, pass@k, seconds."""
-    if not report_path.exists():
-        return None
-    report = json.loads(report_path.read_text())
+    report = json.loads(report_path.read_text()) if report_path.exists() else {}
     result = report.get("datasets", {}).get("builtin:arithmetic_eval")
     if not result:
         return None
-    k = result["k"]
-    return {
-        "problems": result["num_problems"],
-        "k": k,
-        "accuracy": result[f"avg@{k}"],
-        "pass_k": result.get(f"pass@{k}", float("nan")),
-        "seconds": result.get("seconds", float("nan")),
-    }
+    k, nan = result["k"], float("nan")
+    figures = dict(problems=result["num_problems"], k=k, accuracy=result[f"avg@{k}"])
+    return dict(figures, pass_k=result.get(f"pass@{k}", nan), seconds=result.get("seconds", nan))
 
 
 def run_eval(name: str, model_dir: Path, workdir: Path, sizes: Sizes) -> bool:
@@ -318,9 +307,7 @@ def run_eval(name: str, model_dir: Path, workdir: Path, sizes: Sizes) -> bool:
             f"(avg@{figures['k']}) pass@{figures['k']}={figures['pass_k']:.3f} seconds={figures['seconds']:.1f}"
         )
     line += f" wall_s={wall:.0f} {memory} max_new_tokens={sizes.eval_new_tokens} report={report}"
-    if not ok:
-        line += f" | {log_tail(log_path)}"
-    print(line, flush=True)
+    print_line(line, ok, log_path)
     return ok
 
 
