@@ -113,6 +113,15 @@ def test_no_machine_specific_paths():
             assert not pattern.search(line), f"{doc.relative_to(ROOT)}:{number} names a machine path: {line.strip()}"
 
 
+def test_named_tests_exist():
+    """A doc that names `tests/x.py::test_y` as the proof of a claim names a test that is there (tests get merged)."""
+    for doc in DOCS:
+        for path, name in re.findall(r"(tests/[\w/]+\.py)::(\w+)", doc.read_text()):
+            assert (ROOT / path).exists() and re.search(rf"^(def|class) {name}\b", (ROOT / path).read_text(), re.M), (
+                f"{doc.relative_to(ROOT)} names {path}::{name}, which does not exist"
+            )
+
+
 @pytest.mark.parametrize("doc", PYTHON_DOCS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_python_blocks_run(doc, stand_ins, tmp_path, monkeypatch):
     import cegppo_trl
