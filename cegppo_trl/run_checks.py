@@ -23,8 +23,21 @@ __all__ = [
     "check_dataset_fills_a_generation_batch",
     "check_writable_path",
     "explain_model_load_errors",
+    "missing_extra",
     "warn_if_untested_trl",
 ]
+
+
+def missing_extra(module: str, extra: str, purpose: str) -> str | None:
+    """None when `module` imports; else the one line a command prints before any work: what `purpose` needs and the
+    install that brings it (`extra` of this package, or a pip requirement when it contains `==` or `>=`)."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is not None:
+        return None
+    if any(op in extra for op in ("==", ">=")):
+        return f"{purpose} needs {module}, which is not installed: pip install '{extra}'."
+    return f"{purpose} needs {module}, which is not installed: pip install 'cegppo-trl[{extra}]' (in a clone: -e '.[{extra}]')."
 
 
 def check_writable_path(path, flag: str, folder: bool) -> None:
