@@ -24,6 +24,9 @@ _PUBLIC_NAMES = {
     "cegppo_per_token_loss": "core",
     "gradient_preserving_correction": "core",
     "ppo_clip_per_token_loss": "core",
+    # the divergence guard, for any transformers Trainer
+    "DivergenceGuardMixin": "divergence",
+    "NonFiniteStepError": "divergence",
     # rewards
     "math_reward": "rewards",
     "make_math_reward": "rewards",
@@ -55,6 +58,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the names eagerly
     from .controller import EntropyController
     from .core import ClipParams, cegppo_per_token_loss, gradient_preserving_correction, ppo_clip_per_token_loss
     from .data import DatasetFormatError, build_prompt, load_math_dataset
+    from .divergence import DivergenceGuardMixin, NonFiniteStepError
     from .evaluation.callback import AvgAtKCallback
     from .evaluation.generation import generate_completions
     from .evaluation.metrics import evaluate_completions, pass_at_k

@@ -1,21 +1,19 @@
-"""A run that diverges stops at its first non-finite optimizer step, before the step is applied (project issue 35).
+"""A divergence guard for any `transformers.Trainer` subclass: a run stops at its first non-finite optimizer step,
+before the step is applied, never saves non-finite weights and never resumes from them.
 
-At the end of each optimizer step's backward passes, before the optimizer applies the step, `StepGuard.end_step`
-moves the step's loss and gradient norm of every process (and the entropy controller's sums) to the host in one
-transfer, after one `gather`: every process sees every process's values and makes the same decision at the same
-step, so none is left waiting in a collective. A non-finite loss, gradient norm or controller entropy on any process
-raises `NonFiniteStepError` on all of them (the step is not applied), or, while fewer than
-`cegppo_max_skipped_steps` steps were skipped, drops the step's gradients instead (DeepSpeed's loss scaler skips an
-overflowing step the same way) and counts it in `cegppo/skipped_steps/*`. A generation batch whose rewards are all
-None is stopped on (`RewardCoverageError`) or, within the same bound, its optimizer steps are skipped and counted.
-
-No checkpoint is written with non-finite weights (`check_weights_finite`, before every save); auto-resume passes over
-a checkpoint whose saved weights are not finite (`newest_finite_checkpoint`). `cegppo-train` exits with
-`DIVERGED_EXIT_STATUS` after one message (`stop_message`). What to do: docs/launch.md, "When a run diverges".
+`DivergenceGuardMixin` (put it first: `class GuardedSFT(DivergenceGuardMixin, SFTTrainer)`) owns the overrides; its
+`StepGuard` the per-step check. At the end of each optimizer step's backward passes, before the optimizer applies the
+step, `StepGuard.end_step` moves the step's loss and gradient norm of every process to the host in one transfer, after
+one `gather`: every process makes the same decision at the same step, so none is left waiting in a collective. A
+non-finite value on any process raises `NonFiniteStepError` on all of them, or, while fewer than `max_skipped_steps`
+steps were skipped, drops the step's gradients instead (the learning-rate schedule does not advance either) and counts
+it. The counts and the last finite step are saved in every checkpoint and restored on resume: the budget is the whole
+run's. What each stack guarantees and what to do: docs/launch.md, "When a run diverges".
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -27,6 +25,7 @@ DIVERGED_EXIT_STATUS = 3  # cegppo-train's exit status for a run stopped by a no
 SKIPPED_NON_FINITE = "cegppo/skipped_steps/non_finite"
 SKIPPED_UNSCORED = "cegppo/skipped_steps/unscored"
 UNSCORED_KEY = "cegppo_unscored"  # per-row marker of a generation batch whose rewards were all None (skip mode)
+GUARD_STATE_FILE = "cegppo_guard_state.json"  # in every checkpoint: `StepGuard.state`
 FIXES = (
     "Usual fixes: a lower learning_rate; gradient clipping (max_grad_norm: 1.0, TRL's default); rewards on the scale "
     "of the paper's +1 / -1 (scale_rewards, reward_weights); fewer off-policy steps per generation batch "
@@ -87,6 +86,14 @@ class StepGuard:
     @property
     def total_skipped(self) -> int:
         return sum(self.skipped.values())
+
+    def state(self) -> dict:
+        """What a checkpoint keeps (`GUARD_STATE_FILE`), so that a resumed run counts on from it."""
+        return {"skipped": self.skipped, "last_finite": self.last_finite}
+
+    def restore(self, state: dict) -> None:
+        self.skipped = {**self.skipped, **state["skipped"]}
+        self.last_finite = None if state["last_finite"] is None else tuple(state["last_finite"])
 
     def end_step(self, step: int, grad_norm, device, extra: torch.Tensor | None = None) -> StepOutcome:
         """Check optimizer step `step` (1-based) on every process. Raises `NonFiniteStepError` to stop; returns
@@ -169,7 +176,7 @@ def check_weights_finite(parameters, reduce, step: int, where: str) -> None:
 
 def non_finite_tensors(checkpoint: str) -> tuple[int, int] | None:
     """(non-finite, total) weight tensors in a checkpoint's ``*.safetensors`` files (the model or adapter), or None
-    when it holds none (e.g. DeepSpeed shards only: not checked)."""
+    when it holds none (DeepSpeed shards only)."""
     from safetensors import safe_open
 
     files = sorted(f for f in os.listdir(checkpoint) if f.endswith(".safetensors"))
@@ -186,16 +193,57 @@ def non_finite_tensors(checkpoint: str) -> tuple[int, int] | None:
     return broken, total
 
 
+def why_not_resumable(checkpoint: str) -> str | None:
+    """Why `checkpoint`'s weights must not be resumed from (one sentence), or None. DeepSpeed shards alone are not
+    read (the optimizer's would be, whole, on one host); the guard's state file says the guard checked the weights
+    before writing them."""
+    counts = non_finite_tensors(checkpoint)
+    if counts is not None:
+        return f"{counts[0]} of its {counts[1]} weight tensors are not finite" if counts[0] else None
+    if os.path.isfile(os.path.join(checkpoint, GUARD_STATE_FILE)):
+        return None
+    return (
+        "it holds only DeepSpeed shards, written without the divergence guard, so its weights cannot be checked "
+        "(save the model with each checkpoint, ZeRO-3: zero3_save_16bit_model: true)"
+    )
+
+
 def newest_finite_checkpoint(checkpoints: list[str]) -> tuple[str | None, list[str]]:
     """The newest of `checkpoints` (oldest first) whose saved weights are all finite, and one line for each newer
     one passed over."""
     skipped = []
     for path in reversed(checkpoints):
-        counts = non_finite_tensors(path)
-        if counts is None or counts[0] == 0:
+        why = why_not_resumable(path)
+        if why is None:
             return path, skipped
-        skipped.append(f"Skipping {path}: {counts[0]} of its {counts[1]} weight tensors are not finite.")
+        skipped.append(f"Skipping {path}: {why}.")
     return None, skipped
+
+
+def complete_checkpoints(output_dir: str, complete: bool = True) -> list[str]:
+    """The ``checkpoint-N`` folders of `output_dir`, oldest first, less (`complete`) those without
+    ``trainer_state.json`` (the Trainer's last file: one without it was being written when a run stopped)."""
+    from transformers.trainer import TRAINER_STATE_NAME
+    from transformers.trainer_utils import sort_checkpoints
+
+    found = sort_checkpoints(output_dir) if os.path.isdir(output_dir) else []
+    return [path for path in found if not complete or os.path.isfile(os.path.join(path, TRAINER_STATE_NAME))]
+
+
+def finite_checkpoint_to_resume(output_dir: str, say) -> str | None:
+    """Auto-resume's checkpoint: the newest complete one whose saved weights are finite, saying (`say`) which newer
+    ones it passed over; None when there is none; `NoFiniteCheckpointError` when no one can be resumed from."""
+    found = complete_checkpoints(output_dir)
+    checkpoint, skipped = newest_finite_checkpoint(found)
+    for line in skipped:
+        say(line)
+    if found and checkpoint is None:
+        raise NoFiniteCheckpointError(
+            f"every checkpoint in {output_dir} has non-finite weights (the newest: {found[-1]}), so there is none to "
+            "resume from: start over in a new --output_dir (or move them away), after one of the fixes in "
+            "docs/launch.md, 'When a run diverges'."
+        )
+    return checkpoint
 
 
 def stop_message(error: Exception, prog: str, output_dir: str | None, checkpoint: str | None) -> str:
@@ -213,3 +261,90 @@ def stop_message(error: Exception, prog: str, output_dir: str | None, checkpoint
         lines.append(f"No finite checkpoint in {output_dir} (save with --save_steps N to resume next time).")
     lines.append(FIXES + " Or skip such steps: --cegppo_max_skipped_steps N.")
     return "\n".join(lines)
+
+
+class DivergenceGuardMixin:
+    """The divergence guard on any `transformers.Trainer` subclass; put it first in the bases:
+    ``class GuardedSFT(DivergenceGuardMixin, SFTTrainer)``. `max_skipped_steps` (default: the config's
+    `cegppo_max_skipped_steps`, else 0) steps in the whole run, resumes included, are skipped instead of stopping.
+
+    - `training_step` adds each micro-batch's loss to the step's check, which runs in `_get_grad_norm` (transformers 5:
+      once per optimizer step, after the last backward, before `optimizer.step()`; under DeepSpeed after the engine
+      stepped, which passes over a non-finite step itself: docs/launch.md).
+    - `save_model` refuses non-finite weights (nothing written, no checkpoint rotated out) and writes the guard's
+      state into each checkpoint; `train(resume_from_checkpoint=True)` resumes from the newest checkpoint whose
+      weights are finite, restoring the state; a path to a non-finite one is refused in one line.
+    - `skip_step` and `check_with_step` are a subclass's two calls into the step's check (no host transfer of their
+      own). A stopped run raises `NonFiniteStepError` (one line; a script exits with `DIVERGED_EXIT_STATUS`).
+    """
+
+    def __init__(self, *args, max_skipped_steps: int | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        if max_skipped_steps is None:
+            max_skipped_steps = getattr(self.args, "cegppo_max_skipped_steps", 0)
+        if max_skipped_steps < 0:
+            raise ValueError(f"max_skipped_steps {max_skipped_steps}: it must be 0 (stop at once) or more.")
+        self.step_guard = StepGuard(self.accelerator.gather, max_skipped_steps)
+        self._after_check = None
+
+    def skip_step(self, flags: torch.Tensor) -> None:
+        """Skip the optimizer step in progress (counted in `SKIPPED_UNSCORED`) if any of `flags` (device tensor) is
+        positive on any process; beyond the budget, stop at it. Decided with the step's check, on every process."""
+        self.step_guard.add_unscored(flags)
+
+    def check_with_step(self, values: torch.Tensor, then) -> None:
+        """Check `values` (device tensor) with the step in progress (not finite: as a non-finite loss), and after the
+        check, unless the step is skipped, call `then(list_of_floats)`: one host transfer with the step's own."""
+        self.step_guard.carry(values)
+        self._after_check = then
+
+    def training_step(self, *args, **kwargs):
+        loss = super().training_step(*args, **kwargs)
+        self.step_guard.add_loss(loss)  # on the device until the step's check
+        return loss
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
+        then, self._after_check = self._after_check, None
+        outcome = self.step_guard.end_step(self.state.global_step + 1, grad_norm, self.accelerator.device)
+        if not self.is_deepspeed_enabled:  # the engine keeps its own optimizer and schedule
+            if outcome.skip:
+                model.zero_grad(set_to_none=True)  # the optimizer passes over parameters without a gradient
+            # accelerate's flag behind `optimizer_step_was_skipped`: transformers then leaves the schedule alone
+            self.optimizer._is_overflow = outcome.skip
+        if then is not None and outcome.extra is not None:
+            then(outcome.extra)
+        return grad_norm
+
+    def log(self, logs: dict, *args, **kwargs) -> None:
+        if self.step_guard.max_skipped_steps > 0 and "loss" in logs:  # the training entries
+            logs = {**logs, **self.step_guard.skipped}
+        super().log(logs, *args, **kwargs)
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False):
+        # Every process calls it (checkpoints and the final save): a non-finite weight anywhere stops them all.
+        where = output_dir or self.args.output_dir
+        check_weights_finite(self.model.parameters(), self.accelerator.reduce, self.state.global_step, where)
+        super().save_model(output_dir, _internal_call)
+        if _internal_call and self.args.should_save:  # a checkpoint (before its trainer_state.json)
+            with open(os.path.join(where, GUARD_STATE_FILE), "w") as f:
+                json.dump(self.step_guard.state(), f)
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
+        checkpoint = resume_from_checkpoint
+        if checkpoint is True:
+            found = finite_checkpoint_to_resume(self.args.output_dir, self.accelerator.print)
+            if found is not None:
+                self.accelerator.print(
+                    f"Resuming from {found}, the newest finite checkpoint in {self.args.output_dir}."
+                )
+            checkpoint = found or True  # none: transformers' own error
+        elif checkpoint is not None and (why := why_not_resumable(checkpoint)):
+            raise ValueError(
+                f"resume_from_checkpoint {checkpoint}: {why}; resume from an earlier checkpoint (or pass True: the "
+                "newest finite one)."
+            )
+        if checkpoint not in (None, True) and os.path.isfile(state := os.path.join(checkpoint, GUARD_STATE_FILE)):
+            with open(state) as f:
+                self.step_guard.restore(json.load(f))
+        return super().train(checkpoint, *args, **kwargs)

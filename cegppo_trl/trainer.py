@@ -21,7 +21,7 @@ import torch
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 
-from . import divergence, dynamic_sampling, metrics, trl_mirror
+from . import dynamic_sampling, metrics, trl_mirror
 from .config import as_cegppo_config, validate_cegppo_config
 from .controller import EntropyController
 from .core import (
@@ -32,6 +32,7 @@ from .core import (
     entropy_ratio_clip,
     gradient_preserving_correction,
 )
+from .divergence import UNSCORED_KEY, DivergenceGuardMixin
 from .metrics import TOKEN_RATIOS, DeviceMetrics, StepSums, token_set_sums
 from .run_checks import (
     RewardCoverageError,
@@ -75,7 +76,7 @@ class _Interception:
         self.trainer._interception = None
 
 
-class CEGPPOTrainer(GRPOTrainer):
+class CEGPPOTrainer(DivergenceGuardMixin, GRPOTrainer):
     """[`~trl.GRPOTrainer`] with the CE-GPPO policy loss. Same constructor; pass a [`CEGPPOConfig`].
 
     A plain `GRPOConfig` is upgraded to a `CEGPPOConfig` with the paper's `cegppo_beta1=0.5`, `cegppo_beta2=1.0` (a
@@ -112,8 +113,6 @@ class CEGPPOTrainer(GRPOTrainer):
         self._controller = EntropyController.from_config(args) if args.cegppo_entropy_target is not None else None
         self._step_sums = StepSums(self.accelerator.reduce)  # the controller's and the batch fill's
         self._device_metrics = DeviceMetrics(self.accelerator.reduce)  # until `log`
-        # Issue 35: each optimizer step is checked before it is applied (`divergence.py`, `_get_grad_norm`).
-        self._step_guard = divergence.StepGuard(self.accelerator.gather, args.cegppo_max_skipped_steps)
         if args.cegppo_exclude_zero_advantage_groups:
             dynamic_sampling.refuse_router_aux_loss(self.aux_loss_enabled)
         self._has_old_log_probs = trl_mirror.has_old_log_probs(args)
@@ -189,9 +188,7 @@ class CEGPPOTrainer(GRPOTrainer):
             threshold = self.args.cegppo_sft_reward_threshold
             dynamic_sampling.attach_sft_mask(output, rewards, threshold, keep, self.accelerator.gather)
         if caught.unscored:  # skip mode: every row of this batch marks its optimizer steps as skipped
-            output[divergence.UNSCORED_KEY] = torch.ones(
-                output["completion_ids"].size(0), device=self.accelerator.device
-            )
+            output[UNSCORED_KEY] = torch.ones(output["completion_ids"].size(0), device=self.accelerator.device)
         return output
 
     def _old_policy_pass_after_selection(self, mode: str) -> bool:
@@ -242,14 +239,12 @@ class CEGPPOTrainer(GRPOTrainer):
         keep = inputs.pop("cegppo_keep", None)  # dropped rows already have an empty loss mask
         group_counts = dynamic_sampling.pop_group_counts(inputs)
         old_entropies = inputs.pop("cegppo_old_entropies", None)  # entropy-ratio clipping's H(pi_old)
-        unscored = inputs.pop(divergence.UNSCORED_KEY, None)
+        unscored = inputs.pop(UNSCORED_KEY, None)
         with _Interception(self, loss_inputs=inputs) as caught:
             loss = super()._compute_loss(model, inputs)  # TRL's PPO-clip loss + KL + entropy bonus + aux loss
         loss = loss + self._cegppo_loss_delta(inputs, caught.forward, keep, group_counts, old_entropies)
-        if self.model.training:  # the step's check (`_get_grad_norm`) reads these, on the device until then
-            self._step_guard.add_loss(loss)
-            if unscored is not None:
-                self._step_guard.add_unscored(unscored)
+        if unscored is not None and self.model.training:  # CE-GPPO's rule: a batch without rewards is not trained on
+            self.skip_step(unscored)
         return loss
 
     def _cegppo_loss_delta(self, inputs, forward: _Forward, keep=None, group_counts=None, old_entropies=None):
@@ -314,40 +309,17 @@ class CEGPPOTrainer(GRPOTrainer):
             return
         if keep is not None:
             self._device_metrics.record("train", metrics.STEP_FILL_METRICS, metrics.fill_metrics(totals, group_counts))
-        if self._controller is not None:  # to the host with the step's check: its one transfer (`_get_grad_norm`)
-            self._step_guard.carry(totals[:2])
+        if self._controller is not None:  # to the host with the step's check: its one transfer
+            self.check_with_step(totals[:2], self._update_controller)
 
-    def _update_controller(self, entropy_sum: float, tokens: float) -> None:
+    def _update_controller(self, sums: list[float]) -> None:
         """The controller's betas are Python floats for the next step, from the step's (entropy, tokens) sums."""
+        entropy_sum, tokens = sums
         if tokens == 0:  # every row of the step was dropped (dynamic sampling): nothing was measured
             return
         self._controller.update(entropy_sum / tokens)
         controller_state = (self._controller.last_error, self._controller.integral)
         self._device_metrics.record("train", ("cegppo/entropy_error", "cegppo/entropy_integral"), controller_state)
-
-    # --- Issue 35: the check before each optimizer step is applied, and before each save (`divergence.py`)
-    def _get_grad_norm(self, model, grad_norm=None):
-        # transformers 5.x calls it once per optimizer step, after the last backward and before `optimizer.step()`
-        # (DeepSpeed: after its engine stepped, which skips a non-finite gradient itself in fp32 / bf16).
-        grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
-        step = self.state.global_step + 1
-        outcome = self._step_guard.end_step(step, grad_norm, self.accelerator.device)  # raises to stop
-        if outcome.skip and not self.is_deepspeed_enabled:
-            model.zero_grad(set_to_none=True)  # the optimizer passes over parameters without a gradient
-        elif outcome.extra is not None:
-            self._update_controller(*outcome.extra)
-        if self.args.cegppo_max_skipped_steps > 0:
-            skipped = self._step_guard.skipped
-            self._device_metrics.record("train", tuple(skipped), tuple(skipped.values()))
-        return grad_norm
-
-    def save_model(self, output_dir: str | None = None, _internal_call: bool = False):
-        # Every process calls it (checkpoints and the final save): a non-finite weight anywhere stops them all.
-        where = output_dir or self.args.output_dir
-        divergence.check_weights_finite(
-            self.model.parameters(), self.accelerator.reduce, self.state.global_step, where
-        )
-        super().save_model(output_dir, _internal_call)
 
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)

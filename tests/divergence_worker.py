@@ -74,7 +74,7 @@ def run(model_dir, out_dir: Path, name: str, scenario: dict, nan_rank=NAN_RANK, 
     trainable = [p.detach().float() for p in trainer.model.parameters() if p.requires_grad]
     record.update(
         global_step=trainer.state.global_step,
-        skipped=trainer._step_guard.skipped,
+        skipped=trainer.step_guard.skipped,
         checkpoints=sorted(p.name for p in (out_dir / name).glob("checkpoint-*")),
         controller=None if trainer._controller is None else vars(trainer._controller),
         # ZeRO-3 holds each parameter's shard in `ds_tensor`; the others the whole (replicated) parameter

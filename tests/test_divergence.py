@@ -26,10 +26,10 @@ from cegppo_trl.divergence import (
     NonFiniteStepError,
     StepGuard,
     check_weights_finite,
+    finite_checkpoint_to_resume,
     newest_finite_checkpoint,
     non_finite_tensors,
 )
-from cegppo_trl.scripts.stopping import finite_checkpoint_to_resume
 
 
 def _one_process(tensor, reduction="sum"):
@@ -177,7 +177,7 @@ def test_batches_without_rewards_are_skipped_and_counted(dynamic, tiny_checkpoin
         config.update(cegppo_exclude_zero_advantage_groups=True, cegppo_oversampling=2.0)
     trainer, record = run(tiny_checkpoint, tmp_path, "all", dict(nan_steps=(), config=config), 0, _no_reward)
     assert record["error"] is None and trainer.state.global_step == 4  # one generation batch: all 4 steps skipped
-    assert trainer._step_guard.skipped == {SKIPPED_NON_FINITE: 0, SKIPPED_UNSCORED: 4}
+    assert trainer.step_guard.skipped == {SKIPPED_NON_FINITE: 0, SKIPPED_UNSCORED: 4}
     assert trainer.state.log_history[3][SKIPPED_UNSCORED] == 4
     start = load_file(str(tiny_checkpoint / "model.safetensors"))
     assert all(torch.equal(start[k], v) for k, v in _trainable(trainer).items() if k in start)

@@ -9,7 +9,6 @@ Only the standard library is imported at the top: the handlers are installed bef
 
 from __future__ import annotations
 
-import os
 import shlex
 import signal
 import sys
@@ -101,38 +100,12 @@ def stop_on_signal_callback(request: StopRequest, accelerator):
     return StopOnSignal()
 
 
-def complete_checkpoints(output_dir: str, complete: bool = True) -> list[str]:
-    """The ``checkpoint-N`` folders of `output_dir`, oldest first, less (`complete`) those without
-    ``trainer_state.json`` (the Trainer's last file: one without it was being written when a run stopped)."""
-    from transformers.trainer import TRAINER_STATE_NAME
-    from transformers.trainer_utils import sort_checkpoints
-
-    found = sort_checkpoints(output_dir) if os.path.isdir(output_dir) else []
-    return [path for path in found if not complete or os.path.isfile(os.path.join(path, TRAINER_STATE_NAME))]
-
-
 def last_complete_checkpoint(output_dir: str, complete: bool = True) -> str | None:
     """transformers' `get_last_checkpoint`, passing over (`complete`) incomplete checkpoints."""
+    from ..divergence import complete_checkpoints
+
     found = complete_checkpoints(output_dir, complete)
     return found[-1] if found else None
-
-
-def finite_checkpoint_to_resume(output_dir: str, say) -> str | None:
-    """Auto-resume's checkpoint: the newest complete one whose saved weights are finite, saying (`say`) which newer
-    ones it passed over; None when there is none; `NoFiniteCheckpointError` when every one is non-finite."""
-    from ..divergence import NoFiniteCheckpointError, newest_finite_checkpoint
-
-    found = complete_checkpoints(output_dir)
-    checkpoint, skipped = newest_finite_checkpoint(found)
-    for line in skipped:
-        say(line)
-    if found and checkpoint is None:
-        raise NoFiniteCheckpointError(
-            f"every checkpoint in {output_dir} has non-finite weights (the newest: {found[-1]}), so there is none to "
-            "resume from: start over in a new --output_dir (or move them away), after one of the fixes in "
-            "docs/launch.md, 'When a run diverges'."
-        )
-    return checkpoint
 
 
 def interrupted_message(argv: Sequence[str], training_args, prog: str, signal_name: str) -> str:

@@ -21,12 +21,7 @@ from trl import ScriptArguments, TrlParser
 
 from ..data import DEFAULT_INSTRUCTION, resolve_instruction
 from ..prompt_settings import resolve_system_prompt
-from .stopping import (
-    StopRequest,
-    finite_checkpoint_to_resume,
-    interrupted_message,
-    stop_on_signal_callback,
-)
+from .stopping import StopRequest, interrupted_message, stop_on_signal_callback
 
 
 PROG = "cegppo-train"
@@ -263,20 +258,14 @@ def train(script_args: CEGPPOScriptArguments, training_args, model_args, stop: S
         raise ValueError(
             f"--resume_from_checkpoint {checkpoint}: not a complete checkpoint (no {TRAINER_STATE_NAME})."
         )
-    from ..divergence import NonFiniteStepError, non_finite_tensors
+    from ..divergence import NonFiniteStepError, complete_checkpoints
     from ..run_checks import RewardCoverageError
 
-    if checkpoint is not None and (counts := non_finite_tensors(checkpoint)) and counts[0]:
-        raise ValueError(
-            f"--resume_from_checkpoint {checkpoint}: {counts[0]} of its {counts[1]} weight tensors are not finite; "
-            "resume from an earlier checkpoint (leave the flag out: auto-resume picks the newest finite one)."
-        )
     settings = prompt_and_sampling_callback(script_args)
     trainer = build_trainer(script_args, training_args, model_args, [settings])
     trainer.add_callback(stop_on_signal_callback(stop, trainer.accelerator))
-    if checkpoint is None and (checkpoint := finite_checkpoint_to_resume(training_args.output_dir,
-                                                                         trainer.accelerator.print)):  # fmt: skip
-        trainer.accelerator.print(f"Resuming from {checkpoint}, the last checkpoint in {training_args.output_dir}.")
+    if checkpoint is None and complete_checkpoints(training_args.output_dir):
+        checkpoint = True  # the newest finite one (`DivergenceGuardMixin.train`)
     try:
         trainer.train(resume_from_checkpoint=checkpoint)
     except (NonFiniteStepError, RewardCoverageError):  # raised on every process at the same step
@@ -304,8 +293,7 @@ def train(script_args: CEGPPOScriptArguments, training_args, model_args, stop: S
 def diverged_message(error: Exception, training_args) -> str:
     """The message of a run stopped by `cegppo_trl.divergence` (exit status 3), naming the newest finite
     checkpoint."""
-    from ..divergence import NoFiniteCheckpointError, newest_finite_checkpoint, stop_message
-    from .stopping import complete_checkpoints
+    from ..divergence import NoFiniteCheckpointError, complete_checkpoints, newest_finite_checkpoint, stop_message
 
     if isinstance(error, NoFiniteCheckpointError):
         return f"{PROG}: {error}"
