@@ -197,6 +197,8 @@ def why_not_resumable(checkpoint: str) -> str | None:
     """Why `checkpoint`'s weights must not be resumed from (one sentence), or None. DeepSpeed shards alone are not
     read (the optimizer's would be, whole, on one host); the guard's state file says the guard checked the weights
     before writing them."""
+    if not os.path.isfile(os.path.join(checkpoint, "trainer_state.json")):  # the Trainer's last file
+        return "not a complete checkpoint (no trainer_state.json)"
     counts = non_finite_tensors(checkpoint)
     if counts is not None:
         return f"{counts[0]} of its {counts[1]} weight tensors are not finite" if counts[0] else None
@@ -246,9 +248,13 @@ def finite_checkpoint_to_resume(output_dir: str, say) -> str | None:
     return checkpoint
 
 
-def stop_message(error: Exception, prog: str, output_dir: str | None, checkpoint: str | None) -> str:
-    """`cegppo-train`'s message for a run stopped by `NonFiniteStepError` or `RewardCoverageError`."""
+def stop_message(error: Exception, prog: str, output_dir: str | None) -> str:
+    """A script's message (`cegppo-train`'s) for a run stopped by `NonFiniteStepError`, `RewardCoverageError` or
+    `NoFiniteCheckpointError`, naming the newest finite checkpoint in `output_dir`."""
     lines = [f"{prog}: {error}"]
+    if isinstance(error, NoFiniteCheckpointError):
+        return lines[0]
+    checkpoint = newest_finite_checkpoint(complete_checkpoints(output_dir))[0] if output_dir else None
     if not isinstance(error, NonFiniteStepError):  # a batch without rewards: one line
         where = f"the newest finite checkpoint is {checkpoint}" if checkpoint else "no finite checkpoint was saved"
         return f"{lines[0]} Stopped; {where} (run the same command again to resume from it, after the fix)."
@@ -310,8 +316,8 @@ class DivergenceGuardMixin:
         if not self.is_deepspeed_enabled:  # the engine keeps its own optimizer and schedule
             if outcome.skip:
                 model.zero_grad(set_to_none=True)  # the optimizer passes over parameters without a gradient
-            # accelerate's flag behind `optimizer_step_was_skipped`: transformers then leaves the schedule alone
-            self.optimizer._is_overflow = outcome.skip
+            if hasattr(self.optimizer, "step_was_skipped"):  # accelerate's (none outside `train`): behind
+                self.optimizer._is_overflow = outcome.skip  # `optimizer_step_was_skipped`, the schedule holds
         if then is not None and outcome.extra is not None:
             then(outcome.extra)
         return grad_norm
@@ -341,8 +347,8 @@ class DivergenceGuardMixin:
             checkpoint = found or True  # none: transformers' own error
         elif checkpoint is not None and (why := why_not_resumable(checkpoint)):
             raise ValueError(
-                f"resume_from_checkpoint {checkpoint}: {why}; resume from an earlier checkpoint (or pass True: the "
-                "newest finite one)."
+                f"--resume_from_checkpoint {checkpoint}: {why}; resume from an earlier checkpoint (True, or left out "
+                "in cegppo-train: the newest finite one)."
             )
         if checkpoint not in (None, True) and os.path.isfile(state := os.path.join(checkpoint, GUARD_STATE_FILE)):
             with open(state) as f:

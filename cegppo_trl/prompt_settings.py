@@ -173,3 +173,24 @@ def settings_for_model(
         else:
             values[name] = prompt_word(name, PAPER_SETTINGS[name] if value is None else value)
     return values, from_checkpoint
+
+
+def prompt_and_sampling_callback(script_args):
+    """A `TrainerCallback` that writes the prompt format and sampling of training (`cegppo-train`'s `script_args`, for
+    `cegppo-eval`) into every ``checkpoint-N`` the trainer saves; `cegppo-train` calls its `write` for the final
+    model."""
+    from transformers import TrainerCallback
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+    class SavePromptAndSampling(TrainerCallback):
+        def write(self, path, args):
+            save_eval_settings(path, instruction=script_args.instruction, system_prompt=script_args.system_prompt,
+                               temperature=args.temperature, top_p=args.top_p, top_k=args.top_k or 0,
+                               max_new_tokens=args.max_completion_length)  # fmt: skip
+
+        def on_save(self, args, state, control, **kwargs):
+            path = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+            if args.should_save and os.path.isdir(path):
+                self.write(path, args)
+
+    return SavePromptAndSampling()

@@ -40,11 +40,16 @@ def missing_extra(module: str, extra: str, purpose: str) -> str | None:
     return f"{purpose} needs {module}, which is not installed: pip install 'cegppo-trl[{extra}]' (in a clone: -e '.[{extra}]')."
 
 
+_CHECKED: set[tuple[str, bool]] = set()
+
+
 def check_writable_path(path, flag: str, folder: bool) -> None:
     """The one writable-path check of `cegppo-train --output_dir` / `CEGPPOTrainer` (`folder`) and `cegppo-eval
     --output` (a file): nothing on the path is a file where a folder goes, and the nearest existing folder takes a new
     file. Made before any model loads, so that a bad path costs seconds, not a run; writes nothing that stays."""
     path = os.path.abspath(os.path.expanduser(os.fspath(path)))
+    if (path, folder) in _CHECKED:  # once per run: `cegppo-train` checks before builtin:tiny writes, the trainer too
+        return
     if not folder and os.path.isdir(path):
         raise ValueError(f"{flag} {path!r} is a directory; pass the path of the JSON report, e.g. {path}/eval.json.")
     existing = path if folder else os.path.dirname(path)
@@ -61,6 +66,7 @@ def check_writable_path(path, flag: str, folder: bool) -> None:
             f"{flag} {path!r} cannot be written ({error.strerror or error} in {existing}); nothing was run. Pass "
             f"{flag} a path in a writable folder."
         ) from None
+    _CHECKED.add((path, folder))
 
 
 @contextlib.contextmanager

@@ -397,3 +397,23 @@ def materialize_tiny(path: str | os.PathLike, seed: int = 0, sft_steps: int = 0,
     same build is reused."""
     warm_tiny(seed=seed, sft_steps=sft_steps, cache_dir=path, progress=progress)
     return os.fspath(path)
+
+
+def materialize_tiny_in_job(path: str, seed: int, sft_steps: int) -> str:
+    """`materialize_tiny` in a launched job: the first process of each node builds it, the others wait and load it."""
+    from accelerate import PartialState
+
+    state = PartialState()
+    with state.local_main_process_first():
+        if state.is_local_main_process and state.num_processes == 1:
+            materialize_tiny(path, seed=seed, sft_steps=sft_steps)
+        elif state.is_local_main_process:  # in a fresh Python: the SFTTrainer warm start must not join this job
+            import subprocess
+            import sys
+
+            launch = "RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK MASTER_ADDR MASTER_PORT".split()
+            drop = ("ACCELERATE_", "TORCHELASTIC_")
+            env = {k: v for k, v in os.environ.items() if k not in launch and not k.startswith(drop)}
+            code = "import sys, cegppo_trl.tiny_model as t; t.materialize_tiny(sys.argv[1], *map(int, sys.argv[2:]))"
+            subprocess.run([sys.executable, "-c", code, path, str(seed), str(sft_steps)], env=env, check=True)
+    return path

@@ -55,8 +55,9 @@ def varied_reward(completions, **kwargs):
     return [float(i % 2) for i in range(len(completions))]  # every group informative: a gradient at every step
 
 
-def run(model_dir, out_dir: Path, name: str, scenario: dict, nan_rank=NAN_RANK, reward=varied_reward) -> tuple:
-    """Train `scenario` into out_dir / name; (the trainer, this process's record)."""
+def run(model_dir, out_dir: Path, name: str, scenario: dict, nan_rank=NAN_RANK, reward=varied_reward, resume=None):
+    """Train `scenario` into out_dir / name (`resume`: `train`'s `resume_from_checkpoint`); (the trainer, this
+    process's record)."""
     args = cpu_config(CEGPPOConfig, out_dir / name, **{**RUN, **scenario["config"]})
     extra = {}
     if scenario.get("peft"):
@@ -65,20 +66,27 @@ def run(model_dir, out_dir: Path, name: str, scenario: dict, nan_rank=NAN_RANK, 
         extra["peft_config"] = LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"])
     data = load_math_dataset("builtin:arithmetic").select(range(64))
     trainer = Injecting(model=str(model_dir), reward_funcs=reward, args=args, train_dataset=data, **extra)
+    for callback in scenario.get("callbacks", lambda trainer: [])(trainer):
+        trainer.add_callback(callback)
     trainer.nan_steps, trainer.nan_rank = scenario["nan_steps"], nan_rank
     record = {"error": None}
     try:
-        trainer.train()
+        trainer.train(resume_from_checkpoint=resume)
     except NonFiniteStepError as error:
         record.update(error=str(error), error_step=error.step)
-    trainable = [p.detach().float() for p in trainer.model.parameters() if p.requires_grad]
+    # ZeRO-3 holds each parameter's shard in `ds_tensor` (the parameter itself is empty); the others the whole one
+    trainable = [getattr(p, "ds_tensor", p).detach().float() for p in trainer.model.parameters() if p.requires_grad]
+    weight_sum = torch.tensor(
+        [sum(float(getattr(p, "ds_tensor", p).double().sum()) for p in trainer.model.parameters())]
+    )
+    if any(hasattr(p, "ds_tensor") for p in trainer.model.parameters()):  # ZeRO: every process's shards, summed
+        weight_sum = trainer.accelerator.reduce(weight_sum.to(trainer.accelerator.device), reduction="sum")
     record.update(
         global_step=trainer.state.global_step,
         skipped=trainer.step_guard.skipped,
         checkpoints=sorted(p.name for p in (out_dir / name).glob("checkpoint-*")),
         controller=None if trainer._controller is None else vars(trainer._controller),
-        # ZeRO-3 holds each parameter's shard in `ds_tensor`; the others the whole (replicated) parameter
-        weight_sum=sum(float(getattr(p, "ds_tensor", p).detach().double().sum()) for p in trainer.model.parameters()),
+        weight_sum=float(weight_sum),
         finite=bool(all(torch.isfinite(p).all() for p in trainable)),
     )
     rank = trainer.accelerator.process_index

@@ -1,6 +1,7 @@
 """A run that diverges stops at its first non-finite step, before applying it, and never saves or resumes from broken
-weights (issue 35; `cegppo_trl/divergence.py`, docs/launch.md "When a run diverges"). On one process; the 2-process
-launches are tests/test_divergence_launch.py (slow).
+weights (`cegppo_trl/divergence.py`, docs/launch.md "When a run diverges"): CEGPPOTrainer, and the mixin on TRL's
+SFTTrainer and GRPOTrainer and on transformers' Trainer. On one process; the 2-process launches are
+tests/test_divergence_launch.py (slow).
 """
 
 import json
@@ -13,13 +14,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from divergence_worker import SCENARIOS, check, run
+from divergence_worker import SCENARIOS, check, run, varied_reward
 from safetensors.torch import load_file, save_file
 from shared import ROOT, TINY_RECIPE
 from test_host_sync import counting_host_transfers
 
 from cegppo_trl.divergence import (
     DIVERGED_EXIT_STATUS,
+    GUARD_STATE_FILE,
     SKIPPED_NON_FINITE,
     SKIPPED_UNSCORED,
     NoFiniteCheckpointError,
@@ -71,21 +73,6 @@ def test_every_process_decides_from_every_process_values_and_a_non_finite_contro
         guard.end_step(1, torch.tensor(1.0), "cpu", extra=torch.tensor([math.nan, 5.0]))
 
 
-def test_skipping_is_counted_and_bounded():
-    guard = StepGuard(_one_process, max_skipped_steps=2)
-    guard.add_loss(torch.tensor(math.nan))
-    assert guard.end_step(1, torch.tensor(1.0), "cpu").skip
-    guard.add_loss(torch.tensor(0.0))
-    guard.add_unscored(torch.ones(3))
-    assert guard.end_step(2, torch.tensor(0.0), "cpu").skip
-    assert guard.skipped == {SKIPPED_NON_FINITE: 1, SKIPPED_UNSCORED: 1}
-    guard.add_loss(torch.tensor(0.0))
-    assert not guard.end_step(3, 0.5, "cpu").skip  # a float: DeepSpeed's norm
-    guard.add_loss(torch.tensor(1.0))
-    with pytest.raises(NonFiniteStepError, match=r"step 4 after skipping 2 step\(s\).*last finite step 3"):
-        guard.end_step(4, math.inf, "cpu")
-
-
 def test_the_weights_check_names_the_step_and_passes_frozen_weights():
     layer, frozen = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
     check_weights_finite(layer.parameters(), _one_process, 3, "out/checkpoint-3")
@@ -112,15 +99,19 @@ def _checkpoint(path: Path, finite: bool = True) -> Path:
 def test_auto_resume_passes_over_non_finite_checkpoints_and_refuses_when_all_are(tmp_path):
     first = _checkpoint(tmp_path / "checkpoint-2")
     _checkpoint(tmp_path / "checkpoint-4", finite=False)
-    _checkpoint(tmp_path / "checkpoint-6", finite=False)
+    shards = tmp_path / "checkpoint-6"  # DeepSpeed shards only, from a run without the guard
+    (shards / "global_step6").mkdir(parents=True), (shards / "trainer_state.json").write_text("{}")
     (tmp_path / "checkpoint-8").mkdir()  # incomplete: no trainer_state.json
     assert non_finite_tensors(str(first)) == (0, 3)
     said = []
     assert finite_checkpoint_to_resume(str(tmp_path), said.append) == str(first)
-    assert said == [
-        f"Skipping {tmp_path / f'checkpoint-{n}'}: 1 of its 3 weight tensors are not finite." for n in (6, 4)
-    ]
-    shutil.rmtree(first)
+    assert said[0].startswith(
+        f"Skipping {shards}: it holds only DeepSpeed shards, written without the divergence guard"
+    )
+    assert said[1] == f"Skipping {tmp_path / 'checkpoint-4'}: 1 of its 3 weight tensors are not finite."
+    (shards / GUARD_STATE_FILE).write_text("{}")  # the guard checked the weights before it wrote them
+    assert finite_checkpoint_to_resume(str(tmp_path), said.append) == str(shards)
+    shutil.rmtree(first), shutil.rmtree(shards)
     with pytest.raises(NoFiniteCheckpointError, match=r"every checkpoint in .* has non-finite weights \(the newest: "):
         finite_checkpoint_to_resume(str(tmp_path), said.append)
     assert finite_checkpoint_to_resume(str(tmp_path / "none"), said.append) is None
@@ -166,6 +157,33 @@ def test_the_trainer_stops_before_applying_a_non_finite_step_or_skips_and_counts
         assert logged == [(1, 0), (2, 1), (3, 1)]
 
 
+def test_the_skip_budget_counts_over_a_sigterm_and_a_resume(tiny_checkpoint, tmp_path, one_torch_thread):
+    """`cegppo_max_skipped_steps 2`: step 2 is skipped, SIGTERM stops the run after step 3 (cegppo-train's stop),
+    the resumed run skips step 5 and stops at step 6, its third skip over both parts."""
+    import signal
+
+    from transformers import TrainerCallback
+
+    from cegppo_trl.scripts.stopping import StopRequest, stop_on_signal_callback
+
+    class Sigterm(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            os.kill(os.getpid(), signal.SIGTERM) if state.global_step == 3 else None
+
+    stop = StopRequest()
+    scenario = dict(nan_steps=[2, 5, 6], config=dict(cegppo_max_skipped_steps=2, max_steps=8),
+                    callbacks=lambda trainer: [Sigterm(), stop_on_signal_callback(stop, trainer.accelerator)])  # fmt: skip
+    try:
+        _, record = run(tiny_checkpoint, tmp_path, "budget", scenario, 0)
+    finally:
+        stop.restore()
+    assert record["error"] is None and record["global_step"] == 3 and stop.signum == signal.SIGTERM
+    assert record["skipped"] == {SKIPPED_NON_FINITE: 1, SKIPPED_UNSCORED: 0}
+    _, record = run(tiny_checkpoint, tmp_path, "budget", dict(scenario, callbacks=lambda _: []), 0, resume=True)
+    assert record["error_step"] == 6 and "after skipping 2 step(s)" in record["error"], record
+    assert record["skipped"] == {SKIPPED_NON_FINITE: 2, SKIPPED_UNSCORED: 0}
+
+
 def _no_reward(completions, **kwargs):
     return [None] * len(completions)
 
@@ -200,6 +218,51 @@ def test_no_save_with_non_finite_weights_and_rotation_keeps_the_finite_checkpoin
     with pytest.raises(NonFiniteStepError, match="not finite"):
         trainer.save_model(str(tmp_path / "final"))
     assert not (tmp_path / "final").exists()
+
+
+def _guarded_trl_trainer(kind: str, model_dir, out: Path):
+    """TRL 1.16's SFTTrainer or GRPOTrainer with the guard, diverging: learning rate 10, no clipping."""
+    from datasets import Dataset
+    from shared import cpu_config
+    from trl import GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
+
+    from cegppo_trl import DivergenceGuardMixin, load_math_dataset
+
+    diverging = dict(learning_rate=10.0, max_grad_norm=0.0, max_steps=16, save_strategy="steps", save_steps=1)
+    if kind == "sft":
+        data = Dataset.from_list([{"prompt": f"What is {i}+{i}?", "completion": f" {2 * i}"} for i in range(64)])
+        args = SFTConfig(
+            str(out), use_cpu=True, bf16=False, per_device_train_batch_size=8, report_to="none", **diverging
+        )
+        return type("GuardedSFT", (DivergenceGuardMixin, SFTTrainer), {})(
+            str(model_dir), args=args, train_dataset=data
+        )
+    data = load_math_dataset("builtin:arithmetic").select(range(64))
+    cls = type("GuardedGRPO", (DivergenceGuardMixin, GRPOTrainer), {})
+    return cls(str(model_dir), varied_reward, args=cpu_config(GRPOConfig, out, **diverging), train_dataset=data)
+
+
+@pytest.mark.parametrize("kind", ["sft", "grpo"])
+def test_the_mixin_stops_a_diverging_trl_trainer_and_resumes_from_the_newest_finite_checkpoint(
+    kind, tiny_checkpoint, tmp_path, capsys, one_torch_thread
+):
+    trainer = _guarded_trl_trainer(kind, tiny_checkpoint, tmp_path)
+    with pytest.raises(NonFiniteStepError, match="stopped before applying optimizer step") as error:
+        trainer.train()
+    step = error.value.step
+    assert sorted(tmp_path.glob("checkpoint-*")) == [tmp_path / f"checkpoint-{n}" for n in range(1, step)]
+    assert all(non_finite_tensors(str(tmp_path / f"checkpoint-{n}"))[0] == 0 for n in range(1, step))
+    saved, now = _weights(tmp_path / f"checkpoint-{step - 1}"), _trainable(trainer)
+    assert all(torch.equal(now[k], saved[k]) for k in saved), f"step {step} was applied"
+    broken = tmp_path / f"checkpoint-{step}"  # as a run without the guard would have saved it
+    shutil.copytree(tmp_path / f"checkpoint-{step - 1}", broken)
+    save_file({k: v * math.nan for k, v in saved.items()}, str(broken / "model.safetensors"), {"format": "pt"})
+    capsys.readouterr()
+    with pytest.raises(NonFiniteStepError) as again:
+        _guarded_trl_trainer(kind, tiny_checkpoint, tmp_path).train(resume_from_checkpoint=True)
+    out = capsys.readouterr().out
+    assert f"Skipping {broken}: " in out and f"Resuming from {tmp_path / f'checkpoint-{step - 1}'}," in out
+    assert again.value.step >= step  # diverging again, from the newest finite checkpoint
 
 
 # --- cegppo-train on one process
@@ -263,15 +326,50 @@ def test_cegppo_train_stops_with_status_3_keeps_the_finite_checkpoints_and_resum
     assert os.path.isdir(out / "checkpoint-5")  # nothing deleted
 
 
-def test_transformers_takes_the_gradient_norm_once_per_step_before_the_optimizer_step():
-    """Pins the private `Trainer._get_grad_norm` (transformers 5.x) the step check overrides: `Trainer._run_epoch`
-    calls it once per optimizer step, after the last backward and before `optimizer.step()` (docs/method.md)."""
-    import inspect
+class _Line(torch.nn.Module):
+    """A one-weight model whose loss is NaN at the optimizer steps in `nan_steps` (1-based)."""
 
-    from transformers import Trainer
+    def __init__(self, events, nan_steps=()):
+        super().__init__()
+        self.w, self.events, self.nan_steps, self.calls = torch.nn.Parameter(torch.ones(1)), events, nan_steps, 0
+        self.w.register_hook(lambda grad: events.append("backward"))
 
-    source = inspect.getsource(Trainer._run_epoch)
-    assert source.count("self._get_grad_norm(") == 1
-    at = source.index("self._get_grad_norm(")
-    assert source.index("self.training_step(") < at < source.index("self.optimizer.step()")
-    assert "grad_norm=None" in str(inspect.signature(Trainer._get_grad_norm))
+    def forward(self, x, labels=None):
+        self.calls += 1
+        nan = (self.calls + 1) // 2 in self.nan_steps  # 2 micro-batches per step
+        return {"loss": ((self.w * x).sum() - labels.sum()) ** 2 * (math.nan if nan else 1.0)}
+
+
+def test_transformers_takes_the_norm_between_the_last_backward_and_the_optimizer_step_and_a_skip_holds_the_lr(
+    tmp_path,
+):
+    """Pins by behaviour the call order the guard relies on (transformers 5.x, private `Trainer._get_grad_norm`):
+    once per optimizer step, after its last backward, before `optimizer.step()`; and accelerate's private
+    `AcceleratedOptimizer._is_overflow`: a skipped step moves neither the weights nor the learning-rate schedule."""
+    from datasets import Dataset
+    from transformers import Trainer, TrainingArguments
+
+    from cegppo_trl import DivergenceGuardMixin
+
+    events = []
+
+    class Recording(DivergenceGuardMixin, Trainer):
+        def _get_grad_norm(self, model, grad_norm=None):
+            events.append("norm")
+            return super()._get_grad_norm(model, grad_norm=grad_norm)
+
+        def create_optimizer(self, *args, **kwargs):
+            optimizer = super().create_optimizer(*args, **kwargs)
+            optimizer.register_step_post_hook(lambda *_: events.append(f"step w={self.model.w.item():.4f}"))
+            return optimizer
+
+    data = Dataset.from_list([{"x": [1.0], "labels": [2.0]}] * 8)
+    args = TrainingArguments(str(tmp_path), use_cpu=True, learning_rate=0.1, max_steps=3, report_to="none",
+                             per_device_train_batch_size=1, gradient_accumulation_steps=2, max_grad_norm=0)  # fmt: skip
+    trainer = Recording(model=_Line(events, nan_steps=(2,)), args=args, train_dataset=data, max_skipped_steps=1)
+    trainer.train()
+    steps = [e for e in events if e.startswith("step")]
+    assert events == ["backward", "backward", "norm", steps[0]] * 2 + ["backward", "backward", "norm", steps[2]]
+    assert steps[0] == steps[1] != steps[2]  # step 2 skipped: w unchanged
+    assert trainer.lr_scheduler.scheduler.last_epoch == 2  # stepped for steps 1 and 3 only
+    assert trainer.step_guard.skipped == {SKIPPED_NON_FINITE: 1, SKIPPED_UNSCORED: 0}

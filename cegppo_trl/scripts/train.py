@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from trl import ScriptArguments, TrlParser
 
 from ..data import DEFAULT_INSTRUCTION, resolve_instruction
-from ..prompt_settings import resolve_system_prompt
+from ..prompt_settings import prompt_and_sampling_callback, resolve_system_prompt
 from .stopping import StopRequest, interrupted_message, stop_on_signal_callback
 
 
@@ -155,25 +155,10 @@ def resolve_model(name: str | None, script_args: CEGPPOScriptArguments, training
         source = resolve_model_source(name or "")  # FileNotFoundError names a missing path
         path = source.adapter or source.path
         return os.path.abspath(path) if os.path.isdir(path) else path
-    from accelerate import PartialState
-
-    from ..tiny_model import materialize_tiny
+    from ..tiny_model import materialize_tiny_in_job
 
     path = os.path.abspath(os.path.join(training_args.output_dir, "tiny-init"))
-    seed, steps = training_args.seed, script_args.tiny_sft_steps
-    state = PartialState()
-    with state.local_main_process_first():  # the first process of each node builds it, the others load it
-        if state.is_local_main_process and state.num_processes == 1:
-            materialize_tiny(path, seed=seed, sft_steps=steps)
-        elif state.is_local_main_process:  # in a fresh Python: the SFTTrainer warm start must not join this job
-            import subprocess
-
-            launch = "RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK MASTER_ADDR MASTER_PORT".split()
-            drop = ("ACCELERATE_", "TORCHELASTIC_")
-            env = {k: v for k, v in os.environ.items() if k not in launch and not k.startswith(drop)}
-            code = "import sys, cegppo_trl.tiny_model as t; t.materialize_tiny(sys.argv[1], *map(int, sys.argv[2:]))"
-            subprocess.run([sys.executable, "-c", code, path, str(seed), str(steps)], env=env, check=True)
-    return path
+    return materialize_tiny_in_job(path, training_args.seed, script_args.tiny_sft_steps)
 
 
 def load_datasets(script_args: CEGPPOScriptArguments, training_args):
@@ -195,28 +180,6 @@ def load_datasets(script_args: CEGPPOScriptArguments, training_args):
     if script_args.eval_dataset_name:
         name, config = script_args.eval_dataset_name, None
     return train, load_math_dataset(name, split=script_args.dataset_test_split, name=config, **columns)
-
-
-def prompt_and_sampling_callback(script_args: CEGPPOScriptArguments):
-    """A `TrainerCallback` that writes the prompt format and sampling of training (for `cegppo-eval`) into every
-    ``checkpoint-N`` the trainer saves; `train` calls its `write` for the final model."""
-    from transformers import TrainerCallback
-    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
-
-    from ..prompt_settings import save_eval_settings
-
-    class SavePromptAndSampling(TrainerCallback):
-        def write(self, path, args):
-            save_eval_settings(path, instruction=script_args.instruction, system_prompt=script_args.system_prompt,
-                               temperature=args.temperature, top_p=args.top_p, top_k=args.top_k or 0,
-                               max_new_tokens=args.max_completion_length)  # fmt: skip
-
-        def on_save(self, args, state, control, **kwargs):
-            path = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
-            if args.should_save and os.path.isdir(path):
-                self.write(path, args)
-
-    return SavePromptAndSampling()
 
 
 def build_trainer(script_args: CEGPPOScriptArguments, training_args, model_args, callbacks: list):
@@ -249,18 +212,11 @@ def train(script_args: CEGPPOScriptArguments, training_args, model_args, stop: S
     """TRL's `main` with open-r1's auto-resume (`--resume_from_checkpoint`, else the last complete checkpoint in
     `output_dir`): train, then save the model, its prompt settings, `trainer_state.json` and a model card. Returns
     True when a signal stopped training early; then only the checkpoints are saved."""
-    from transformers.trainer import TRAINER_STATE_NAME
-
-    from ..model_source import can_be_hub_id
-
-    checkpoint = training_args.resume_from_checkpoint
-    if checkpoint is not None and not os.path.isfile(os.path.join(checkpoint, TRAINER_STATE_NAME)):
-        raise ValueError(
-            f"--resume_from_checkpoint {checkpoint}: not a complete checkpoint (no {TRAINER_STATE_NAME})."
-        )
     from ..divergence import NonFiniteStepError, complete_checkpoints
+    from ..model_source import can_be_hub_id
     from ..run_checks import RewardCoverageError
 
+    checkpoint = training_args.resume_from_checkpoint  # checked by `DivergenceGuardMixin.train`
     settings = prompt_and_sampling_callback(script_args)
     trainer = build_trainer(script_args, training_args, model_args, [settings])
     trainer.add_callback(stop_on_signal_callback(stop, trainer.accelerator))
@@ -290,18 +246,6 @@ def train(script_args: CEGPPOScriptArguments, training_args, model_args, stop: S
     return stopped
 
 
-def diverged_message(error: Exception, training_args) -> str:
-    """The message of a run stopped by `cegppo_trl.divergence` (exit status 3), naming the newest finite
-    checkpoint."""
-    from ..divergence import NoFiniteCheckpointError, complete_checkpoints, newest_finite_checkpoint, stop_message
-
-    if isinstance(error, NoFiniteCheckpointError):
-        return f"{PROG}: {error}"
-    output_dir = training_args.output_dir
-    checkpoint, _ = newest_finite_checkpoint(complete_checkpoints(output_dir))
-    return stop_message(error, PROG, output_dir, checkpoint)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point `cegppo-train` (and `examples/train_cegppo.py`). The signal handlers come first, so a
     Ctrl-C during the imports gets the message too; a wrong input is one line and exit status 2."""
@@ -309,7 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         stop.install()  # inside the try: a signal from here on is the message, never a traceback
-        from ..divergence import DIVERGED_EXIT_STATUS, NoFiniteCheckpointError, NonFiniteStepError
+        from ..divergence import DIVERGED_EXIT_STATUS, NoFiniteCheckpointError, NonFiniteStepError, stop_message
         from ..hub_kernels import HubKernelUnavailableError
         from ..model_source import UnreadableWeightsError
         from ..run_checks import RewardCoverageError
@@ -322,7 +266,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             failure = None
         except (NonFiniteStepError, RewardCoverageError, NoFiniteCheckpointError) as error:
             # every process stopped at the same step; one message, from the process that prints
-            failure, status = diverged_message(error, training_args) if stop.announce else "", DIVERGED_EXIT_STATUS
+            failure = stop_message(error, PROG, training_args.output_dir) if stop.announce else ""
+            status = DIVERGED_EXIT_STATUS
         except (ValueError, FileNotFoundError, HubKernelUnavailableError, UnreadableWeightsError) as error:
             if stop.started:
                 raise  # raised while training: a fault, with its traceback
