@@ -22,7 +22,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 
 from . import dynamic_sampling, metrics, trl_mirror
-from .config import as_cegppo_config, validate_cegppo_config
+from .config import as_cegppo_config, over_generation, validate_cegppo_config
 from .controller import EntropyController
 from .core import (
     ClipParams,
@@ -144,8 +144,9 @@ class CEGPPOTrainer(DivergenceGuardMixin, GRPOTrainer):
         if self.args.cegppo_oversampling == 1:
             return super().get_train_dataloader()
         return trl_mirror.over_generating_loader(
-            self._get_dataloader, self.train_dataset, self.args, self.num_generations, self.num_iterations
-        )
+            self._get_dataloader, self.train_dataset, self.args, self.num_generations, self.num_iterations,
+            over_generation(self.args),
+        )  # fmt: skip
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         # TRL 1.16 hands them (all processes', (N, num_funcs)) only to `_generate_and_score_completions`: keep them.

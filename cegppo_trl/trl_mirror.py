@@ -14,8 +14,6 @@ from datasets import IterableDataset
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import RepeatSampler, repeat_iterable_dataset, use_adapter
 
-from .config import over_generation
-
 
 # Per-row keys TRL 1.16 pads on the left (the prompt side); the others with a sequence dimension are right-padded.
 LEFT_PADDED_KEYS = ("prompt_ids", "prompt_mask")
@@ -27,11 +25,11 @@ def has_old_log_probs(args) -> bool:
     return args.gradient_accumulation_steps % (args.steps_per_generation * args.num_iterations) != 0
 
 
-def over_generating_loader(get_dataloader: Callable, dataset, args, num_generations: int, num_iterations: int):
-    """`get_train_dataloader` and `_get_train_sampler` with `over_generation(args)` prompts per generation batch: one
-    loader batch is one process's share of the generation batch, `cegppo_oversampling` times the rows it trains on.
-    `get_dataloader` is the trainer's (transformers') `_get_dataloader`."""
-    prompts, rows = over_generation(args)
+def over_generating_loader(get_dataloader: Callable, dataset, args, num_generations: int, num_iterations: int, sizes):
+    """`get_train_dataloader` and `_get_train_sampler` with `sizes` (`config.over_generation`: prompts per generation
+    batch, rows per process) instead of TRL's: one loader batch is one process's share of the generation batch,
+    `cegppo_oversampling` times the rows it trains on. `get_dataloader` is the trainer's `_get_dataloader`."""
+    prompts, rows = sizes
     repeats = dict(mini_repeat_count=num_generations, batch_size=round(prompts))
     repeats.update(repeat_count=num_iterations * args.steps_per_generation)
     if isinstance(dataset, IterableDataset):

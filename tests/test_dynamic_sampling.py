@@ -157,7 +157,7 @@ def _replay(model_dir, scenario: dict, records: list[list[dict]], tmp_path):
                 sums[m][name][1] += tokens
             for name in extremes[m]:
                 extremes[m][name].append(logged_now[name][-1])
-        # transformers' loop calls it between the last backward and the optimizer step: the step check (issue 35),
+        # transformers' loop calls it between the last backward and the optimizer step: the step check (the guard),
         # which also moves the controller's sums to the host and updates the betas for the next step.
         reference._get_grad_norm(model)
         with torch.no_grad():

@@ -1,6 +1,6 @@
 """CE-GPPO adds no device-to-host transfer per micro-batch, and at most one per optimizer step (project issue 21): on a
 GPU, `item()` / `tolist()` / `bool()` / `cpu()` / `float()` / `int()` of a tensor wait for every queued kernel. The
-one at a step's boundary is the step check (issue 35, `divergence.StepGuard`), which also carries the entropy
+one at a step's boundary is the step check (`divergence.StepGuard`), which also carries the entropy
 controller's measurement; CE-GPPO's metrics wait on the device until `log` moves them to the host in one transfer.
 """
 
@@ -45,7 +45,7 @@ def counting_host_transfers():
 
 def _transfers(trainer, inputs, sync_gradients: bool) -> tuple[int, int]:
     """Host transfers of one micro-batch's loss and backward, and at a step's boundary of the gradient norm the
-    Trainer takes before `optimizer.step()` (`_get_grad_norm`: CE-GPPO's step check, issue 35)."""
+    Trainer takes before `optimizer.step()` (`_get_grad_norm`: the divergence guard's step check)."""
     trainer.accelerator.gradient_state._set_sync_gradients(sync_gradients)
     with counting_host_transfers() as loss_counts:
         trainer._compute_loss(trainer.model, dict(inputs)).backward()

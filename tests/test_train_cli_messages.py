@@ -126,7 +126,7 @@ def test_a_reward_that_returns_none_for_every_completion_stops_the_run(tmp_path,
     )
     out = tmp_path / "out"
     argv = ["--config", str(TINY_RECIPE), "--model_name_or_path", str(tiny_checkpoint), "--output_dir", str(out)]
-    assert main([*argv, "--reward_funcs", "none_reward.nothing"]) == 3  # issue 35: the stops' distinct status
+    assert main([*argv, "--reward_funcs", "none_reward.nothing"]) == 3  # the stops' distinct status
     line = _error_line(capsys.readouterr().err)
     assert "every reward function (nothing) returned None for all 32 completions of a batch" in line
     assert "no finite checkpoint was saved" in line  # the recipe saves none

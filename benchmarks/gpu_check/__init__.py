@@ -314,7 +314,7 @@ def _host_reads(found: Counter):
 
 def count_syncs(trainer, model, batch, device) -> Counter:
     """Synchronizing calls (CUDA) or host reads (CPU) of one loss + backward of `trainer` and the gradient norm the
-    Trainer takes before `optimizer.step()` (`_get_grad_norm`: CE-GPPO's step check, issue 35), by location."""
+    Trainer takes before `optimizer.step()` (`_get_grad_norm`: the divergence guard's step check), by location."""
     counter = _cuda_syncs if device.type == "cuda" else _host_reads
     for _ in range(2):  # the first call warms up; count the second
         found = Counter()
