@@ -249,7 +249,7 @@ def test_the_mixin_stops_a_diverging_trl_trainer_and_resumes_from_the_newest_fin
     with pytest.raises(NonFiniteStepError, match="stopped before applying optimizer step") as error:
         trainer.train()
     step = error.value.step
-    assert sorted(tmp_path.glob("checkpoint-*")) == [tmp_path / f"checkpoint-{n}" for n in range(1, step)]
+    assert set(tmp_path.glob("checkpoint-*")) == {tmp_path / f"checkpoint-{n}" for n in range(1, step)}
     assert all(non_finite_tensors(str(tmp_path / f"checkpoint-{n}"))[0] == 0 for n in range(1, step))
     saved, now = _weights(tmp_path / f"checkpoint-{step - 1}"), _trainable(trainer)
     assert all(torch.equal(now[k], saved[k]) for k in saved), f"step {step} was applied"
