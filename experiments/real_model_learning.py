@@ -65,6 +65,8 @@ def main(argv=None) -> int:
     from cegppo_trl.scripts.compare import parse
 
     arguments = settings(sys.argv[1:] if argv is None else argv)
+    if {"-h", "--help"} & set(arguments):  # this wrapper's words (and --study), then cegppo-compare's flags
+        print(__doc__)
     problems = preflight(parse(arguments))  # before the model is built: a missing extra costs seconds
     if problems:
         raise SystemExit("\n".join(f"real_model_learning: {p}" for p in problems))

@@ -78,7 +78,7 @@ def classify(argv: list[str]) -> str:
         return "pytest"
     if prog == "ruff":
         return "lint"
-    if prog in ("cegppo-demo", "cegppo-eval", "cegppo-train", "cegppo-plot", "cegppo-recipes"):
+    if prog in ("cegppo-demo", "cegppo-eval", "cegppo-train", "cegppo-plot", "cegppo-recipes", "cegppo-compare"):
         return prog
     if prog.startswith("python") and len(argv) > 1 and argv[1].endswith(".py"):
         return "train-script" if argv[1] == "examples/train_cegppo.py" else "script"
@@ -447,3 +447,25 @@ def test_recipes_commands(item, tmp_path):
     if "--list" not in argv:
         assert (tmp_path / "recipes" / "tiny" / "cegppo" / "config_cpu.yaml").is_file()
         assert (tmp_path / "accelerate_configs" / "zero3.yaml").is_file()
+
+
+#: `cegppo-compare` commands of the docs run with these sizes (the docs' other flags kept: arms, dynamic sampling,
+#: the off-policy ratio, LoRA, the gradings); the full runs are measurements (docs/comparison.md).
+COMPARE_SIZES = {"--seeds": "0", "--max_steps": "2", "--steps_per_generation": "2", "--prompts_per_step": "2",
+                 "--num_generations": "2", "--eval_problems": "3", "--eval_k": "2", "--eval_every": "0",
+                 "--tiny_sft_steps": "5", "--jobs": "1"}  # fmt: skip
+
+
+@pytest.mark.parametrize("item", commands("cegppo-compare", is_slow=lambda argv: True))
+def test_compare_commands(item, tmp_path, monkeypatch, capsys):
+    """Each documented comparison at the smallest sizes: it writes its table; its flags are the command's."""
+    _, argv = item
+    args = list(argv[1:])
+    for flag, value in {**COMPARE_SIZES, "--out": str(tmp_path / "cmp")}.items():
+        if flag in args:  # the flag and every value after it (--seeds 0 1 2)
+            at = args.index(flag)
+            end = next((i for i in range(at + 1, len(args)) if args[i].startswith("--")), len(args))
+            del args[at:end]
+        args += [flag, value]
+    _console("cegppo-compare", args, ROOT, monkeypatch, capsys)
+    assert (tmp_path / "cmp" / "results.md").is_file()

@@ -202,19 +202,13 @@ def training_config(args: CompareArguments, arm: Arm, seed: int, run_dir: Path):
     )  # fmt: skip
 
 
-def job_train(settings: dict[str, Any], arm: Arm, seed: int, model_dir: str, run_dir: str) -> dict[str, Any]:
-    """Train `arm` with `seed` from `model_dir` in `run_dir` (resuming its newest finite checkpoint), measure the
-    trained model, save it with its prompt and sampling, and return (and write) ``result.json``."""
-    _one_thread()
-    from transformers import PrinterCallback, TrainerCallback
+def build_trainer(args: CompareArguments, arm: Arm, seed: int, model_dir: str, run_dir: Path, train):
+    """`CEGPPOTrainer` for one run (LoRA with `use_peft`), without transformers' printed log dicts."""
+    from transformers import PrinterCallback
 
-    from ..prompt_settings import save_eval_settings
     from ..rewards import format_reward, math_reward
     from ..trainer import CEGPPOTrainer
 
-    args, run_dir = CompareArguments(**settings), Path(run_dir)
-    name = f"{arm.name}-seed{seed}"
-    train, held_out = load_problems(args)
     model, tokenizer = load_model(model_dir)
     peft_config = None
     if args.use_peft:
@@ -226,27 +220,22 @@ def job_train(settings: dict[str, Any], arm: Arm, seed: int, model_dir: str, run
     trainer = CEGPPOTrainer(model=model, reward_funcs=rewards, args=training_config(args, arm, seed, run_dir),
                             train_dataset=train, processing_class=tokenizer, peft_config=peft_config)  # fmt: skip
     trainer.remove_callback(PrinterCallback)
-    resume, passed_over = resume_point(run_dir)
-    resumed_at = int(resume.rsplit("-", 1)[-1]) if resume else 0
-    for line in passed_over:
-        print(f"[cegppo-compare] {name}: {line}", flush=True)
+    return trainer, tokenizer
+
+
+def measuring_callback(trainer, timer: StepTimer, name: str, held_out, args: CompareArguments, run_dir: Path):
+    """The held-out points every `eval_every` steps (appended to ``curve.jsonl`` as measured), the time split saved
+    with each checkpoint, and one progress line per generation batch."""
+    from transformers import TrainerCallback
+
     time_file, curve_file = run_dir / "time.json", run_dir / "curve.jsonl"
-    carried = json.loads(time_file.read_text()) if resume and time_file.is_file() else None
-    timer = StepTimer(trainer, carried)
-    curve = []
-    if resume and curve_file.is_file():  # the points up to the checkpoint; later ones are measured again
-        curve = [p for p in map(json.loads, curve_file.read_text().splitlines()) if p["step"] <= resumed_at]
-    run_dir.mkdir(parents=True, exist_ok=True)
-    curve_file.write_text("".join(json.dumps(p) + "\n" for p in curve))
-    if resume:
-        print(f"[cegppo-compare] {name}: resuming from {resume} (step {resumed_at} of {args.max_steps})", flush=True)
 
     class Measure(TrainerCallback):
         def on_step_end(self, a, state, control, **kwargs):
             step = state.global_step
             if args.eval_every and step % args.eval_every == 0 and step < a.max_steps:
                 began = time.perf_counter()
-                point = curve_point(step, measure(trainer.model, tokenizer, held_out, args))
+                point = curve_point(step, measure(trainer.model, trainer.processing_class, held_out, args))
                 timer.seconds["held_out"] += time.perf_counter() - began
                 with curve_file.open("a") as f:
                     f.write(json.dumps(point) + "\n")
@@ -260,17 +249,42 @@ def job_train(settings: dict[str, Any], arm: Arm, seed: int, model_dir: str, run
                 text = ", ".join(f"{k.split('/')[-1]} {v:.3g}" for k, v in shown.items())
                 print(f"[cegppo-compare] {name} step {state.global_step}/{a.max_steps}: {text}", flush=True)
 
-    trainer.add_callback(Measure())
+    return Measure()
+
+
+def job_train(settings: dict[str, Any], arm: Arm, seed: int, model_dir: str, run_dir: str) -> dict[str, Any]:
+    """Train `arm` with `seed` from `model_dir` in `run_dir` (resuming its newest finite checkpoint), measure the
+    trained model, save it with its prompt and sampling, and return (and write) ``result.json``."""
+    _one_thread()
+    from ..prompt_settings import save_eval_settings
+
+    args, run_dir = CompareArguments(**settings), Path(run_dir)
+    name = f"{arm.name}-seed{seed}"
+    train, held_out = load_problems(args)
+    trainer, tokenizer = build_trainer(args, arm, seed, model_dir, run_dir, train)
+    resume, passed_over = resume_point(run_dir)
+    resumed_at = int(resume.rsplit("-", 1)[-1]) if resume else 0
+    for line in passed_over:
+        print(f"[cegppo-compare] {name}: {line}", flush=True)
+    time_file, curve_file = run_dir / "time.json", run_dir / "curve.jsonl"
+    timer = StepTimer(trainer, json.loads(time_file.read_text()) if resume and time_file.is_file() else None)
+    curve = []
+    if resume and curve_file.is_file():  # the points up to the checkpoint; later ones are measured again
+        curve = [p for p in map(json.loads, curve_file.read_text().splitlines()) if p["step"] <= resumed_at]
+        print(f"[cegppo-compare] {name}: resuming from {resume} (step {resumed_at} of {args.max_steps})", flush=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    curve_file.write_text("".join(json.dumps(p) + "\n" for p in curve))
+    trainer.add_callback(measuring_callback(trainer, timer, name, held_out, args, run_dir))
     trainer.train(resume_from_checkpoint=resume)
     began = time.perf_counter()
     end = measure(trainer.model, tokenizer, held_out, args)
     timer.seconds["held_out"] += time.perf_counter() - began
-    curve = [json.loads(line) for line in curve_file.read_text().splitlines()]
     final = run_dir / "final"
     trainer.save_model(str(final))
     tokenizer.save_pretrained(str(final))
     save_eval_settings(final, instruction=instruction_of(args), temperature=args.eval_sampling_temperature,
                        max_new_tokens=args.max_completion_length, note="cegppo-compare")  # fmt: skip
+    curve = [json.loads(line) for line in curve_file.read_text().splitlines()]
     result = {
         "name": name, "arm": arm.name, "label": arm.label, "seed": seed, "beta1": arm.beta1, "beta2": arm.beta2,
         "epsilon_high": arm.epsilon_high, "fingerprint": args.fingerprint(), "end": end,

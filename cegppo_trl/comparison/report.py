@@ -227,29 +227,40 @@ def markdown(start: dict, runs: list[dict], summary: dict[str, Any], settings: d
             f"{arm['train_entropy']['mean']:.3f} +- {arm['train_entropy']['se']:.3f} | "
             f"{_pct(arm['beta1_set']['mean'])} | {_pct(arm['beta2_set']['mean'])} |"
         )
-    if summary["versus"]:
-        reference = summary["arms"][summary["reference"]]["label"]
-        lines += ["", f"Each arm minus {reference}, seed by seed, paired (held-out per problem): mean +- standard "
-                  "error over seeds, and where every seed agrees by 2 standard errors (docs/comparison.md):", "",
-                  "| arm | " + "".join(f"avg@{k} `{p}` (pp) | " for p in protocols) + f"pass@{k} `{main}` (pp) | "
-                  "training entropy | held-out entropy |", "|---|" + "---|" * (len(protocols) + 3)]  # fmt: skip
-        for arm, v in summary["versus"].items():
-            o, per_seed = v["over_seeds"], v["per_seed"]
-            cells = [f"{_over(o[p]['avg'])} ({direction([e[p]['avg'][0] for e in per_seed])})" for p in protocols]
-            cells.append(f"{_over(o[main]['pass'])} ({direction([e[main]['pass'][0] for e in per_seed])})")
-            for key in ("train_entropy", "heldout_entropy"):
-                cells.append(f"{_over(o[key], 1.0, 3)} ({direction([e[key] for e in per_seed])})")
-            lines.append(f"| {summary['arms'][arm]['label']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines + _versus_rows(summary, protocols, k) + _claim_rows(summary, protocols)) + "\n"
+
+
+def _versus_rows(summary: dict[str, Any], protocols: list[str], k: int) -> list[str]:
+    """Each arm minus the reference: mean +- standard error over seeds, with `direction`'s word."""
+    if not summary["versus"]:
+        return []
+    main, reference = protocols[0], summary["arms"][summary["reference"]]["label"]
+    lines = ["", f"Each arm minus {reference}, seed by seed, paired (held-out per problem): mean +- standard "
+             "error over seeds, and where every seed agrees by 2 standard errors (docs/comparison.md):", "",
+             "| arm | " + "".join(f"avg@{k} `{p}` (pp) | " for p in protocols) + f"pass@{k} `{main}` (pp) | "
+             "training entropy | held-out entropy |", "|---|" + "---|" * (len(protocols) + 3)]  # fmt: skip
+    for arm, v in summary["versus"].items():
+        o, per_seed = v["over_seeds"], v["per_seed"]
+        cells = [f"{_over(o[p]['avg'])} ({direction([e[p]['avg'][0] for e in per_seed])})" for p in protocols]
+        cells.append(f"{_over(o[main]['pass'])} ({direction([e[main]['pass'][0] for e in per_seed])})")
+        for key in ("train_entropy", "heldout_entropy"):
+            cells.append(f"{_over(o[key], 1.0, 3)} ({direction([e[key] for e in per_seed])})")
+        lines.append(f"| {summary['arms'][arm]['label']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _claim_rows(summary: dict[str, Any], protocols: list[str]) -> list[str]:
     found = claims(summary, protocols)
-    if found:
-        lines += ["", "| the paper's claim | per seed (arm - GRPO) | verdict |", "|---|---|---|"]
-        for c in found:
-            scale, unit = (100.0, " pp") if c["claim"].startswith("(iii)") else (1.0, " nats")
-            values = ", ".join(f"{scale * d:+.{1 if scale == 100 else 3}f}" for d in c["diffs"]) + unit
-            if "pass_diffs" in c:
-                values += "; pass@k " + ", ".join(f"{100 * d:+.1f}" for d in c["pass_diffs"]) + " pp"
-            lines.append(f"| {c['claim']} | {values} | **{c['verdict']}** |")
-    return "\n".join(lines) + "\n"
+    if not found:
+        return []
+    lines = ["", "| the paper's claim | per seed (arm - GRPO) | verdict |", "|---|---|---|"]
+    for c in found:
+        scale, unit = (100.0, " pp") if c["claim"].startswith("(iii)") else (1.0, " nats")
+        values = ", ".join(f"{scale * d:+.{1 if scale == 100 else 3}f}" for d in c["diffs"]) + unit
+        if "pass_diffs" in c:
+            values += "; pass@k " + ", ".join(f"{100 * d:+.1f}" for d in c["pass_diffs"]) + " pp"
+        lines.append(f"| {c['claim']} | {values} | **{c['verdict']}** |")
+    return lines
 
 
 def describe_training(settings: dict[str, Any]) -> str:
@@ -285,7 +296,7 @@ def _smooth(points: list[tuple[int, float]], window: int) -> tuple[list[int], li
 def figure(start: dict, runs: list[dict], settings: dict[str, Any], path) -> str:
     """Curves of every arm side by side (thin: each seed; thick: the mean over seeds): training reward, held-out
     avg@k and pass@k, training entropy, and the beta1 / beta2 sets' token shares."""
-    from ..demo.plotting import panels, save_figure, style_panel
+    from ..figures import panels, save_figure, style_panel
 
     k, window = start["k"], settings["steps_per_generation"]
     names = ("training reward", f"held-out avg@{k}", f"held-out pass@{k}", "training entropy (nats)",

@@ -17,6 +17,7 @@ import time
 import torch
 
 from ..data import write_jsonl
+from ..figures import machine_description
 from ..tiny_model import DEFAULT_PROBLEMS, PROBLEM_SETS
 from . import lm
 
@@ -102,7 +103,7 @@ def _run(args: argparse.Namespace, sizes: dict) -> dict:
 
     out = os.path.abspath(args.output_dir)
     os.makedirs(out, exist_ok=True)
-    print(f"[cegppo-demo] output directory: {out}\n[cegppo-demo] machine: {_machine()}", flush=True)
+    print(f"[cegppo-demo] output directory: {out}\n[cegppo-demo] machine: {machine_description()}", flush=True)
     toy = timed("toy", run_toy_part, range(args.seed, args.seed + sizes["toy_seeds"]), sizes["toy_steps"])
     toy_text = _toy_text(toy, sizes)
     print(toy_text + "\n\n=== Part 2: the same trainer (CEGPPOTrainer) on a tiny language model ===\n", flush=True)
@@ -124,7 +125,7 @@ def _run(args: argparse.Namespace, sizes: dict) -> dict:
     data = os.path.join(shown, lm.HELDOUT_FILE)
     timings["total"] = time.perf_counter() - start
     summary = {
-        "seed": args.seed, "problems": args.problems, "sizes": sizes, "machine": _machine(), "toy": toy,
+        "seed": args.seed, "problems": args.problems, "sizes": sizes, "machine": machine_description(), "toy": toy,
         "warm_start": warm, "pairs": [{"seed": p["seed"], **{n: _no_history(p[n]) for n in ("cegppo", "grpo")}}
                                       for p in pairs],
         "runs": [_no_history(pairs[0][name]) for name in ("cegppo", "grpo")],  # the saved models' runs
@@ -274,14 +275,6 @@ def _figures(args, sizes: dict, out: str, toy: dict, pairs: list[dict], differen
 
 def _no_history(result: dict) -> dict:
     return {k: v for k, v in result.items() if k != "log_history"}
-
-
-def _machine() -> str:
-    """The CPU model, the cores this process may use and torch's version and threads."""
-    with open("/proc/cpuinfo") if os.path.exists("/proc/cpuinfo") else open(os.devnull) as f:
-        name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown CPU")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"{name}, {cores} cores, torch {torch.__version__} with {torch.get_num_threads()} threads"
 
 
 if __name__ == "__main__":

@@ -116,9 +116,9 @@ def _figures(m: dict, args: CompareArguments) -> str:
 
 def write_report(args: CompareArguments, out: Path, start: dict, runs: list[dict], wall: float | None) -> str:
     from ..comparison import report
-    from ..demo.run import _machine
+    from ..figures import machine_description
 
-    settings = {**args.shaping(), "arms": args.arms, "seeds": args.seeds, "machine": _machine()}
+    settings = {**args.shaping(), "arms": args.arms, "seeds": args.seeds, "machine": machine_description()}
     summary = report.summarize(start, runs, args.protocols)
     table = report.markdown(start, runs, summary, settings)
     timing = report.time_report(start, runs, wall) + f" Machine: {settings['machine']}."
