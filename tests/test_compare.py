@@ -18,7 +18,7 @@ from cegppo_trl.comparison.jobs import TIMED_METHODS, load_problems
 from cegppo_trl.comparison.settings import CompareArguments, parse_arm
 
 
-QUICK = ["--model", "builtin:tiny", "--tiny_sft_steps", "30", "--arms", "grpo", "cegppo", "--seeds", "0", "1",
+QUICK = ["--model", "builtin:tiny", "--tiny_sft_steps", "150", "--arms", "grpo", "cegppo", "--seeds", "0", "1",
          "--max_steps", "4", "--steps_per_generation", "2", "--prompts_per_step", "4", "--num_generations", "4",
          "--eval_problems", "12", "--eval_k", "4", "--eval_every", "2", "--jobs", "1"]  # fmt: skip
 
@@ -37,18 +37,20 @@ def _numbers(value):
 
 @pytest.mark.slow
 def test_compare_writes_its_results_and_resumes_what_a_stop_cut(tmp_path):
-    """Stopped (SIGINT) once the first run is finished and the second has a checkpoint, then started again: the
-    first run is reused as it was, the second resumes from its checkpoint, and the results have finite figures."""
+    """Stopped with Ctrl-C (SIGINT to its process group, as a terminal sends it) once the first run is finished and
+    the second has a checkpoint, then started again: the first run is reused as it was, the second resumes from its
+    checkpoint, and the results have finite figures."""
     out = tmp_path / "cmp"
-    first = _compare(out)
+    first = _compare(out, start_new_session=True)
     finished, checkpoint = out / "runs" / "grpo-seed0" / "result.json", out / "runs" / "cegppo-seed0" / "checkpoint-2"
     deadline = time.time() + 900
     while not (finished.is_file() and checkpoint.is_dir()) and first.poll() is None and time.time() < deadline:
         time.sleep(0.2)
     assert finished.is_file() and checkpoint.is_dir(), first.communicate()[0][-3000:]
-    first.send_signal(signal.SIGINT)
-    first.communicate(timeout=120)
-    assert not (out / "results.json").exists()
+    os.killpg(first.pid, signal.SIGINT)
+    stopped = first.communicate(timeout=120)[0]
+    assert first.returncode == 130 and "cegppo-compare: stopped. Run the same command again to resume" in stopped
+    assert not (out / "results.json").exists() and checkpoint.is_dir()
     kept = finished.read_text()
 
     second = _compare(out)

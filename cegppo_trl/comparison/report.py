@@ -45,10 +45,12 @@ def finite(value: Any) -> bool:
 
 
 def series(history: list[dict], metric: str) -> list[tuple[int, float]]:
-    """(step, value) of `metric` over the steps that trained on something: with dynamic sampling a step whose batch
-    kept no group logs 0 for TRL's token means (entropy, clip shares), which is not a measurement."""
-    return [(e["step"], float(e[metric])) for e in history
-            if "step" in e and finite(e.get(metric)) and e.get("cegppo/batch_fill", 1) != 0]  # fmt: skip
+    """(step, value) of `metric`; a token metric only over the steps that trained on something: with dynamic
+    sampling a step whose batch kept no group logs 0 for TRL's token means (entropy, clip shares), which is not a
+    measurement. The reward is of every generated completion."""
+    trained_only = metric != "reward"
+    return [(e["step"], float(e[metric])) for e in history if "step" in e and finite(e.get(metric))
+            and not (trained_only and e.get("cegppo/batch_fill", 1) == 0)]  # fmt: skip
 
 
 def run_mean(history: list[dict], metric: str) -> float:

@@ -83,7 +83,8 @@ def run_all(args: CompareArguments, out: Path) -> tuple[dict, list[dict], list[s
         say("resumed from their newest finite checkpoint: " + ", ".join(resumed))
     todo = [(arm, seed) for seed in args.seeds for arm in args.arm_list if (arm.name, seed) not in results]
     if start is None or todo:
-        with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
+        pool = ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn"))
+        try:
             futures = {}
             if start is None:
                 futures[pool.submit(job_measure_start, settings, model_dir)] = "start"
@@ -105,6 +106,8 @@ def run_all(args: CompareArguments, out: Path) -> tuple[dict, list[dict], list[s
                 else:
                     results[key] = value
                     say(f"{value['name']} finished: {_figures(value['end'], args)}")
+        finally:  # on Ctrl-C: no queued run starts; the running ones stop with their process group
+            pool.shutdown(wait=False, cancel_futures=True)
     runs = [results[(arm.name, seed)] for arm in args.arm_list for seed in args.seeds if (arm.name, seed) in results]
     return start, runs, failures
 
@@ -158,7 +161,12 @@ def main(argv=None) -> int:
     (out / "comparison.json").write_text(json.dumps({"shaping": args.shaping()}, indent=1) + "\n")
     say(f"{len(args.arm_list)} arms x seeds {args.seeds}, {args.max_steps} steps each; {len(train)} training and "
         f"{len(held_out)} held-out problems (k = {args.eval_k}); {args.jobs} processes; output {out}")  # fmt: skip
-    start, runs, failures = run_all(args, out)
+    try:
+        start, runs, failures = run_all(args, out)
+    except KeyboardInterrupt:
+        print(f"{PROG}: stopped. Run the same command again to resume: finished runs are kept, and each stopped run "
+              "resumes from its newest checkpoint.", file=sys.stderr)  # fmt: skip
+        return 130
     if start is not None and runs:
         write_report(args, out, start, runs, time.perf_counter() - wall)
     if failures:
