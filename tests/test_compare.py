@@ -234,3 +234,23 @@ def test_generation_speed_command_prints_its_table(tiny_checkpoint):
     rows = [line.split("|") for line in proc.stdout.splitlines() if line.startswith("| hf |")]
     assert [int(row[5]) for row in rows] == [64, 12]  # samples: 8 x 8, then 3 problems x 4
     assert all(float(row[4]) > 0 for row in rows)
+
+
+def test_the_readme_study_command_made_the_committed_results():
+    """The README's and docs/comparison.md's Part A commands have the settings of the committed study results (the
+    same fingerprint: `cegppo-compare` with them reuses those runs), and the README shows the committed tables."""
+    import shlex
+
+    from doc_blocks import code_blocks
+
+    from cegppo_trl.scripts.compare import parse
+
+    committed = json.loads((ROOT / "docs" / "study" / "tiny" / "results.json").read_text())
+    for doc in (ROOT / "README.md", ROOT / "docs" / "comparison.md"):
+        lines = [b.body.replace("\\\n", " ") for b in code_blocks(doc) if "--arms grpo cegppo 0,1 1,0" in b.body]
+        command = next(line for body in lines for line in body.splitlines() if "cegppo-compare " in line)
+        args = parse(shlex.split(command, comments=True)[1:])
+        assert args.shaping() == {k: v for k, v in committed["settings"].items() if k in args.shaping()}, doc
+        assert (args.arms, args.seeds) == (committed["settings"]["arms"], committed["settings"]["seeds"])
+    table = (ROOT / "docs" / "study" / "tiny" / "results.md").read_text().split("Over seeds")[1].split("\n\nTime (")[0]
+    assert table.strip() in (ROOT / "README.md").read_text()  # the arms over seeds, each minus GRPO, the verdicts
