@@ -27,7 +27,15 @@ import warnings
 from pathlib import Path
 
 import pytest
-from doc_blocks import DOCS, FAST_CONFIG, code_blocks, readme_quick_start, readme_test_lines, swap_ids
+from doc_blocks import (
+    DOCS,
+    FAST_CONFIG,
+    code_blocks,
+    readme_quick_start,
+    readme_test_lines,
+    shell_commands,
+    swap_ids,
+)
 from launching import subprocess_env
 from shared import DEMO_OUTPUT, HUB_MODELS, TINY_RECIPE, assert_trls_vllm_serve_settings, parse_train_args, run_checked
 
@@ -45,24 +53,6 @@ TIMEOUT_S = 900
 ALL_BLOCKS = [b for doc in DOCS for b in code_blocks(doc)]
 PYTHON_DOCS = sorted({b.doc for b in ALL_BLOCKS if b.lang == "python" and b.skip_reason is None})
 SHELL_BLOCKS = [b for b in ALL_BLOCKS if b.lang in ("bash", "sh", "shell") and b.skip_reason is None]
-
-
-def shell_commands(body: str) -> list[list[str]]:
-    """Commands of a shell block: continuations joined, comments dropped, `&&` chains split, env prefixes dropped."""
-    commands = []
-    for line in body.replace("\\\n", " ").splitlines():
-        words = shlex.split(line, comments=True)
-        current: list[str] = []
-        for word in [*words, "&&"]:
-            if word in ("&&", ";"):
-                while current and re.fullmatch(r"[A-Z_]+=\S*", current[0]):
-                    current.pop(0)
-                if current:
-                    commands.append(current)
-                current = []
-            else:
-                current.append(word)
-    return commands
 
 
 def program(argv: list[str]) -> str:

@@ -156,7 +156,10 @@ def load_model(source: ModelSource, dtype: str = "auto", device: str = "cpu", us
     from transformers import AutoModelForCausalLM
 
     from ..hub_kernels import explain_uncached_hub_kernels
+    from ..run_checks import missing_extra
 
+    if source.adapter is not None and (problem := missing_extra("peft", "peft", f"{source.given} (a LoRA adapter)")):
+        raise RuntimeError(problem)  # before the base model loads, which can take minutes
     options = {"dtype": dtype} if use_kernels is None else {"dtype": dtype, "use_kernels": use_kernels}
     try:
         with (
@@ -169,12 +172,8 @@ def load_model(source: ModelSource, dtype: str = "auto", device: str = "cpu", us
             raise
         raise OSError(f"{source.path!r} could not be loaded as a Hugging Face Hub model: {error}") from error
     if source.adapter is not None:
-        try:
-            from peft import PeftModel
-        except ImportError as error:
-            raise RuntimeError(
-                f"{source.given} is a LoRA adapter; loading it needs peft: pip install 'cegppo-trl[peft]'."
-            ) from error
+        from peft import PeftModel
+
         with explain_unreadable_weights(source.adapter):
             model = PeftModel.from_pretrained(model, source.adapter).merge_and_unload()
     return model.to(device), _load_tokenizer(source)
@@ -195,12 +194,12 @@ def _hf_generator(source: ModelSource, settings: EvalSettings):
 
 @contextlib.contextmanager
 def _vllm_generator(source: ModelSource, settings: EvalSettings):
-    try:
-        from vllm import LLM, SamplingParams
-    except ImportError as error:
-        raise RuntimeError(
-            "--backend vllm needs vLLM (pip install 'cegppo-trl[vllm]'); it is not installed. Use --backend hf."
-        ) from error
+    from ..run_checks import missing_extra
+
+    if problem := missing_extra("vllm", "vllm", "--backend vllm"):
+        raise RuntimeError(f"{problem} Or use --backend hf.")
+    from vllm import LLM, SamplingParams
+
     from ..vllm_support import warn_if_untested_vllm
 
     warn_if_untested_vllm("--backend vllm")
