@@ -87,7 +87,7 @@ def readme_test_lines() -> tuple[str, str]:
 # `pip install ... -e ".[extra]"` (or `-e .`: the base install) and `pip install "WHEEL[extra]"`, in a command or in a
 # comment naming the install of the commands below it.
 INSTALL_RE = re.compile(
-    r"pip install [^#\n]*?(?:-e \"?\.(?:\[(?P<extra>[\w,-]+)\])?\"?(?=[\s)]|$)|\)\[(?P<wheel>[\w,-]+)\])"
+    r"pip install [^#\n]*?(?:-e \"?\.(?:\[(?P<extra>[\w,-]+)\])?(?![\w/\[])|\)\[(?P<wheel>[\w,-]+)\])"
 )
 
 
