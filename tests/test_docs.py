@@ -377,8 +377,8 @@ def _on_demo(argv: list[str]) -> bool:
 @pytest.mark.slow
 @pytest.mark.parametrize("item", commands("cegppo-demo"))
 def test_demo_commands(item, quick_demo):
-    """`cegppo-demo` runs as the shared quick demo (the full run is the README's main job, about 10 minutes on 2
-    cores; the docs give it no other flag)."""
+    """`cegppo-demo` runs as the shared quick demo (the full run is the README's main job, minutes on 2 cores;
+    tests/test_newcomer.py runs it from its own install; the docs give it no other flag)."""
     _, argv = item
     assert [a for a in argv[1:] if a != "--quick"] == [], f"run {argv} here"
     assert "CE-GPPO" in quick_demo.proc.stdout and (quick_demo.out / "results.json").is_file()

@@ -108,3 +108,48 @@ def test_readme_commands_run_from_their_own_install(tmp_path):
                 _refuses(launch, install, work, env)
             elif step == 0 and NEEDS.get(name) == install != extra:
                 _refuses([name, *argv[1:]], install, work, env)  # as written: it must stop before any work
+
+
+# (console entry point, arguments, the module made missing or None, words of the one line it must print)
+REFUSALS = {
+    "demo without matplotlib": ("cegppo_trl.demo.run:main", [], "matplotlib", "pip install 'cegppo-trl[plot]'"),
+    "demo output under a file": ("cegppo_trl.demo.run:main", ["--output-dir", "{file}/out"], None, "under the file"),
+    "plot output under a file": (
+        "cegppo_trl.demo.plotting:main",
+        ["r", "--out", "{file}/a.png"],
+        None,
+        "under the file",
+    ),
+    "recipes into a file": ("cegppo_trl.resources:main", ["{file}"], None, "is a file"),
+    "train LoRA without peft": ("cegppo_trl.scripts.train:main", ["--use_peft", "true"], "peft", "cegppo-trl[peft]"),
+    "train vLLM without vllm": ("cegppo_trl.scripts.train:main", ["--use_vllm", "true"], "vllm", "cegppo-trl[vllm]"),
+    "eval vLLM without vllm": ("cegppo_trl.scripts.eval:main", ["--backend", "vllm"], "vllm", "cegppo-trl[vllm]"),
+    "eval adapter without peft": ("cegppo_trl.scripts.eval:main", [], "peft", "cegppo-trl[peft]"),
+}
+
+
+@pytest.mark.parametrize("case", REFUSALS)
+def test_commands_refuse_in_one_line_before_any_work(
+    case, adapter_dir, no_model_loading, tmp_path, capsys, monkeypatch
+):
+    """Each console command refuses what it cannot do (a missing extra, a path it cannot write) in one line and exit
+    status 2 before it loads a model or writes anything."""
+    import importlib.util
+    import pkgutil
+
+    entry, args, missing, words = REFUSALS[case]
+    file = tmp_path / "a-file"
+    file.write_text("")
+    args = [arg.format(file=file) for arg in args]
+    if entry.endswith("train:main"):
+        args = ["--config", str(ROOT / TINY_RECIPE), "--output_dir", str(tmp_path / "run"), *args]
+    elif entry.endswith("eval:main"):
+        args = [str(adapter_dir), "--datasets", "builtin:arithmetic_eval", "--max-problems", "1", *args]
+    find_spec = importlib.util.find_spec  # as without the extra (a fresh venv without it: the slow test above)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == missing else find_spec(name, *a))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        sys.exit(pkgutil.resolve_name(entry)(args))
+    err = capsys.readouterr().err  # cegppo-eval may first say which settings it read
+    assert exit_info.value.code == 2 and words in err.strip().splitlines()[-1] and "Traceback" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "adapter"]  # nothing written

@@ -156,10 +156,7 @@ def load_model(source: ModelSource, dtype: str = "auto", device: str = "cpu", us
     from transformers import AutoModelForCausalLM
 
     from ..hub_kernels import explain_uncached_hub_kernels
-    from ..run_checks import missing_extra
 
-    if source.adapter is not None and (problem := missing_extra("peft", "peft", f"{source.given} (a LoRA adapter)")):
-        raise RuntimeError(problem)  # before the base model loads, which can take minutes
     options = {"dtype": dtype} if use_kernels is None else {"dtype": dtype, "use_kernels": use_kernels}
     try:
         with (
@@ -245,4 +242,8 @@ def open_generator(source: ModelSource, settings: EvalSettings):
     (``hf``: `generate_completions`) or one `vllm.LLM` engine built (a second on the same GPU would not fit; a LoRA
     adapter merged into its base first, in ``merge_dir`` or a temporary directory removed at the end). Prompts go to
     vLLM as TRL's token ids (`prompt_token_ids`), so the chat template is applied once, as in training."""
+    from ..run_checks import missing_extra
+
+    if source.adapter is not None and (problem := missing_extra("peft", "peft", f"{source.given} (a LoRA adapter)")):
+        raise RuntimeError(problem)  # before the base model loads, which can take minutes
     return (_vllm_generator if settings.backend == "vllm" else _hf_generator)(source, settings)
