@@ -90,7 +90,7 @@ def _refuses(argv: list[str], extra: str, cwd: Path, env: dict) -> None:
     assert lines and "which is not installed: pip install 'cegppo-trl[" in lines[-1] and not proc.stdout.strip(), said
 
 
-@pytest.mark.slow  # a fresh environment and every install the README names: about N minutes
+@pytest.mark.slow  # a fresh venv and each install the README names: 4 min on 2 cores shared with two other jobs
 def test_readme_commands_run_from_their_own_install(tmp_path):
     venv, work = tmp_path / "venv", tmp_path / "work"
     work.mkdir()
