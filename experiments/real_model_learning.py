@@ -69,7 +69,8 @@ def main(argv=None) -> int:
         print(__doc__)
     problems = preflight(parse(arguments))  # before the model is built: a missing extra costs seconds
     if problems:
-        raise SystemExit("\n".join(f"real_model_learning: {p}" for p in problems))
+        print("\n".join(f"real_model_learning: {p}" for p in problems), file=sys.stderr)
+        return 2
     model = [] if "--model" in arguments else ["--model", smollm2_dir()]
     return compare(arguments + model)
 

@@ -157,6 +157,11 @@ def main(argv=None) -> int:
     parser.add_argument("--labels", nargs="+", help="one legend label per run (default: run paths)")
     parser.add_argument("--title", help="figure title")
     args = parser.parse_args(argv)
+    from ..run_checks import first_problem
+
+    problem = first_problem(extras=[("matplotlib", "plot", "cegppo-plot")], writable=[(args.out, "--out", False)])
+    if problem:
+        parser.exit(2, f"cegppo-plot: error: {problem}\n")
     labels = args.labels or [os.path.normpath(run) for run in args.runs]
     if len(labels) != len(args.runs) or len(set(labels)) != len(labels):
         parser.error(f"--labels needs one distinct label per run: got {labels} for {len(args.runs)} runs.")
