@@ -233,7 +233,7 @@ def test_generation_speed_command_prints_its_table(tiny_checkpoint):
     assert "| hf | training batch (8 prompts x 8) |" in proc.stdout
     rows = [line.split("|") for line in proc.stdout.splitlines() if line.startswith("| hf |")]
     assert [int(row[5]) for row in rows] == [64, 12]  # samples: 8 x 8, then 3 problems x 4
-    assert all(float(row[4]) > 0 for row in rows)
+    assert all(float(row[4]) >= 0 for row in rows)  # seconds (0.0 when the tiny model is that fast)
 
 
 def test_the_readme_study_command_made_the_committed_results():
@@ -247,7 +247,7 @@ def test_the_readme_study_command_made_the_committed_results():
 
     committed = json.loads((ROOT / "docs" / "study" / "tiny" / "results.json").read_text())
     for doc in (ROOT / "README.md", ROOT / "docs" / "comparison.md"):
-        lines = [b.body.replace("\\\n", " ") for b in code_blocks(doc) if "--arms grpo cegppo 0,1 1,0" in b.body]
+        lines = [b.body.replace("\\\n", " ") for b in code_blocks(doc) if "--max_steps 256" in b.body]
         command = next(line for body in lines for line in body.splitlines() if "cegppo-compare " in line)
         args = parse(shlex.split(command, comments=True)[1:])
         assert args.shaping() == {k: v for k, v in committed["settings"].items() if k in args.shaping()}, doc
