@@ -44,9 +44,10 @@ def test_compare_writes_its_results_and_resumes_what_a_stop_cut(tmp_path):
     first = _compare(out, start_new_session=True)
     finished, checkpoint = out / "runs" / "grpo-seed0" / "result.json", out / "runs" / "cegppo-seed0" / "checkpoint-2"
     deadline = time.time() + 900
-    while not (finished.is_file() and checkpoint.is_dir()) and first.poll() is None and time.time() < deadline:
+    saved = checkpoint / "trainer_state.json"  # written last: the checkpoint is complete
+    while not (finished.is_file() and saved.is_file()) and first.poll() is None and time.time() < deadline:
         time.sleep(0.2)
-    assert finished.is_file() and checkpoint.is_dir(), first.communicate()[0][-3000:]
+    assert finished.is_file() and saved.is_file(), first.communicate()[0][-3000:]
     os.killpg(first.pid, signal.SIGINT)
     stopped = first.communicate(timeout=120)[0]
     assert first.returncode == 130 and "cegppo-compare: stopped. Run the same command again to resume" in stopped
@@ -254,3 +255,17 @@ def test_the_readme_study_command_made_the_committed_results():
         assert (args.arms, args.seeds) == (committed["settings"]["arms"], committed["settings"]["seeds"])
     table = (ROOT / "docs" / "study" / "tiny" / "results.md").read_text().split("Over seeds")[1].split("\n\nTime (")[0]
     assert table.strip() in (ROOT / "README.md").read_text()  # the arms over seeds, each minus GRPO, the verdicts
+
+
+def test_a_checkpoint_cut_short_is_passed_over(tmp_path):
+    """A stop in the middle of a save leaves a checkpoint without trainer_state.json (written last): resuming passes
+    over it to the newest complete one, and says so."""
+    from cegppo_trl.comparison.jobs import resume_point
+
+    for step, complete in ((2, True), (4, True), (6, False)):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        if complete:
+            (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+    checkpoint, lines = resume_point(tmp_path)
+    assert checkpoint == str(tmp_path / "checkpoint-4")
+    assert lines == [f"Skipping {tmp_path / 'checkpoint-6'}: a save cut short (no trainer_state.json)."]
