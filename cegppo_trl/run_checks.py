@@ -32,13 +32,11 @@ __all__ = [
 
 def missing_extra(module: str, extra: str, purpose: str) -> str | None:
     """None when `module` imports; else the one line a command prints before any work: what `purpose` needs and the
-    install that brings it (`extra` of this package, or a pip requirement when it contains `==` or `>=`)."""
+    extra of this package that brings it."""
     import importlib.util
 
     if importlib.util.find_spec(module) is not None:
         return None
-    if any(op in extra for op in ("==", ">=")):
-        return f"{purpose} needs {module}, which is not installed: pip install '{extra}'."
     return f"{purpose} needs {module}, which is not installed: pip install 'cegppo-trl[{extra}]' (in a clone: -e '.[{extra}]')."
 
 

@@ -168,15 +168,11 @@ class CompareArguments:
 
 def preflight(args: CompareArguments) -> list[str]:
     """What the comparison needs, checked before any work: each problem as one line naming the fix (empty: go)."""
-    from ..run_checks import check_writable_path, missing_extra
+    from ..run_checks import first_problem
 
-    problems = [missing_extra("matplotlib", "plot", "cegppo-compare's figure")]
-    if args.use_peft:
-        problems.append(missing_extra("peft", "peft", "--use_peft true (LoRA)"))
-    try:
-        check_writable_path(args.out, "--out", folder=True)
-    except ValueError as error:
-        problems.append(str(error))
+    extras = [("matplotlib", "plot", "cegppo-compare's figure")]
+    extras += [("peft", "peft", "--use_peft true (LoRA)")] if args.use_peft else []
+    problems = [first_problem(extras=extras, writable=[(args.out, "--out", True)])]
     if args.model != TINY_MODEL:
         from ..model_source import resolve_model_source
 
