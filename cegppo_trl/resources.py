@@ -70,6 +70,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.list:
         print("\n".join(list_shipped()))
         return 0
+    from .run_checks import first_problem
+
+    if problem := first_problem(writable=[(args.dest, "DEST", True)]):
+        parser.exit(2, f"cegppo-recipes: error: {problem}\n")
     written = 0
     for relative in list_shipped():
         kind, _, rest = relative.partition("/")

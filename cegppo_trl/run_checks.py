@@ -1,6 +1,8 @@
 """Checks of a training run that TRL and transformers leave silent, or report late in other words, made where a Python
 user of the library meets them too (`cegppo-train` prints each as one line, exit status 2):
 
+- `first_problem` (a missing optional package: `missing_extra`; a path that cannot be written: `check_writable_path`),
+  what every console command checks before any work; `missing_training_extra`: what `cegppo-train`'s options need;
 - `check_writable_path`: `cegppo-eval --output`, and in `CEGPPOTrainer.__init__` an `output_dir` that cannot be one;
 - in `CEGPPOTrainer.__init__` too: `explain_model_load_errors` (a truncated weights file, an uncached Hub kernel offline),
   `check_dataset_fills_a_generation_batch`, `warn_if_untested_trl`, and `RewardCoverageError` (a batch in which
@@ -15,29 +17,49 @@ import tempfile
 import warnings
 from collections.abc import Iterator
 
-from .config import over_generation
-
 
 __all__ = [
     "RewardCoverageError",
     "check_dataset_fills_a_generation_batch",
     "check_writable_path",
     "explain_model_load_errors",
+    "first_problem",
     "missing_extra",
+    "missing_training_extra",
     "warn_if_untested_trl",
 ]
 
 
 def missing_extra(module: str, extra: str, purpose: str) -> str | None:
     """None when `module` imports; else the one line a command prints before any work: what `purpose` needs and the
-    install that brings it (`extra` of this package, or a pip requirement when it contains `==` or `>=`)."""
+    extra of this package that brings it."""
     import importlib.util
 
     if importlib.util.find_spec(module) is not None:
         return None
-    if any(op in extra for op in ("==", ">=")):
-        return f"{purpose} needs {module}, which is not installed: pip install '{extra}'."
     return f"{purpose} needs {module}, which is not installed: pip install 'cegppo-trl[{extra}]' (in a clone: -e '.[{extra}]')."
+
+
+def first_problem(extras=(), writable=()) -> str | None:
+    """The first thing a command lacks, as the one line it prints before any work (None: nothing): `extras` are
+    `missing_extra` argument triples, `writable` `check_writable_path` (path, flag, folder) triples."""
+    for args in extras:
+        if problem := missing_extra(*args):
+            return problem
+    for args in writable:
+        try:
+            check_writable_path(*args)
+        except ValueError as error:
+            return str(error)
+    return None
+
+
+def missing_training_extra(training_args, use_peft: bool) -> str | None:
+    """What a training run's options need installed: TRL finds a missing peft or vLLM only after the data and the
+    model have loaded."""
+    needs = [("peft", "peft", "--use_peft true (LoRA)")] if use_peft else []
+    needs += [("vllm", "vllm", "--use_vllm true")] if training_args.use_vllm else []
+    return first_problem(extras=needs)
 
 
 _CHECKED: set[tuple[str, bool]] = set()
@@ -85,6 +107,8 @@ def check_dataset_fills_a_generation_batch(train_dataset, args) -> None:
     and end as if it had trained."""
     if train_dataset is None or not hasattr(train_dataset, "__len__"):
         return
+    from .config import over_generation  # here: the console commands' checks above must not import TRL
+
     oversampling, needed = args.cegppo_oversampling, int(over_generation(args)[0])
     if len(train_dataset) < needed:
         times = f" x cegppo_oversampling {oversampling:g}" if oversampling != 1 else ""

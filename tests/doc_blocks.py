@@ -51,6 +51,24 @@ def swap_ids(source: str, stand_ins: dict[str, str]) -> str:
     return source
 
 
+def shell_commands(body: str) -> list[list[str]]:
+    """Commands of a shell block: continuations joined, comments dropped, `&&` chains split, env prefixes dropped."""
+    commands = []
+    for line in body.replace("\\\n", " ").splitlines():
+        words = shlex.split(line, comments=True)
+        current: list[str] = []
+        for word in [*words, "&&"]:
+            if word in ("&&", ";"):
+                while current and re.fullmatch(r"[A-Z_]+=\S*", current[0]):
+                    current.pop(0)
+                if current:
+                    commands.append(current)
+                current = []
+            else:
+                current.append(word)
+    return commands
+
+
 def readme_quick_start() -> Block:
     """The README's first python block: the quick start (tests/test_quick_start.py, test_wheel.py)."""
     return next(b for b in code_blocks(ROOT / "README.md") if b.lang == "python")
@@ -64,3 +82,29 @@ def readme_test_lines() -> tuple[str, str]:
     slow = [line for line in tests if shlex.split(line)[-2:] == ["-m", "slow"]]
     assert len(fast) == 1 and len(slow) == 1, f"expected one test command and one slow-tier command, got {tests}"
     return fast[0], slow[0]
+
+
+# `pip install ... -e ".[extra]"` (or `-e .`: the base install) and `pip install "WHEEL[extra]"`, in a command or in a
+# comment naming the install of the commands below it.
+INSTALL_RE = re.compile(
+    r"pip install [^#\n]*?(?:-e \"?\.(?:\[(?P<extra>[\w,-]+)\])?(?![\w/\[])|\)\[(?P<wheel>[\w,-]+)\])"
+)
+
+
+def readme_commands() -> list[tuple[Block, str, str | None, list[str]]]:
+    """(block, section, install, argv) of every command of the README's shell blocks: `install` is the extra that the
+    last install before it in its block names ("" for the base install, None when none is named), `section` the
+    heading above the block."""
+    readme = ROOT / "README.md"
+    text, found = readme.read_text(), []
+    for block in code_blocks(readme):
+        if block.lang != "bash" or block.skip_reason is not None:
+            continue
+        section = re.findall(r"^## (.+)$", text[: text.index(block.body)], re.M)[-1:] or [""]
+        install = None
+        for line in block.body.replace("\\\n", " ").splitlines():
+            if match := INSTALL_RE.search(line):
+                install = match["extra"] or match["wheel"] or ""
+            if not line.lstrip().startswith("#"):
+                found += [(block, section[0], install, argv) for argv in shell_commands(line)]
+    return found

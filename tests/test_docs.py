@@ -7,7 +7,7 @@
   kept).
 * ```bash blocks are split into commands (`shell_commands`) and each command is checked by its kind (`classify`, one
   test per kind, each saying how: console commands run on local stand-ins, scripts answer `--help`, launches and
-  recipes parse, ...). A command of a kind the harness does not know fails the test. Commands that need a training or
+  recipes parse, ...; `cegppo-demo` and `cegppo-plot` run from their own install in tests/test_newcomer.py). A command of a kind the harness does not know fails the test. Commands that need a training or
   demo run are `slow`.
 * A block meant only to be read carries `<!-- doc-test: skip (reason) -->` on the line above its fence.
 """
@@ -27,7 +27,15 @@ import warnings
 from pathlib import Path
 
 import pytest
-from doc_blocks import DOCS, FAST_CONFIG, code_blocks, readme_quick_start, readme_test_lines, swap_ids
+from doc_blocks import (
+    DOCS,
+    FAST_CONFIG,
+    code_blocks,
+    readme_quick_start,
+    readme_test_lines,
+    shell_commands,
+    swap_ids,
+)
 from launching import subprocess_env
 from shared import DEMO_OUTPUT, HUB_MODELS, TINY_RECIPE, assert_trls_vllm_serve_settings, parse_train_args, run_checked
 
@@ -36,33 +44,12 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
-# Placeholders the docs use in commands.
-PLACEHOLDER_RUNS = ("RUN_DIR",)
-
 TIMEOUT_S = 900
 
 
 ALL_BLOCKS = [b for doc in DOCS for b in code_blocks(doc)]
 PYTHON_DOCS = sorted({b.doc for b in ALL_BLOCKS if b.lang == "python" and b.skip_reason is None})
 SHELL_BLOCKS = [b for b in ALL_BLOCKS if b.lang in ("bash", "sh", "shell") and b.skip_reason is None]
-
-
-def shell_commands(body: str) -> list[list[str]]:
-    """Commands of a shell block: continuations joined, comments dropped, `&&` chains split, env prefixes dropped."""
-    commands = []
-    for line in body.replace("\\\n", " ").splitlines():
-        words = shlex.split(line, comments=True)
-        current: list[str] = []
-        for word in [*words, "&&"]:
-            if word in ("&&", ";"):
-                while current and re.fullmatch(r"[A-Z_]+=\S*", current[0]):
-                    current.pop(0)
-                if current:
-                    commands.append(current)
-                current = []
-            else:
-                current.append(word)
-    return commands
 
 
 def program(argv: list[str]) -> str:
@@ -78,7 +65,7 @@ def classify(argv: list[str]) -> str:
         return "pytest"
     if prog == "ruff":
         return "lint"
-    if prog in ("cegppo-demo", "cegppo-eval", "cegppo-train", "cegppo-plot", "cegppo-recipes"):
+    if prog in ("cegppo-demo", "cegppo-eval", "cegppo-train", "cegppo-plot", "cegppo-recipes", "cegppo-compare"):
         return prog
     if prog.startswith("python") and len(argv) > 1 and argv[1].endswith(".py"):
         return "train-script" if argv[1] == "examples/train_cegppo.py" else "script"
@@ -384,16 +371,6 @@ def _on_demo(argv: list[str]) -> bool:
     return any(word.startswith(DEMO_OUTPUT + "/") for word in argv)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("item", commands("cegppo-demo"))
-def test_demo_commands(item, quick_demo):
-    """`cegppo-demo` runs as the shared quick demo (the full run is the README's main job, about 10 minutes on 2
-    cores; the docs give it no other flag)."""
-    _, argv = item
-    assert [a for a in argv[1:] if a != "--quick"] == [], f"run {argv} here"
-    assert "CE-GPPO" in quick_demo.proc.stdout and (quick_demo.out / "results.json").is_file()
-
-
 @pytest.mark.parametrize("item", commands("cegppo-eval", is_slow=_on_demo))
 def test_eval_commands(item, stand_ins, tmp_path, request, monkeypatch, capsys):
     """Hub ids and placeholders become the tiny checkpoint; `cegppo-demo-output/...` is the shared quick demo's output.
@@ -427,19 +404,6 @@ def test_eval_commands(item, stand_ins, tmp_path, request, monkeypatch, capsys):
         assert metrics[f"avg@{k}"] == figure, (cmd, metrics, figure)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("item", commands("cegppo-plot"))
-def test_plot_commands(item, tiny_recipe_run, tmp_path):
-    """`cegppo-plot` on the shared tiny-recipe run (`RUN_DIR` in the docs)."""
-    _, argv = item
-    first_flag = next((i for i, a in enumerate(argv) if a.startswith("--")), len(argv))
-    run = str(tiny_recipe_run.out)
-    runs = [run if a in PLACEHOLDER_RUNS else a for a in argv[1:first_flag] if not set(a) & set("[].")]
-    out = tmp_path / "runs.png"
-    _run([str(BIN / "cegppo-plot"), *dict.fromkeys(runs), "--out", str(out)], cwd=tmp_path)
-    assert out.stat().st_size > 0
-
-
 @pytest.mark.parametrize("item", commands("cegppo-recipes"))
 def test_recipes_commands(item, tmp_path):
     _, argv = item
@@ -447,3 +411,25 @@ def test_recipes_commands(item, tmp_path):
     if "--list" not in argv:
         assert (tmp_path / "recipes" / "tiny" / "cegppo" / "config_cpu.yaml").is_file()
         assert (tmp_path / "accelerate_configs" / "zero3.yaml").is_file()
+
+
+#: `cegppo-compare` commands of the docs run with these sizes (the docs' other flags kept: arms, dynamic sampling,
+#: the off-policy ratio, LoRA, the gradings); the full runs are measurements (docs/comparison.md).
+COMPARE_SIZES = {"--seeds": "0", "--max_steps": "2", "--steps_per_generation": "2", "--prompts_per_step": "2",
+                 "--num_generations": "2", "--eval_problems": "3", "--eval_k": "2", "--eval_every": "0",
+                 "--tiny_sft_steps": "5", "--jobs": "1"}  # fmt: skip
+
+
+@pytest.mark.parametrize("item", commands("cegppo-compare", is_slow=lambda argv: True))
+def test_compare_commands(item, tmp_path, monkeypatch, capsys):
+    """Each documented comparison at the smallest sizes: it writes its table; its flags are the command's."""
+    _, argv = item
+    args = list(argv[1:])
+    for flag, value in {**COMPARE_SIZES, "--out": str(tmp_path / "cmp")}.items():
+        if flag in args:  # the flag and every value after it (--seeds 0 1 2)
+            at = args.index(flag)
+            end = next((i for i in range(at + 1, len(args)) if args[i].startswith("--")), len(args))
+            del args[at:end]
+        args += [flag, value]
+    _console("cegppo-compare", args, ROOT, monkeypatch, capsys)
+    assert (tmp_path / "cmp" / "results.md").is_file()

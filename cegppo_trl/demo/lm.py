@@ -23,7 +23,7 @@ from ..tiny_model import DEFAULT_PROBLEMS, PROMPT_INSTRUCTION, load_rows, load_t
 #: The user message the tiny model is SFT-trained on: "What is 3+4? Put the final answer in \boxed{}."
 DEMO_INSTRUCTION = "{problem} " + PROMPT_INSTRUCTION
 HELDOUT_FILE = "heldout.jsonl"  # the held-out rows of a demo run, for `cegppo-eval --datasets`
-DEFAULT_SFT_STEPS, DEFAULT_RL_STEPS, DEFAULT_EVAL_SAMPLES = 200, 48, 8  # why: docs/entropy_results.md, section 4
+DEFAULT_SFT_STEPS, DEFAULT_RL_STEPS, DEFAULT_EVAL_SAMPLES = 200, 32, 8  # why: docs/entropy_results.md, section 4
 CLIPPED_SETS = tuple(f"cegppo/{k}" for k in ("beta1_token_frac", "beta2_token_frac", "beta1_grad_share",
                                                "beta2_grad_share"))  # fmt: skip
 MAX_NEW_TOKENS = 20  # the warm-started answer "49+27=76. \boxed{76}" + eos is 16 tokens

@@ -13,6 +13,8 @@ import json
 import math
 import os
 
+from ..figures import panels, save_figure, style_panel
+
 
 QUADRANT_METRICS = tuple(
     f"cegppo/quadrant/{quadrant}/{stat}"
@@ -55,40 +57,6 @@ def _series(history, metric: str) -> tuple[list[float], list[float]]:
 
 def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def panels(count: int, ncols: int = 3, width: float = 4.3, height: float = 3.1):
-    """A figure with `count` panels in rows of `ncols` (matplotlib's headless Agg backend): `(fig, axes)`."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    ncols = min(ncols, count)
-    fig, axes = plt.subplots(math.ceil(count / ncols), ncols, figsize=(width * ncols, height * math.ceil(count / ncols)),
-                             squeeze=False)  # fmt: skip
-    for ax in list(axes.flat)[count:]:
-        ax.set_visible(False)
-    return fig, list(axes.flat)[:count]
-
-
-def style_panel(ax, title: str, xlabel: str = "step") -> None:
-    ax.set_title(title, fontsize=9)
-    ax.set_xlabel(xlabel, fontsize=8)
-    ax.tick_params(labelsize=7)
-    ax.grid(alpha=0.3)
-
-
-def save_figure(fig, path, title: str | None) -> str:
-    import matplotlib.pyplot as plt
-
-    if title:
-        fig.suptitle(title, y=1.02, fontsize=11)
-    path = os.fspath(path)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return path
 
 
 def plot_log_histories(histories: dict[str, list[dict]], path, metrics=None, title: str | None = None) -> str:
@@ -189,6 +157,11 @@ def main(argv=None) -> int:
     parser.add_argument("--labels", nargs="+", help="one legend label per run (default: run paths)")
     parser.add_argument("--title", help="figure title")
     args = parser.parse_args(argv)
+    from ..run_checks import first_problem
+
+    problem = first_problem(extras=[("matplotlib", "plot", "cegppo-plot")], writable=[(args.out, "--out", False)])
+    if problem:
+        parser.exit(2, f"cegppo-plot: error: {problem}\n")
     labels = args.labels or [os.path.normpath(run) for run in args.runs]
     if len(labels) != len(args.runs) or len(set(labels)) != len(labels):
         parser.error(f"--labels needs one distinct label per run: got {labels} for {len(args.runs)} runs.")

@@ -169,12 +169,8 @@ def load_model(source: ModelSource, dtype: str = "auto", device: str = "cpu", us
             raise
         raise OSError(f"{source.path!r} could not be loaded as a Hugging Face Hub model: {error}") from error
     if source.adapter is not None:
-        try:
-            from peft import PeftModel
-        except ImportError as error:
-            raise RuntimeError(
-                f"{source.given} is a LoRA adapter; loading it needs peft: pip install 'cegppo-trl[peft]'."
-            ) from error
+        from peft import PeftModel
+
         with explain_unreadable_weights(source.adapter):
             model = PeftModel.from_pretrained(model, source.adapter).merge_and_unload()
     return model.to(device), _load_tokenizer(source)
@@ -195,12 +191,12 @@ def _hf_generator(source: ModelSource, settings: EvalSettings):
 
 @contextlib.contextmanager
 def _vllm_generator(source: ModelSource, settings: EvalSettings):
-    try:
-        from vllm import LLM, SamplingParams
-    except ImportError as error:
-        raise RuntimeError(
-            "--backend vllm needs vLLM (pip install 'cegppo-trl[vllm]'); it is not installed. Use --backend hf."
-        ) from error
+    from ..run_checks import missing_extra
+
+    if problem := missing_extra("vllm", "vllm", "--backend vllm"):
+        raise RuntimeError(f"{problem} Or use --backend hf.")
+    from vllm import LLM, SamplingParams
+
     from ..vllm_support import warn_if_untested_vllm
 
     warn_if_untested_vllm("--backend vllm")
@@ -246,4 +242,8 @@ def open_generator(source: ModelSource, settings: EvalSettings):
     (``hf``: `generate_completions`) or one `vllm.LLM` engine built (a second on the same GPU would not fit; a LoRA
     adapter merged into its base first, in ``merge_dir`` or a temporary directory removed at the end). Prompts go to
     vLLM as TRL's token ids (`prompt_token_ids`), so the chat template is applied once, as in training."""
+    from ..run_checks import missing_extra
+
+    if source.adapter is not None and (problem := missing_extra("peft", "peft", f"{source.given} (a LoRA adapter)")):
+        raise RuntimeError(problem)  # before the base model loads, which can take minutes
     return (_vllm_generator if settings.backend == "vllm" else _hf_generator)(source, settings)

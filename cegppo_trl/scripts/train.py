@@ -190,9 +190,11 @@ def build_trainer(script_args: CEGPPOScriptArguments, training_args, model_args,
             "process at the same step end and prints the resume command; leave it off and save with --save_steps N "
             "(or use CEGPPOTrainer from Python with it)."
         )
-    from ..run_checks import check_writable_path
+    from ..run_checks import check_writable_path, missing_training_extra
 
     check_writable_path(training_args.output_dir, "--output_dir", folder=True)  # before builtin:tiny writes there
+    if problem := missing_training_extra(training_args, model_args.use_peft):  # before data and model load
+        raise ValueError(problem)
     reward_funcs = build_reward_funcs(script_args)  # first: a wrong name fails before the model is built
     model_init_kwargs = dict(revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code,
                              attn_implementation=model_args.attn_implementation, dtype=model_args.dtype)  # fmt: skip
