@@ -55,6 +55,12 @@ def varied_reward(completions, **kwargs):
     return [float(i % 2) for i in range(len(completions))]  # every group informative: a gradient at every step
 
 
+def overflowing_reward(completions, trainer_state, **kwargs):
+    """`varied_reward` on a scale off by 38 orders of magnitude from step 5 (the second generation batch) on."""
+    scale = 1e38 if trainer_state.global_step >= 4 else 1.0
+    return [scale * reward for reward in varied_reward(completions)]
+
+
 def run(model_dir, out_dir: Path, name: str, scenario: dict, nan_rank=NAN_RANK, reward=varied_reward, resume=None):
     """Train `scenario` into out_dir / name (`resume`: `train`'s `resume_from_checkpoint`); (the trainer, this
     process's record)."""

@@ -8,12 +8,11 @@ import math
 import os
 import re
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from divergence_worker import SCENARIOS, check, run, varied_reward
+from divergence_worker import SCENARIOS, check, overflowing_reward, run
 from safetensors.torch import load_file, save_file
 from shared import ROOT, TINY_RECIPE
 from test_host_sync import counting_host_transfers
@@ -220,7 +219,9 @@ def test_no_save_with_non_finite_weights_and_rotation_keeps_the_finite_checkpoin
 
 
 def _guarded_trl_trainer(kind: str, model_dir, out: Path):
-    """TRL 1.16's SFTTrainer or GRPOTrainer with the guard, diverging: learning rate 10, no clipping."""
+    """TRL 1.16's SFTTrainer or GRPOTrainer with the guard at learning rate 10, no clipping. On the tiny model that
+    alone stays finite under AdamW (SFT's loss levels at 2,000-4,000; GRPO's policy saturates, grad norm 0), so SFT
+    takes plain SGD (grad norm 2e11 at step 5, NaN at 6) and GRPO a reward scale that overflows from step 5."""
     from datasets import Dataset
     from shared import cpu_config
     from trl import GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
@@ -230,23 +231,18 @@ def _guarded_trl_trainer(kind: str, model_dir, out: Path):
     diverging = dict(learning_rate=10.0, max_grad_norm=0.0, max_steps=16, save_strategy="steps", save_steps=1)
     if kind == "sft":
         data = Dataset.from_list([{"prompt": f"What is {i}+{i}?", "completion": f" {2 * i}"} for i in range(64)])
-        args = SFTConfig(
-            str(out), use_cpu=True, bf16=False, per_device_train_batch_size=8, report_to="none", **diverging
-        )
+        args = SFTConfig(str(out), use_cpu=True, bf16=False, per_device_train_batch_size=8, report_to="none",
+                         optim="sgd", **diverging)  # fmt: skip
         return type("GuardedSFT", (DivergenceGuardMixin, SFTTrainer), {})(
             str(model_dir), args=args, train_dataset=data
         )
     data = load_math_dataset("builtin:arithmetic").select(range(64))
     cls = type("GuardedGRPO", (DivergenceGuardMixin, GRPOTrainer), {})
-    return cls(str(model_dir), varied_reward, args=cpu_config(GRPOConfig, out, **diverging), train_dataset=data)
+    args = cpu_config(GRPOConfig, out, scale_rewards="none", **diverging)
+    return cls(str(model_dir), overflowing_reward, args=args, train_dataset=data)
 
 
-SFT_FINITE = "SFTTrainer at lr 10 stays finite on the tiny model over 16 steps (loss 3230): no divergence to stop yet"
-
-
-@pytest.mark.parametrize(
-    "kind", [pytest.param("sft", marks=pytest.mark.xfail(reason=SFT_FINITE, strict=True)), "grpo"]
-)
+@pytest.mark.parametrize("kind", ["sft", "grpo"])
 def test_the_mixin_stops_a_diverging_trl_trainer_and_resumes_from_the_newest_finite_checkpoint(
     kind, tiny_checkpoint, tmp_path, capsys, one_torch_thread
 ):
@@ -271,27 +267,17 @@ def test_the_mixin_stops_a_diverging_trl_trainer_and_resumes_from_the_newest_fin
 
 # --- cegppo-train on one process
 
-REWARDS = """\
-def overflowing(completions, trainer_state, **kwargs):
-    # a reward scale off by 38 orders of magnitude from step 5 (the second generation batch) on
-    scale = 1e38 if trainer_state.global_step >= 4 else 1.0
-    return [scale * (i % 2) for i in range(len(completions))]
-"""
-
 
 def test_cegppo_train_stops_with_status_3_keeps_the_finite_checkpoints_and_resumes_from_the_newest(
-    tmp_path, tiny_checkpoint, capsys, monkeypatch, one_torch_thread
+    tmp_path, tiny_checkpoint, capsys, one_torch_thread
 ):
     from cegppo_trl.scripts.train import main
 
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    (tmp_path / "diverging_rewards.py").write_text(REWARDS)
     out = tmp_path / "out"
     argv = ["--config", str(ROOT / TINY_RECIPE), "--model_name_or_path", str(tiny_checkpoint), "--output_dir", str(out),
             "--scale_rewards", "none", "--max_grad_norm", "0", "--save_strategy", "steps", "--save_steps", "1",
             "--save_total_limit", "2", "--max_steps", "8"]  # fmt: skip
-    assert main([*argv, "--reward_funcs", "diverging_rewards.overflowing"]) == DIVERGED_EXIT_STATUS
+    assert main([*argv, "--reward_funcs", "divergence_worker.overflowing_reward"]) == DIVERGED_EXIT_STATUS
     err = capsys.readouterr().err
     assert "Traceback" not in err, err[-3000:]
     lines = err.strip().splitlines()
