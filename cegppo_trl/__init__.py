@@ -23,7 +23,7 @@ _PUBLIC_NAMES = {
     "ClipParams": "core",
     "cegppo_per_token_loss": "core",
     "gradient_preserving_correction": "core",
-    "ppo_clip_per_token_loss": "core",
+    "ppo_clip_per_token_loss": "trl_mirror",
     # the divergence guard, for any transformers Trainer
     "DivergenceGuardMixin": "divergence",
     "NonFiniteStepError": "divergence",
@@ -56,7 +56,7 @@ __getattr__, __dir__ = lazy_names(__name__, globals(), _PUBLIC_NAMES)
 if TYPE_CHECKING:  # static analysers and IDEs see the names eagerly
     from .config import CEGPPOConfig
     from .controller import EntropyController
-    from .core import ClipParams, cegppo_per_token_loss, gradient_preserving_correction, ppo_clip_per_token_loss
+    from .core import ClipParams, cegppo_per_token_loss, gradient_preserving_correction
     from .data import DatasetFormatError, build_prompt, load_math_dataset
     from .divergence import DivergenceGuardMixin, NonFiniteStepError
     from .evaluation.callback import AvgAtKCallback
@@ -73,3 +73,4 @@ if TYPE_CHECKING:  # static analysers and IDEs see the names eagerly
         shutdown_grading_workers,
     )
     from .trainer import CEGPPOTrainer
+    from .trl_mirror import ppo_clip_per_token_loss

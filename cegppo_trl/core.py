@@ -139,24 +139,10 @@ def cegppo_per_token_loss(log_ratio: torch.Tensor, advantages: torch.Tensor, par
     )
 
 
-def ppo_clip_per_token_loss(log_ratio: torch.Tensor, advantages: torch.Tensor, params: ClipParams) -> torch.Tensor:
-    """Per-token PPO-clip loss exactly as TRL 1.16 computes it for `grpo`, `bnpo`, `dr_grpo`, `dapo` and `luspo`.
-
-    Uses the clip range and `delta` of `params` (the betas play no part): `coef_2 = clamp(r, 1 - eps_low,
-    1 + eps_high)`, optional `coef_1 = clamp(r, max=delta)`, `-min(coef_1 A, coef_2 A)`. `tests/test_trl_parity.py`
-    checks it against TRL's own trainer.
-    """
-    coef_1 = torch.exp(log_ratio)
-    coef_2 = torch.clamp(coef_1, 1 - params.epsilon_low, 1 + params.epsilon_high)
-    if params.delta is not None:
-        coef_1 = torch.clamp(coef_1, max=params.delta)
-    return -torch.min(coef_1 * advantages, coef_2 * advantages)
-
-
 def gradient_preserving_correction(
     log_ratio: torch.Tensor, advantages: torch.Tensor, params: ClipParams
 ) -> tuple[torch.Tensor, ClippedSets]:
-    """`cegppo_per_token_loss - ppo_clip_per_token_loss`, per token: what turns TRL's PPO-clip loss into CE-GPPO's.
+    """`cegppo_per_token_loss - trl_mirror.ppo_clip_per_token_loss`, per token: what turns TRL's PPO-clip loss into CE-GPPO's.
 
     Zero (value and gradient) outside the two clipped sets; on them `-beta (1 -+ eps) A r / sg(r) + (1 -+ eps) A`.
     Returns `(correction, clipped_sets)`. Why adding it to TRL's loss gives CE-GPPO's exactly: `docs/method.md`.

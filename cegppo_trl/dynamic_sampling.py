@@ -13,21 +13,9 @@ import torch
 from accelerate.utils import gather_object
 
 from .core import equal_reward_groups
-from .trl_mirror import LEFT_PADDED_KEYS, loss_mask, pad_value
+from .trl_mirror import LEFT_PADDED_KEYS, MULTIMODAL_KEYS, is_per_row, loss_mask, num_items_in_batch, pad_value
 
 
-# Batch keys TRL 1.16 attaches for vision-language models; they are not indexed by completion row, so rows cannot be
-# selected or moved between processes (`refuse_multimodal_rows`).
-MULTIMODAL_KEYS = (
-    "pixel_values",
-    "image_grid_thw",
-    "pixel_attention_mask",
-    "spatial_shapes",
-    "image_sizes",
-    "num_images",
-    "num_tiles",
-    "image_position_ids",
-)
 # Scalars put in the training batch for the optimizer steps it feeds (0-dim tensors: TRL's shuffle and split hand them
 # to every micro-batch): the generation batch's informative groups, and those in the training batch.
 GROUP_COUNT_KEYS = ("cegppo_informative_groups", "cegppo_groups_trained")
@@ -112,20 +100,19 @@ def refuse_multimodal_rows(output: dict) -> None:
 def take_rows(output: dict, rows: torch.Tensor, accelerator, pad_token_id: int) -> dict:
     """The batch made of generation-batch rows `rows` (indices over all processes, in process order).
 
-    Every tensor with `ndim > 0` and every list is indexed by row, as TRL 1.16's `shuffle_sequence_dict` /
-    `split_tensor_dict` treat them; sequences are padded to a common length first, on TRL's side for each key.
-    """
+    Rows are what `trl_mirror.is_per_row` says; sequences are padded to a common length first, on TRL's side for
+    each key."""
     num_rows, moving = output["completion_ids"].size(0), accelerator.num_processes > 1
     taken = {}
     for key, value in output.items():
-        if isinstance(value, torch.Tensor) and value.ndim > 0 and value.size(0) == num_rows:
+        if isinstance(value, torch.Tensor) and is_per_row(value, num_rows):
             if moving and value.ndim > 1:
                 value = accelerator.pad_across_processes(
                     value, dim=1, pad_index=pad_value(key, pad_token_id), pad_first=key in LEFT_PADDED_KEYS
                 )
             value = accelerator.gather(value) if moving else value
             taken[key] = value.index_select(0, rows.to(value.device))
-        elif isinstance(value, list) and len(value) == num_rows:
+        elif is_per_row(value, num_rows):
             value = gather_object(value) if moving else value
             taken[key] = [value[i] for i in rows.tolist()]
         else:
@@ -136,11 +123,11 @@ def take_rows(output: dict, rows: torch.Tensor, accelerator, pad_token_id: int) 
 def mark_dropped_rows(output: dict, keep: torch.Tensor, gather: Callable) -> None:
     """Give the dropped rows an empty loss mask (as TRL's `mask_truncated_completions` masks a truncated row), record
     which rows are kept (`cegppo_keep`, per row, so it travels through TRL's shuffle and split), and recount dapo's
-    token-mean denominator over the kept rows as TRL 1.16 counts it (`gather(loss_mask.sum()).sum()`)."""
+    token-mean denominator over the kept rows (`trl_mirror.num_items_in_batch`)."""
     keep = keep.to(output["completion_mask"].device)
     output["completion_mask"] = output["completion_mask"] * keep.unsqueeze(1).to(output["completion_mask"].dtype)
     output["cegppo_keep"] = keep.float()
-    output["num_items_in_batch"] = gather(loss_mask(output).sum()).sum()
+    output["num_items_in_batch"] = num_items_in_batch(output, gather)
 
 
 def attach_sft_mask(output: dict, rewards: torch.Tensor, threshold: float, keep, gather: Callable) -> None:

@@ -3,7 +3,7 @@
 `_compute_loss` adds `aggregate(correction)` (`core.gradient_preserving_correction`, zero outside the clipped sets) to
 TRL's own loss from the same forward pass, on a copy of the micro-batch whose old log-probs are clamped.
 `_generate_and_score_completions` adds dynamic sampling (`dynamic_sampling.py`) and the SFT mask. Metrics:
-`metrics.py`. What TRL's methods pass only among themselves is caught in one `_Interception`; TRL's logic that CE-GPPO
+`metrics.py`. What TRL's methods pass only among themselves is caught in `_Generation` and `_LossCall`; TRL's logic that CE-GPPO
 repeats is in `trl_mirror.py`. Why the sum is CE-GPPO's loss exactly and which test covers which private TRL name:
 `docs/method.md`.
 """
@@ -55,25 +55,39 @@ class _Forward(NamedTuple):
 
 
 @dataclasses.dataclass
-class _Interception:
-    """What the overrides do and catch during one call of TRL's (`with _Interception(trainer, ...) as caught`): values
-    TRL 1.16 passes only between its own methods. Set on entry, cleared on exit; the caller reads what was caught."""
+class _Generation:
+    """What one call of TRL 1.16's `_generate_and_score_completions` passes only among its own methods, caught by the
+    overrides it calls (`CEGPPOTrainer._generation` while it runs)."""
 
-    trainer: CEGPPOTrainer
-    defer_old_pass: bool = False  # TRL's old / reference passes get placeholders (select first, then compute)
-    keep_old_entropies: bool = False  # TRL's next old pass keeps its entropies (entropy-ratio clipping)
-    loss_inputs: dict | None = None  # the micro-batch `_compute_loss` works on: its old log-probs get clamped
-    rewards_per_func: torch.Tensor | None = None  # caught from `_calculate_rewards`, (N, num_funcs) all processes
-    old_entropies: torch.Tensor | None = None  # caught from TRL's old pass
-    forward: _Forward | None = None  # caught from `_compute_loss`'s forward pass (no second one)
-    unscored: bool = False  # `_calculate_rewards` found no reward at all (skip mode: `divergence.StepGuard`)
+    defer_old_pass: bool  # TRL's old / reference passes get placeholders (select first, then compute)
+    keep_old_entropies: bool  # TRL's old pass, its first forward, keeps its entropies (entropy-ratio clipping)
+    rewards_per_func: torch.Tensor | None = None  # from `_calculate_rewards`, (N, num_funcs) all processes
+    old_entropies: torch.Tensor | None = None  # from TRL's old pass
+    unscored: bool = False  # `_calculate_rewards` found no reward at all (skip mode: `DivergenceGuardMixin.skip_step`)
 
-    def __enter__(self) -> _Interception:
-        self.trainer._interception = self
-        return self
+
+@dataclasses.dataclass
+class _LossCall:
+    """What one call of TRL 1.16's `_compute_loss` computes in its forward pass (`CEGPPOTrainer._loss_call` while it
+    runs): the micro-batch whose old log-probs get clamped, and the forward the correction reuses (no second one)."""
+
+    inputs: dict
+    forward: _Forward | None = None
+
+
+class _While:
+    """`with _While(trainer, slot, record) as record:` makes `record` `trainer.<slot>` for one call of TRL's, and
+    clears it after the call, raised or not."""
+
+    def __init__(self, trainer: CEGPPOTrainer, slot: str, record):
+        self.trainer, self.slot, self.record = trainer, slot, record
+
+    def __enter__(self):
+        setattr(self.trainer, self.slot, self.record)
+        return self.record
 
     def __exit__(self, *exc_info) -> None:
-        self.trainer._interception = None
+        setattr(self.trainer, self.slot, None)
 
 
 class CEGPPOTrainer(DivergenceGuardMixin, GRPOTrainer):
@@ -85,7 +99,8 @@ class CEGPPOTrainer(DivergenceGuardMixin, GRPOTrainer):
     """
 
     _tag_names = ["trl", "grpo", "cegppo"]
-    _interception: _Interception | None = None  # the one TRL call in progress that the overrides act on
+    _generation: _Generation | None = None  # while TRL's `_generate_and_score_completions` runs
+    _loss_call: _LossCall | None = None  # while TRL's `_compute_loss` runs
     _name = "CE-GPPO"
     _paper = {
         "title": "CE-GPPO: Coordinating Entropy via Gradient-Preserving Clipping Policy Optimization in "
@@ -151,15 +166,16 @@ class CEGPPOTrainer(DivergenceGuardMixin, GRPOTrainer):
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         # TRL 1.16 hands them (all processes', (N, num_funcs)) only to `_generate_and_score_completions`: keep them.
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        if torch.isnan(rewards).all() and self.args.cegppo_max_skipped_steps > 0:
-            (self._interception or _Interception(self)).unscored = True  # its steps are skipped and counted
-        elif torch.isnan(rewards).all():  # TRL only warns, trains on nothing and saves the model as a success
+        unscored = bool(torch.isnan(rewards).all())
+        if unscored and self.args.cegppo_max_skipped_steps == 0:  # TRL only warns, trains on nothing, saves a success
             raise RewardCoverageError(
                 f"reward_funcs: every reward function ({', '.join(self.reward_func_names)}) returned None for all "
                 f"{rewards.size(0)} completions of a batch, so there is nothing to learn from. A reward function "
                 "returns one float per completion (None only for one it does not apply to): fix it, or add one."
             )
-        (self._interception or _Interception(self)).rewards_per_func = rewards
+        if self._generation is not None:  # None: TRL's own `_generate_and_score_completions` called directly
+            self._generation.rewards_per_func = rewards
+            self._generation.unscored = unscored  # skip mode: the batch's optimizer steps are skipped and counted
         return rewards
 
     def _generate_and_score_completions(self, inputs):
@@ -167,7 +183,7 @@ class CEGPPOTrainer(DivergenceGuardMixin, GRPOTrainer):
         deferred = self._old_policy_pass_after_selection(mode)
         # Entropy-ratio clipping: TRL's own old pass (when not deferred) keeps its entropies for the batch.
         erc = self._entropy_ratio_band is not None and self._has_old_log_probs
-        with _Interception(self, defer_old_pass=deferred, keep_old_entropies=erc and not deferred) as caught:
+        with _While(self, "_generation", _Generation(deferred, keep_old_entropies=erc and not deferred)) as caught:
             output = super()._generate_and_score_completions(inputs)
         if caught.old_entropies is not None:  # per row, like `old_per_token_logps`: they travel with their rows
             output["cegppo_old_entropies"] = caught.old_entropies
@@ -215,23 +231,22 @@ class CEGPPOTrainer(DivergenceGuardMixin, GRPOTrainer):
 
     # --- Loss
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *pargs, **kwargs):
-        caught = self._interception or _Interception(self)
-        if caught.defer_old_pass:  # TRL's old / reference pass while it generates: run later on fewer rows
+        generation, loss_call = self._generation, self._loss_call
+        if generation is not None and generation.defer_old_pass:  # TRL's old / reference pass while it generates:
             return torch.full((input_ids.size(0), logits_to_keep), math.nan, device=input_ids.device), None, None
-        old_pass = caught.keep_old_entropies  # TRL 1.16's old pass, its first forward while it generates: the same
-        caught.keep_old_entropies = False  # forward gives the old policy's entropies (no second one)
+        # TRL 1.16's old pass is its first forward while it generates: the same forward gives the old entropies.
+        old_pass = generation is not None and generation.keep_old_entropies and generation.old_entropies is None
         logps, entropies, aux_loss = super()._get_per_token_logps_and_entropies(
             model, input_ids, attention_mask, logits_to_keep, *pargs, **dict(kwargs, compute_entropy=True)
             if old_pass else kwargs
         )  # fmt: skip
         if old_pass:
-            caught.old_entropies = entropies  # TRL 1.16 discards this pass's entropies
-        inputs = caught.loss_inputs
-        if inputs is not None:  # TRL 1.16's `_compute_loss` calls this once, at its top, and reads the old log-probs
-            clamped = None  # only afterwards: clamping them here bounds TRL's log-ratio and the correction's alike
-            if inputs.get("old_per_token_logps") is not None:
+            generation.old_entropies = entropies  # TRL 1.16 discards this pass's entropies
+        if loss_call is not None:  # TRL 1.16's `_compute_loss` calls this once, at its top, and reads the old
+            inputs, clamped = loss_call.inputs, None  # log-probs only afterwards: clamping them here bounds TRL's
+            if inputs.get("old_per_token_logps") is not None:  # log-ratio and the correction's alike
                 inputs["old_per_token_logps"], clamped = clamp_old_log_probs(logps, inputs["old_per_token_logps"])
-            caught.forward = _Forward(logps, entropies, clamped)
+            loss_call.forward = _Forward(logps, entropies, clamped)
         return logps, entropies, aux_loss
 
     def _compute_loss(self, model, inputs):
@@ -241,7 +256,7 @@ class CEGPPOTrainer(DivergenceGuardMixin, GRPOTrainer):
         group_counts = dynamic_sampling.pop_group_counts(inputs)
         old_entropies = inputs.pop("cegppo_old_entropies", None)  # entropy-ratio clipping's H(pi_old)
         unscored = inputs.pop(UNSCORED_KEY, None)
-        with _Interception(self, loss_inputs=inputs) as caught:
+        with _While(self, "_loss_call", _LossCall(inputs)) as caught:
             loss = super()._compute_loss(model, inputs)  # TRL's PPO-clip loss + KL + entropy bonus + aux loss
         loss = loss + self._cegppo_loss_delta(inputs, caught.forward, keep, group_counts, old_entropies)
         if unscored is not None and self.model.training:  # CE-GPPO's rule: a batch without rewards is not trained on

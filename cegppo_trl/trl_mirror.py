@@ -1,7 +1,9 @@
 """Every place this package repeats TRL 1.16's own logic, as functions over explicit arguments (`trainer` is the
-`GRPOTrainer` whose attributes TRL's method would read from `self`), so that a TRL upgrade diffs this one file. Pinned
-by `tests/test_trl_parity.py` (ratio, token weights, the five aggregations), `tests/test_dynamic_sampling.py` (the
-loader, the old / reference pass on the training rows) and `tests/test_edges.py` (padding, rewards, `policy_loss`).
+`GRPOTrainer` whose attributes TRL's method would read from `self`), so that a TRL upgrade diffs this one file. It
+imports nothing of the package, and TRL only inside the functions that use it. Pinned by `tests/test_trl_parity.py`
+(ratio, token weights, the PPO-clip term, the five aggregations), `tests/test_dynamic_sampling.py` (the loader, the
+old / reference pass on the training rows, the row layout and dapo's denominator), `tests/test_edges.py` (padding,
+rewards, `policy_loss`, the multimodal keys) and `tests/test_evaluation.py` (prompt tokens, completion tokens).
 """
 
 from __future__ import annotations
@@ -10,11 +12,20 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
-from datasets import IterableDataset
-from trl.models.utils import disable_gradient_checkpointing
-from trl.trainer.utils import RepeatSampler, repeat_iterable_dataset, use_adapter
 
 
+# Batch keys TRL 1.16 attaches for vision-language models; they are not indexed by completion row, so rows cannot be
+# selected or moved between processes (`dynamic_sampling.refuse_multimodal_rows`).
+MULTIMODAL_KEYS = (
+    "pixel_values",
+    "image_grid_thw",
+    "pixel_attention_mask",
+    "spatial_shapes",
+    "image_sizes",
+    "num_images",
+    "num_tiles",
+    "image_position_ids",
+)
 # Per-row keys TRL 1.16 pads on the left (the prompt side); the others with a sequence dimension are right-padded.
 LEFT_PADDED_KEYS = ("prompt_ids", "prompt_mask")
 
@@ -29,6 +40,9 @@ def over_generating_loader(get_dataloader: Callable, dataset, args, num_generati
     """`get_train_dataloader` and `_get_train_sampler` with `sizes` (`config.over_generation`: prompts per generation
     batch, rows per process) instead of TRL's: one loader batch is one process's share of the generation batch,
     `cegppo_oversampling` times the rows it trains on. `get_dataloader` is the trainer's `_get_dataloader`."""
+    from datasets import IterableDataset
+    from trl.trainer.utils import RepeatSampler, repeat_iterable_dataset
+
     prompts, rows = sizes
     repeats = dict(mini_repeat_count=num_generations, batch_size=round(prompts))
     repeats.update(repeat_count=num_iterations * args.steps_per_generation)
@@ -66,6 +80,49 @@ def loss_mask(batch: dict) -> torch.Tensor:
     return mask if "tool_mask" not in batch else mask * batch["tool_mask"]
 
 
+def is_per_row(value, num_rows: int) -> bool:
+    """Whether a batch value is indexed by completion row, as TRL 1.16's `shuffle_sequence_dict` and
+    `split_tensor_dict` treat it: every tensor with `ndim > 0` and every list of `num_rows` items."""
+    if isinstance(value, torch.Tensor):
+        return value.ndim > 0 and value.size(0) == num_rows
+    return isinstance(value, list) and len(value) == num_rows
+
+
+def num_items_in_batch(batch: dict, gather: Callable) -> torch.Tensor:
+    """dapo's token-mean denominator as `_generate_and_score_completions` counts it: the loss tokens of the
+    generation batch on all processes, `gather(loss_mask.sum()).sum()`."""
+    return gather(loss_mask(batch).sum()).sum()
+
+
+def ppo_clip_per_token_loss(log_ratio: torch.Tensor, advantages: torch.Tensor, params) -> torch.Tensor:
+    """Per-token PPO-clip loss exactly as TRL 1.16's `_compute_loss` computes it for `grpo`, `bnpo`, `dr_grpo`, `dapo`
+    and `luspo`, with the clip range and `delta` of `params` (a `core.ClipParams`; the betas play no part):
+    `coef_2 = clamp(r, 1 - eps_low, 1 + eps_high)`, optional `coef_1 = clamp(r, max=delta)`, `-min(coef_1 A, coef_2
+    A)`. `tests/test_trl_parity.py` checks it against TRL's own trainer."""
+    coef_1 = torch.exp(log_ratio)
+    coef_2 = torch.clamp(coef_1, 1 - params.epsilon_low, 1 + params.epsilon_high)
+    if params.delta is not None:
+        coef_1 = torch.clamp(coef_1, max=params.delta)
+    return -torch.min(coef_1 * advantages, coef_2 * advantages)
+
+
+def prompt_token_ids(tokenizer, prompt) -> list[int]:
+    """Token ids of a prompt exactly as TRL 1.16's `GRPOTrainer._tokenize_prompts` builds them for text-only prompts
+    without tools (the chat template with the generation prompt for conversational prompts, the tokenizer on the text
+    otherwise); tests/test_evaluation.py compares the two."""
+    if isinstance(prompt, str):
+        return list(tokenizer(text=prompt)["input_ids"])
+    ids = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True, return_dict=True)
+    return list(ids["input_ids"])
+
+
+def completion_token_mask(new_tokens: torch.Tensor, eos_ids: torch.Tensor) -> torch.Tensor:
+    """The completion tokens TRL 1.16 counts (its `completion_mask`): every generated token up to and including the
+    first eos."""
+    is_eos = torch.isin(new_tokens, eos_ids)
+    return (is_eos.long().cumsum(1) - is_eos.long()) == 0
+
+
 def old_policy_pass(
     output: dict, logps_of: Callable, trainer, old: bool, reference: bool, old_entropies: bool
 ) -> None:
@@ -73,6 +130,9 @@ def old_policy_pass(
     `disable_gradient_checkpointing`, `use_adapter` for a PEFT reference) on the rows of `output`. `logps_of` is the
     trainer's `_get_per_token_logps_and_entropies`; `old` / `reference` are TRL's conditions; with `old_entropies` the
     same forward gives `output["cegppo_old_entropies"]`."""
+    from trl.models.utils import disable_gradient_checkpointing
+    from trl.trainer.utils import use_adapter
+
     model, ref_model, args = trainer.model, trainer.ref_model, trainer.args
     input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
     attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)

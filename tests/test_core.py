@@ -14,8 +14,8 @@ from cegppo_trl.core import (
     clamp_old_log_probs,
     equal_reward_groups,
     gradient_preserving_correction,
-    ppo_clip_per_token_loss,
 )
+from cegppo_trl.trl_mirror import ppo_clip_per_token_loss
 
 
 def random_tokens(seed, shape, scale, adv_shape):

@@ -1,4 +1,4 @@
-"""Edge cases of the loss path (project issue 10), each on a hand-built batch through a tiny trainer's `_compute_loss`:
+"""Edge cases of the loss path, each on a hand-built batch through a tiny trainer's `_compute_loss`:
 dynamic sampling as physical removal, TRL's `policy_loss` metric, finite loss and gradient at any log-ratio."""
 
 import functools
@@ -20,7 +20,8 @@ from trl_batches import (
 
 import cegppo_trl.trainer as trainer_module
 from cegppo_trl.config import SUPPORTED_LOSS_TYPES
-from cegppo_trl.core import LOG_RATIO_CLAMP, ClipParams, cegppo_per_token_loss, ppo_clip_per_token_loss
+from cegppo_trl.core import LOG_RATIO_CLAMP, ClipParams, cegppo_per_token_loss
+from cegppo_trl.trl_mirror import ppo_clip_per_token_loss
 
 
 @pytest.fixture

@@ -38,6 +38,7 @@ from cegppo_trl.evaluation import (
 from cegppo_trl.evaluation.settings import EvalArguments
 from cegppo_trl.model_source import resolve_model_source
 from cegppo_trl.scripts.eval import main, parse_arguments
+from cegppo_trl.trl_mirror import completion_token_mask
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -508,6 +509,17 @@ def test_prompt_token_ids_mirror_trls_tokenize_prompts(trainer, tiny_tokenizer):
     for prompts in (conversational, ["What is 2+3?", "7 - 5 ="]):
         trl_ids = trainer._tokenize_prompts(prompts)[0]
         assert [prompt_token_ids(tiny_tokenizer, p) for p in prompts] == [list(ids) for ids in trl_ids]
+
+
+def test_completion_token_mask_mirrors_trls_completion_mask(trainer, monkeypatch):
+    """The held-out entropy counts the tokens TRL 1.16's `_generate_single_turn` keeps: up to the first eos."""
+    eos = trainer.eos_token_ids[0]
+    new_tokens = torch.tensor([[5, eos, 7, eos], [5, 6, 7, 8], [eos, 6, eos, 8]])
+    prompt = torch.tensor([[3, 4]] * 3)
+    monkeypatch.setattr(trainer.model, "generate", lambda input_ids, **kw: torch.cat([input_ids, new_tokens], 1))
+    trl_ids, _ = trainer._generate_single_turn(prompt.tolist(), None, {}, 1)
+    mask = completion_token_mask(new_tokens, torch.tensor(trainer.eos_token_ids))
+    assert [row[m].tolist() for row, m in zip(new_tokens, mask)] == trl_ids == [[5, eos], [5, 6, 7, 8], [eos]]
 
 
 def test_grpo_trainers_log_folds_its_buffered_metrics(trainer):

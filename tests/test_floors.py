@@ -1,4 +1,4 @@
-"""Every version floor pyproject.toml declares is true (issue 20): the floor tier, `python3 .ci/floor_tier.py` (TRL's
+"""Every version floor pyproject.toml declares is true: the floor tier, `python3 .ci/floor_tier.py` (TRL's
 `tests_min_versions`), installs every dependency of the dev install at its declared floor and runs the fast tier there,
 so CI runs each fast test twice: at today's versions and at the floors."""
 
@@ -62,7 +62,7 @@ def test_floor_pins_are_the_declared_floors():
         assert len(floors) == 1, f"{requirement} declares no floor"
         pin = pins[canonicalize_name(requirement.name)]
         assert pin == floors[0] and Version(pin) in requirement.specifier, (requirement, pin)
-    # The floors issue 20 found true (and the ones this tier raised), as the derivation reads them.
+    # The floors found true (and the ones this tier raised), as the derivation reads them.
     assert Version(pins["transformers"]) >= Version("5.23") and Version(pins["peft"]) >= Version("0.18")
     assert Version(pins["accelerate"]) >= Version("1.10.1") and Version(pins["datasets"]) >= Version("4.7")
     assert Version(pins["tokenizers"]) >= Version("0.23.1") and Version(pins["deepspeed"]) >= Version("0.18.6")

@@ -1,4 +1,4 @@
-"""No function or method body in the library (cegppo_trl/) is over 60 lines, docstring aside (issue 22). Nested
+"""No function or method body in the library (cegppo_trl/) is over 60 lines, docstring aside. Nested
 functions are checked on their own and also count toward the function that holds them."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_check, the GPU check as one command (issue 20): its refusal without a GPU, each part in process
+"""benchmarks/gpu_check, the GPU check as one command: its refusal without a GPU, each part in process
 (loss benchmark + EQ8, ERC, host-sync count), the plan of its recipe runs, the reward that splits groups, and
 `python benchmarks/gpu_check --smoke` end to end as a user runs it (every part on CPU, slow); bench_scaling.py's
 smallest setting."""

@@ -1,4 +1,4 @@
-"""CE-GPPO adds no device-to-host transfer per micro-batch, and at most one per optimizer step (project issue 21): on a
+"""CE-GPPO adds no device-to-host transfer per micro-batch, and at most one per optimizer step: on a
 GPU, `item()` / `tolist()` / `bool()` / `cpu()` / `float()` / `int()` of a tensor wait for every queued kernel. The
 one at a step's boundary is the step check (`divergence.StepGuard`), which also carries the entropy
 controller's measurement; CE-GPPO's metrics wait on the device until `log` moves them to the host in one transfer.

@@ -1,4 +1,4 @@
-"""Offline Hub kernels in `cegppo-train` (issue 20 "Offline GPU machines"): transformers 5.25 loads Hub kernels by
+"""Offline Hub kernels in `cegppo-train`: transformers 5.25 loads Hub kernels by
 default on CUDA, and offline, with the kernel not cached, `from_pretrained` dies inside `kernels` ~20 frames down;
 `cegppo-train` says it in one line with the fix (exit status 2). On CPU the stand-in for the kernel loader
 (conftest's `offline_kernel_loader`) raises the same error; each fix the message gives makes the same run train.

@@ -157,16 +157,17 @@ def test_the_config_is_on_the_ground_floor():
     assert _imported_package_modules("cegppo_trl.trl_mirror") == set()
 
 
-def test_the_trainer_keeps_one_interception_and_no_flag_resetting_try():
-    """What TRL passes only between its own methods lives in one `_Interception`, set and cleared by its `with`."""
+def test_the_trainer_keeps_one_record_per_trl_call_and_no_flag_resetting_try():
+    """What TRL passes only between its own methods lives in a `_Generation` and a `_LossCall`, each set and cleared
+    by a `with _While(...)` around the TRL call it records."""
     tree = ast.parse((PACKAGE / "trainer.py").read_text())
     trainer = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "CEGPPOTrainer")
     class_state = [t.target.id for t in trainer.body if isinstance(t, ast.AnnAssign)]
-    assert class_state == ["_interception"]
+    assert class_state == ["_generation", "_loss_call"]
     assert not [n for n in ast.walk(tree) if isinstance(n, ast.Try) and n.finalbody]
     written = {t.attr for n in ast.walk(trainer) if isinstance(n, ast.Assign) for t in n.targets
                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}  # fmt: skip
-    assert "_interception" not in written  # only `_Interception.__enter__` / `__exit__` set it
+    assert not {"_generation", "_loss_call"} & written  # only `_While.__enter__` / `__exit__` set them
 
 
 def test_lazy_public_names_are_library_names():

@@ -1,4 +1,4 @@
-"""A newcomer's first hour (issue 42): every command of the README's shell blocks names the one install it needs, that
+"""A newcomer's first hour: every command of the README's shell blocks names the one install it needs, that
 install is enough to run it, and with an extra missing the command refuses in one line within seconds.
 
 The fresh environment grows install by install, as the extras nest (base < `plot` < `real`), each installed as the

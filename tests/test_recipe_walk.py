@@ -1,4 +1,4 @@
-"""Every shipped recipe, walked (issue 15; docs/launch.md, "On a CPU", says what and how): each recipe under
+"""Every shipped recipe, walked (docs/launch.md, "On a CPU", says what and how): each recipe under
 `recipes/` but `tiny/` runs through `accelerate launch` on 2 gloo processes with `multi_gpu.yaml` and with every config
 its own header names (`single_gpu.yaml`: 1 process), with all of its own options on and only size and hardware
 swapped on the command line after `--config` (`SIZE_OVERRIDES`, `HARDWARE_OVERRIDES`).
@@ -140,7 +140,7 @@ def test_walk_covers_every_gpu_recipe():
         for config in [DDP_CONFIG, *own]:
             assert (CONFIGS_DIR / config).is_file(), f"{recipe_id(recipe)} names a missing accelerate config {config}"
             assert (recipe_id(recipe), config) in walked
-    # Issue 15: the CE-GPPO paper recipe (1.5B) also runs under its own ZeRO-2 config.
+    # The CE-GPPO paper recipe (1.5B) also runs under its own ZeRO-2 config.
     assert ("DeepSeek-R1-Distill-Qwen-1.5B/cegppo/config_paper.yaml", "zero2.yaml", 2) in WALK
     assert all(processes == 2 for recipe, config, processes in WALK if config != "single_gpu.yaml")
 

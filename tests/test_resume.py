@@ -1,4 +1,4 @@
-"""Resume, said plainly (issue 15).
+"""Resume, said plainly.
 
 TRL keeps the completions of a generation batch in memory only: a run resumed from a checkpoint taken in the middle of
 a generation batch generates a fresh batch where the uninterrupted run would have reused the buffered one, so from there

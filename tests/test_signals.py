@@ -1,4 +1,4 @@
-"""Clean stops on SIGINT (Ctrl-C) and SIGTERM (schedulers), issue 20 "Signals".
+"""Clean stops on SIGINT (Ctrl-C) and SIGTERM (schedulers).
 
 A signal during training stops `cegppo-train` at the end of the step (every process at the same step), never in the
 middle of a checkpoint write; it exits 130 (SIGINT) or 143 (SIGTERM) within seconds, names the last complete

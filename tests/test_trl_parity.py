@@ -23,7 +23,8 @@ from trl_batches import (
 
 from cegppo_trl import trl_mirror
 from cegppo_trl.config import SUPPORTED_LOSS_TYPES
-from cegppo_trl.core import ClipParams, ppo_clip_per_token_loss
+from cegppo_trl.core import ClipParams
+from cegppo_trl.trl_mirror import ppo_clip_per_token_loss
 
 
 VARIANTS = {**TRL_OPTIONS, "vllm_is": {}, "tool_mask": {}}

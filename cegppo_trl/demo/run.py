@@ -26,7 +26,7 @@ from . import lm
 #: `--quick`: every part and option on, at small sizes (the full sizes, and why: docs/entropy_results.md, section 4).
 QUICK = dict(toy_seeds=2, toy_steps=40, sft_steps=150, seeds=2, steps=16, prompts_per_step=8, num_generations=4,
              eval_size=64, eval_samples=1)  # fmt: skip
-#: `--long`: the sizes before issue 42 (about 2.5x the time: 7-12 min on 2 idle cores): 4 toy seeds of 150 steps, LM
+#: `--long`: the earlier, larger sizes (about 2.5x the time: 7-12 min on 2 idle cores): 4 toy seeds of 150 steps, LM
 #: runs of 48 steps of 16 prompts.
 LONG = dict(toy_seeds=4, toy_steps=150, steps=48, prompts_per_step=16)
 FIRST_ORDER_LRS = (1e-3, 1e-4)  # the single-token check at two step sizes: its error must shrink with the step

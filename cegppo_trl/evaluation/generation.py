@@ -14,17 +14,8 @@ import torch
 
 from ..model_source import ModelSource, explain_unreadable_weights
 from ..prompt_settings import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, DEFAULT_TOP_P
+from ..trl_mirror import completion_token_mask, prompt_token_ids  # re-exported: `cegppo_trl.evaluation` API
 from .settings import DEFAULT_BATCH_SIZE, EvalSettings
-
-
-def prompt_token_ids(tokenizer, prompt: Any) -> list[int]:
-    """Token ids of a prompt exactly as TRL's GRPOTrainer builds them: mirrors `GRPOTrainer._tokenize_prompts` of
-    TRL 1.16 for text-only prompts without tools (the chat template with the generation prompt for conversational
-    prompts, the tokenizer on the text otherwise); tests/test_evaluation.py compares the two."""
-    if isinstance(prompt, str):
-        return list(tokenizer(text=prompt)["input_ids"])
-    ids = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True, return_dict=True)
-    return list(ids["input_ids"])
 
 
 def _completion_entropy(logits: Sequence[torch.Tensor], new_tokens: torch.Tensor, eos_ids: torch.Tensor):
@@ -34,8 +25,7 @@ def _completion_entropy(logits: Sequence[torch.Tensor], new_tokens: torch.Tensor
     from trl.trainer.utils import entropy_from_logits
 
     entropy = entropy_from_logits(torch.stack(list(logits), dim=1).float())
-    is_eos = torch.isin(new_tokens, eos_ids)
-    in_completion = (is_eos.long().cumsum(1) - is_eos.long()) == 0  # up to the first eos
+    in_completion = completion_token_mask(new_tokens, eos_ids)
     return float(entropy[in_completion].sum()), int(in_completion.sum())
 
 
