@@ -67,11 +67,6 @@ class StepGuard:
     last_finite: tuple[int, float, float] | None = None  # (step, loss, grad norm) of the last finite step
     _loss: torch.Tensor | None = None
     _unscored: torch.Tensor | None = None
-    _carried: torch.Tensor | None = None
-
-    def carry(self, values: torch.Tensor) -> None:
-        """Values to move to the host with this step's check (the entropy controller's sums): `StepOutcome.extra`."""
-        self._carried = values
 
     def add_loss(self, loss: torch.Tensor) -> None:
         """One micro-batch's loss (the value TRL's loop sums into the logged loss)."""
@@ -98,8 +93,7 @@ class StepGuard:
     def end_step(self, step: int, grad_norm, device, extra: torch.Tensor | None = None) -> StepOutcome:
         """Check optimizer step `step` (1-based) on every process. Raises `NonFiniteStepError` to stop; returns
         whether to skip it. `grad_norm`: a tensor, a float (DeepSpeed) or None (not computed). `extra`: values to
-        move to the host with the check, default those `carry` was given this step."""
-        extra, self._carried = (self._carried if extra is None else extra), None
+        move to the host with the check (`StepOutcome.extra`), checked as the loss is."""
         loss = self._loss if self._loss is not None else torch.zeros((), device=device)
         unscored = self._unscored if self._unscored is not None else torch.zeros((), device=device)
         self._loss = self._unscored = None
@@ -291,7 +285,7 @@ class DivergenceGuardMixin:
         if max_skipped_steps < 0:
             raise ValueError(f"max_skipped_steps {max_skipped_steps}: it must be 0 (stop at once) or more.")
         self.step_guard = StepGuard(self.accelerator.gather, max_skipped_steps)
-        self._after_check = None
+        self._with_check = None  # (values, then) of `check_with_step` for the step in progress
 
     def skip_step(self, flags: torch.Tensor) -> None:
         """Skip the optimizer step in progress (counted in `SKIPPED_UNSCORED`) if any of `flags` (device tensor) is
@@ -301,8 +295,7 @@ class DivergenceGuardMixin:
     def check_with_step(self, values: torch.Tensor, then) -> None:
         """Check `values` (device tensor) with the step in progress (not finite: as a non-finite loss), and after the
         check, unless the step is skipped, call `then(list_of_floats)`: one host transfer with the step's own."""
-        self.step_guard.carry(values)
-        self._after_check = then
+        self._with_check = (values, then)
 
     def training_step(self, *args, **kwargs):
         loss = super().training_step(*args, **kwargs)
@@ -311,8 +304,8 @@ class DivergenceGuardMixin:
 
     def _get_grad_norm(self, model, grad_norm=None):
         grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
-        then, self._after_check = self._after_check, None
-        outcome = self.step_guard.end_step(self.state.global_step + 1, grad_norm, self.accelerator.device)
+        (values, then), self._with_check = self._with_check or (None, None), None
+        outcome = self.step_guard.end_step(self.state.global_step + 1, grad_norm, self.accelerator.device, values)
         if not self.is_deepspeed_enabled:  # the engine keeps its own optimizer and schedule
             if outcome.skip:
                 model.zero_grad(set_to_none=True)  # the optimizer passes over parameters without a gradient
