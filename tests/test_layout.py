@@ -3,6 +3,7 @@
 on top."""
 
 import ast
+import os
 from pathlib import Path
 
 import pytest
@@ -183,3 +184,14 @@ def test_builtin_data_folder_shadows_no_module():
         p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()
     }
     assert not {folder.name for folder in folders} & modules
+
+
+def test_the_writable_path_check_runs_once_per_path(tmp_path, monkeypatch):
+    """`cegppo-train` checks --output_dir before builtin:tiny writes, `CEGPPOTrainer` again: one probe file."""
+    from cegppo_trl import run_checks
+
+    probes = []
+    monkeypatch.setattr(run_checks.tempfile, "TemporaryFile", lambda dir: probes.append(dir) or open(os.devnull, "w"))
+    for _ in range(2):
+        run_checks.check_writable_path(tmp_path / "out", "--output_dir", folder=True)
+    assert probes == [str(tmp_path)]
