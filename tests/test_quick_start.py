@@ -8,19 +8,17 @@ import ast
 import dataclasses
 import json
 import re
-import subprocess
 import sys
 import warnings
 from pathlib import Path
 
 import pytest
 from doc_blocks import readme_quick_start
-from shared import parse_train_args
+from shared import ROOT, parse_train_args, run_checked
 
 from cegppo_trl import CEGPPOConfig, load_math_dataset
 
 
-ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "DeepSeek-R1-Distill-Qwen-1.5B" / "cegppo" / "config_paper.yaml"
 ALLOWED = {  # CEGPPOConfig field -> why the quick start differs from the recipe
     "output_dir": "where the run is saved",
@@ -139,7 +137,5 @@ def test_cegppo_eval_defaults_fit_the_readmes_models():
     ]
     assert lengths and DEFAULT_MAX_NEW_TOKENS == 32768 >= max(lengths)
     assert EvalSettings().resolve()[0].max_new_tokens == DEFAULT_MAX_NEW_TOKENS
-    help_text = subprocess.run(
-        [str(Path(sys.executable).parent / "cegppo-eval"), "--help"], capture_output=True, text=True, check=True
-    ).stdout
+    help_text = run_checked([Path(sys.executable).parent / "cegppo-eval", "--help"], ROOT).stdout
     assert "32768" in " ".join(help_text.split()) and "DeepSeek-R1-Distill" in " ".join(help_text.split())

@@ -4,7 +4,6 @@ fault also raised where a Python user of the library meets it (`CEGPPOConfig`, `
 spellings, the prompt words, rewards from the current directory, `--help`, and the message of a stopped run."""
 
 import os
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -12,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
-from shared import parse_train_args
+from shared import ROOT, parse_train_args, run_checked
 from trl_batches import build
 
 from cegppo_trl.data import DatasetFormatError, load_math_dataset, write_jsonl
@@ -20,7 +19,6 @@ from cegppo_trl.scripts.stopping import interrupted_message, last_complete_check
 from cegppo_trl.scripts.train import build_reward_funcs, main, make_parser
 
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY_RECIPE = ROOT / "recipes" / "tiny" / "cegppo" / "config_cpu.yaml"
 CEGPPO_TRAIN = str(Path(sys.executable).parent / "cegppo-train")
 
@@ -99,9 +97,7 @@ def test_the_console_command_answers_a_bad_data_set_in_one_line(tmp_path):
     """As a user meets it: the console script, status 2, one line on stderr (was a traceback and status 1)."""
     data = write_jsonl([{"question_text": "1+1?", "answer": "2"}], tmp_path / "data.jsonl")
     argv = [CEGPPO_TRAIN, "--config", str(TINY_RECIPE), "--dataset_name", data, "--output_dir", str(tmp_path / "o")]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
-    assert proc.returncode == 2, proc.stderr[-3000:]
+    proc = run_checked(argv, tmp_path, {**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=600, expect=2)
     assert proc.stderr.strip().splitlines() == [_error_line(proc.stderr)] and "no problem column found" in proc.stderr
 
 
@@ -133,13 +129,9 @@ def test_a_reward_that_returns_none_for_every_completion_stops_the_run(tmp_path,
     assert not (out / "model.safetensors").exists()  # not saved as a success
 
 
-def test_a_truncated_weights_file_is_named(tmp_path, tiny_checkpoint, capsys):
-    import shutil
-
+def test_a_truncated_weights_file_is_named(tmp_path, model_dir, capsys):
     from cegppo_trl.model_source import UnreadableWeightsError
 
-    model_dir = tmp_path / "model"
-    shutil.copytree(tiny_checkpoint, model_dir)
     weights = model_dir / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
     argv = ["--config", str(TINY_RECIPE), "--model_name_or_path", str(model_dir), "--output_dir", str(tmp_path / "o")]
