@@ -6,15 +6,12 @@ in KlearReasoner-MathSub-30K's layout."""
 
 import ast
 import dataclasses
-import json
 import re
-import sys
 import warnings
-from pathlib import Path
 
 import pytest
 from doc_blocks import readme_quick_start
-from shared import ROOT, parse_train_args, run_checked
+from shared import BIN, ROOT, parse_train_args, run_checked
 
 from cegppo_trl import CEGPPOConfig, load_math_dataset
 
@@ -79,6 +76,7 @@ def test_quick_start_config_is_the_paper_recipe(recipe):
 
 def test_quick_start_data_model_and_reward_are_the_recipes(recipe, tmp_path):
     from cegppo_trl import math_reward
+    from cegppo_trl.data import write_jsonl
     from cegppo_trl.scripts.train import build_reward_funcs
 
     script_args, _, model_args = recipe
@@ -95,8 +93,7 @@ def test_quick_start_data_model_and_reward_are_the_recipes(recipe, tmp_path):
          "reward_model": {"ground_truth": str(3 * a), "style": "rule"}, "__index_level_0__": a}
         for a in range(5)
     ]  # fmt: skip
-    stand_in = tmp_path / "train_math_30K.json"
-    stand_in.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    stand_in = write_jsonl(rows, tmp_path / "train_math_30K.json")
     ours = load_math_dataset(str(stand_in), **data_kwargs)
     theirs = load_math_dataset(
         str(stand_in),
@@ -137,5 +134,5 @@ def test_cegppo_eval_defaults_fit_the_readmes_models():
     ]
     assert lengths and DEFAULT_MAX_NEW_TOKENS == 32768 >= max(lengths)
     assert EvalSettings().resolve()[0].max_new_tokens == DEFAULT_MAX_NEW_TOKENS
-    help_text = run_checked([Path(sys.executable).parent / "cegppo-eval", "--help"], ROOT).stdout
+    help_text = run_checked([BIN / "cegppo-eval", "--help"], ROOT).stdout
     assert "32768" in " ".join(help_text.split()) and "DeepSeek-R1-Distill" in " ".join(help_text.split())

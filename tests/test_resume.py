@@ -15,11 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 from launching import controller_state, free_port, launcher, saved_weights, step_logs, subprocess_env
-from shared import ROOT, RUN_TIMEOUT_S, TINY_RECIPE, parse_train_args, recipe_id
+from shared import RECIPES, ROOT, RUN_TIMEOUT_S, TINY_RECIPE, parse_train_args, recipe_id
 
 
 SCRIPT = ROOT / "examples" / "train_cegppo.py"
-RECIPES = sorted((ROOT / "recipes").rglob("*.yaml"))
 
 
 def optimizer_steps_per_generation_batch(config) -> int:

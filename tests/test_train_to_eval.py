@@ -9,18 +9,16 @@ import os
 import shlex
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 from doc_blocks import code_blocks
-from shared import EVAL_SETTING_NAMES, ROOT, TINY_RECIPE, assert_saved_settings, run_checked, write_problems
+from shared import BIN, EVAL_SETTING_NAMES, ROOT, TINY_RECIPE, assert_saved_settings, run_checked, write_problems
 
 
 DOC = ROOT / "docs" / "evaluation.md"
-BIN = Path(sys.executable).parent
 STANDINS = Path(__file__).resolve().parent / "standins"
 RECIPE = yaml.safe_load((ROOT / TINY_RECIPE).read_text())
 # The five benchmarks: (Hub id, split, columns of one row) as docs/rewards_and_data.md describes them.
@@ -179,14 +177,14 @@ def build_hub_standins(cache: Path, sets: dict[str, tuple[str, list[dict]]]) -> 
     from datasets.naming import camelcase_to_snakecase
     from datasets.packaged_modules.json.json import Json
 
+    from cegppo_trl.data import write_jsonl
+
     for repo_id, (split, rows) in sets.items():
         namespace, name = repo_id.split("/")
         name = camelcase_to_snakecase(name)
-        source = cache / "_rows" / f"{name}.jsonl"
-        source.parent.mkdir(parents=True, exist_ok=True)
-        source.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        source = write_jsonl(rows, cache / "_rows" / f"{name}.jsonl")
         build = cache / "_build"
-        Json(cache_dir=str(build), dataset_name=name, config_name="default", data_files={split: str(source)},
+        Json(cache_dir=str(build), dataset_name=name, config_name="default", data_files={split: source},
              hash="standin").download_and_prepare()  # fmt: skip
         (built,) = (build / name).glob("*/*/standin")
         target = cache / f"{namespace}___{name}" / "default" / "0.0.0" / "standin"
