@@ -89,16 +89,6 @@ def arithmetic_dataset():
 
 
 @pytest.fixture
-def make_config():
-    return cpu_config
-
-
-@pytest.fixture
-def reward_fn():
-    return contains_answer_reward
-
-
-@pytest.fixture
 def tiny_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path):
     """`tiny_trainer(**config_overrides)`: `trl_batches.build` (a `CEGPPOTrainer` on `cpu_config`, the cheap reward) on
     this test's tiny model and tokenizer, the arithmetic set and tmp_path; `model=`, `output_dir=`, `cls=` (TRL's

@@ -7,10 +7,9 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared import cpu_config
+from shared import ROOT, cpu_config
 
 
-ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SKIP_RE = re.compile(r"<!--\s*doc-test:\s*skip\s*\((?P<reason>[^)]+)\)\s*-->")
 FENCE_RE = re.compile(r"^```(?P<lang>[\w-]*)\n(?P<body>.*?)^```", re.S | re.M)

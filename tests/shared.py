@@ -5,6 +5,7 @@ environment."""
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -69,8 +70,10 @@ PLACEHOLDER_MODELS = ("MODEL", "CHECKPOINT")  # placeholders the docs use in com
 
 
 ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent  # this environment's console scripts
 RUN_TIMEOUT_S = 900  # generous: the machine may be shared; a normal run takes well under a minute
 TINY_RECIPE = "recipes/tiny/cegppo/config_cpu.yaml"
+RECIPES = sorted((ROOT / "recipes").rglob("*.yaml"))
 # The quick demo as the docs' `cegppo-demo` runs in the tests: `--quick` with 4 RL steps, and 2 samples per held-out
 # problem as the full demo (so the README's `cegppo-eval ... --k 2` command applies to it as written).
 QUICK_DEMO_ARGS = ("--quick", "--steps", "4", "--eval-samples", "2", "--no-progress")
@@ -115,6 +118,13 @@ def wheel_env(venv: Path) -> dict:
 
 
 EVAL_SETTING_NAMES = ["instruction", "system_prompt", "temperature", "top_p", "top_k", "max_new_tokens"]
+
+
+def train_error(err: str) -> str:
+    """The one line `cegppo-train` printed: the last one, the only one of ours, no traceback."""
+    ours = [line for line in err.strip().splitlines() if line.startswith("cegppo-train: ")]
+    assert len(ours) == 1 and err.strip().splitlines()[-1] == ours[0] and "Traceback" not in err, err[-3000:]
+    return ours[0]
 
 
 def eval_error(argv, capsys) -> str:

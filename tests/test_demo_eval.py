@@ -8,11 +8,9 @@ problem as the full demo evaluates), made by the installed wheel's `cegppo-demo`
 import json
 import os
 import shlex
-import subprocess
-import sys
 
 import pytest
-from shared import EVAL_SETTING_NAMES, assert_saved_settings
+from shared import BIN, EVAL_SETTING_NAMES, assert_saved_settings, run_checked
 
 from cegppo_trl import prompt_settings
 from cegppo_trl.demo import lm as demo
@@ -66,11 +64,8 @@ def test_cegppo_eval_reproduces_the_demo_figures(demo_run, tmp_path, capsys):
         report_path = tmp_path / f"{name}.json"
         argv = [*words[1:], "--output", str(report_path), "--no-progress"]
         if name == "cegppo":
-            script = os.path.join(os.path.dirname(sys.executable), "cegppo-eval")
             env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-            done = subprocess.run([script, *argv], env=env, capture_output=True, text=True, timeout=600)
-            assert done.returncode == 0, done.stderr
-            err = done.stderr
+            err = run_checked([BIN / "cegppo-eval", *argv], None, env, timeout=600).stderr
         else:
             assert eval_main(argv) == 0
             err = capsys.readouterr().err

@@ -5,18 +5,16 @@ status 2."""
 import copy
 import dataclasses
 import json
-import sys
 from pathlib import Path
 
 import pytest
-from shared import eval_error, run_checked, write_problems
+from shared import BIN, eval_error, run_checked, write_problems
 
 from cegppo_trl.evaluation import EvalSettings, generation
 from cegppo_trl.evaluation.settings import EvalArguments
 from cegppo_trl.scripts.eval import main, parse_arguments
 
 
-BIN = Path(sys.executable).parent
 # A value of each flag `cegppo-eval` shares with `cegppo-train`, valid in both (`cegppo-train`'s name: value).
 SHARED = {
     "model_name_or_path": "org/model",

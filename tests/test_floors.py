@@ -3,7 +3,6 @@
 so CI runs each fast test twice: at today's versions and at the floors."""
 
 import shlex
-import subprocess
 import sys
 import tomllib
 from importlib.metadata import PackageNotFoundError, version
@@ -14,22 +13,20 @@ from launching import MAX_STEPS, assert_trained_full_model, check_logs
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
-from shared import ROOT, TINY_RECIPE, load_script
+from shared import ROOT, TINY_RECIPE, load_script, run_checked
 
 
 FLOOR_TIER = ROOT / ".ci" / "floor_tier.py"
 README_FLOOR_COMMAND = "python3 .ci/floor_tier.py"
 
 
-def _floor_tier(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(FLOOR_TIER), *args], capture_output=True, text=True, timeout=120)
+def _floor_tier(*args: str, expect: int = 0):
+    return run_checked([sys.executable, FLOOR_TIER, *args], ROOT, timeout=120, expect=expect)
 
 
 def _floor_pins() -> dict[str, str]:
     """What `--print` gives: the constraints the tier installs."""
-    proc = _floor_tier("--print")
-    assert proc.returncode == 0, proc.stderr
-    return dict(line.split("==") for line in proc.stdout.splitlines())
+    return dict(line.split("==") for line in _floor_tier("--print").stdout.splitlines())
 
 
 def _declared_requirements() -> tuple[list[Requirement], set[str]]:
@@ -87,8 +84,7 @@ def test_floor_check_names_every_version_off_its_floor():
             found = None
         if found != Version(floor):
             off.append(name)
-    proc = _floor_tier("--check")
-    assert proc.returncode == (1 if off else 0), proc.stdout + proc.stderr
+    proc = _floor_tier("--check", expect=1 if off else 0)
     named = {entry.split("==")[0] for entry in proc.stdout.removeprefix("floor check: ").strip().split("; ")}
     if off:
         assert named == set(off), proc.stdout

@@ -6,16 +6,16 @@ smallest setting."""
 import math
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from shared import ROOT, run_checked
 
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_scaling  # noqa: E402
 import gpu_check  # noqa: E402
@@ -24,7 +24,6 @@ import split_reward  # noqa: E402
 from gpu_check import recipes as gpu_check_recipes  # noqa: E402
 
 
-ROOT = Path(__file__).resolve().parents[1]
 SMOKE_TIMEOUT_S = 3600  # generous: 2 shared CPU cores; 109 s at a load average of ~3, 214-292 s at 7-10
 
 
@@ -32,15 +31,7 @@ SMOKE_TIMEOUT_S = 3600  # generous: 2 shared CPU cores; 109 s at a load average 
 def test_gpu_check_refusal_as_a_command(flags):
     """`python benchmarks/gpu_check` without a GPU: exit 2 and one line that says why and names `--smoke`."""
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")  # torch.cuda.is_available() is False on any machine
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/gpu_check", *flags],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 2, proc
+    proc = run_checked([sys.executable, "benchmarks/gpu_check", *flags], ROOT, env, timeout=300, expect=2)
     assert proc.stderr.startswith("gpu_check: REFUSED: no CUDA GPU") and proc.stderr.count("\n") == 1, proc.stderr
     assert "--smoke" in proc.stderr and not proc.stdout
 
@@ -212,15 +203,8 @@ def test_bench_scaling_smallest_setting(capsys):
 def test_gpu_check_smoke_as_one_command_prints_every_part(tmp_path):
     """`python benchmarks/gpu_check --smoke`: every part on CPU, each with its line and sane values."""
     start = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/gpu_check", "--smoke", "--workdir", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=SMOKE_TIMEOUT_S,
-    )
-    out = proc.stdout
-    assert proc.returncode == 0, f"{out[-6000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"
+    argv = [sys.executable, "benchmarks/gpu_check", "--smoke", "--workdir", tmp_path]
+    out = run_checked(argv, ROOT, timeout=SMOKE_TIMEOUT_S).stdout
     check_loss_lines(out)
     check_erc_lines(out)
     check_sync_line(out)

@@ -4,16 +4,13 @@ config. Runs are 4 optimizer steps of 8 completions per process; nothing is down
 DeepSpeed run compiles a small communication op with g++/ninja (about 25 s, cached afterwards).
 """
 
-from pathlib import Path
-
 import pytest
 from launching import assert_trained_full_model, check_logs, launcher, run_launched
-from shared import assert_trained_lora_adapter
+from shared import ROOT, assert_trained_lora_adapter
 
 
 pytestmark = pytest.mark.slow  # trains, on one and on two processes
 
-ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "train_cegppo.py"
 RECIPE = ROOT / "recipes" / "tiny" / "cegppo" / "config_cpu.yaml"
 TIMEOUT_S = 900  # generous: the machine is shared; a normal run takes well under a minute

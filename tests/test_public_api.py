@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 from doc_blocks import DOCS
+from shared import ROOT, run_checked
 
 import cegppo_trl
 
 
-ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "cegppo_trl"
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 # `from cegppo_trl import a, b` in prose or code, over line breaks and inside parentheses.
@@ -163,8 +163,7 @@ def test_extras_are_imported_only_lazily():
         "assert not loaded, loaded\n"
         "print(len(" + repr(modules) + "))\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    proc = run_checked([sys.executable, "-c", code], ROOT, timeout=600)
     assert int(proc.stdout.split()[-1]) == len(modules) > 10
 
 

@@ -6,21 +6,16 @@ in KlearReasoner-MathSub-30K's layout."""
 
 import ast
 import dataclasses
-import json
 import re
-import subprocess
-import sys
 import warnings
-from pathlib import Path
 
 import pytest
 from doc_blocks import readme_quick_start
-from shared import parse_train_args
+from shared import BIN, ROOT, parse_train_args, run_checked
 
 from cegppo_trl import CEGPPOConfig, load_math_dataset
 
 
-ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "DeepSeek-R1-Distill-Qwen-1.5B" / "cegppo" / "config_paper.yaml"
 ALLOWED = {  # CEGPPOConfig field -> why the quick start differs from the recipe
     "output_dir": "where the run is saved",
@@ -81,6 +76,7 @@ def test_quick_start_config_is_the_paper_recipe(recipe):
 
 def test_quick_start_data_model_and_reward_are_the_recipes(recipe, tmp_path):
     from cegppo_trl import math_reward
+    from cegppo_trl.data import write_jsonl
     from cegppo_trl.scripts.train import build_reward_funcs
 
     script_args, _, model_args = recipe
@@ -97,8 +93,7 @@ def test_quick_start_data_model_and_reward_are_the_recipes(recipe, tmp_path):
          "reward_model": {"ground_truth": str(3 * a), "style": "rule"}, "__index_level_0__": a}
         for a in range(5)
     ]  # fmt: skip
-    stand_in = tmp_path / "train_math_30K.json"
-    stand_in.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    stand_in = write_jsonl(rows, tmp_path / "train_math_30K.json")
     ours = load_math_dataset(str(stand_in), **data_kwargs)
     theirs = load_math_dataset(
         str(stand_in),
@@ -139,7 +134,5 @@ def test_cegppo_eval_defaults_fit_the_readmes_models():
     ]
     assert lengths and DEFAULT_MAX_NEW_TOKENS == 32768 >= max(lengths)
     assert EvalSettings().resolve()[0].max_new_tokens == DEFAULT_MAX_NEW_TOKENS
-    help_text = subprocess.run(
-        [str(Path(sys.executable).parent / "cegppo-eval"), "--help"], capture_output=True, text=True, check=True
-    ).stdout
+    help_text = run_checked([BIN / "cegppo-eval", "--help"], ROOT).stdout
     assert "32768" in " ".join(help_text.split()) and "DeepSeek-R1-Distill" in " ".join(help_text.split())

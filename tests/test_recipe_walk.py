@@ -24,11 +24,10 @@ import torch
 import yaml
 from doc_blocks import DOCS, code_blocks
 from launching import assert_trained_full_model, launcher, logged_steps, run_launched
-from shared import assert_trained_lora_adapter, parse_train_args, recipe_id
+from shared import ROOT, assert_trained_lora_adapter, parse_train_args, recipe_id
 from test_launch import ADDED as LAUNCHED_CONFIGS
 
 
-ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "train_cegppo.py"
 RECIPES_DIR = ROOT / "recipes"
 CONFIGS_DIR = ROOT / "accelerate_configs"

@@ -7,14 +7,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from shared import parse_train_args, recipe_id
+from shared import RECIPES, ROOT, parse_train_args, recipe_id
 
 from cegppo_trl import CEGPPOConfig
 from cegppo_trl.scripts.train import CEGPPOScriptArguments, build_reward_funcs
 
 
-ROOT = Path(__file__).resolve().parents[1]
-RECIPES = sorted((ROOT / "recipes").rglob("*.yaml"))
 ACCELERATE_CONFIGS = sorted((ROOT / "accelerate_configs").glob("*.yaml"))
 
 DATASET = "Kwai-Klear/KlearReasoner-MathSub-30K"

@@ -14,13 +14,11 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from launching import controller_state, free_port, launcher, saved_weights, step_logs, subprocess_env
-from shared import ROOT, RUN_TIMEOUT_S, TINY_RECIPE, recipe_id
+from shared import RECIPES, ROOT, RUN_TIMEOUT_S, TINY_RECIPE, parse_train_args, recipe_id
 
 
 SCRIPT = ROOT / "examples" / "train_cegppo.py"
-RECIPES = sorted((ROOT / "recipes").rglob("*.yaml"))
 
 
 def optimizer_steps_per_generation_batch(config) -> int:
@@ -32,12 +30,7 @@ def optimizer_steps_per_generation_batch(config) -> int:
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=recipe_id)
 def test_recipe_checkpoints_fall_on_generation_batch_boundaries(recipe):
-    from cegppo_trl.scripts.train import make_parser
-
-    argv = ["--config", str(recipe)]
-    if yaml.safe_load(recipe.read_text()).get("bf16"):
-        argv += ["--use_cpu", "true"]  # bf16 needs it on a machine without a GPU (tests/test_recipes.py)
-    _, config, _ = make_parser().parse_args_and_config(args=argv)
+    _, config, _ = parse_train_args("--config", recipe)  # with --use_cpu true: a recipe's bf16 parses without a GPU
     per_batch = optimizer_steps_per_generation_batch(config)
     strategy = config.save_strategy.value
     assert strategy in ("no", "steps"), (

@@ -24,16 +24,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-from launching import free_port, subprocess_env
-from shared import assert_trls_vllm_serve_settings
+from launching import free_port, logged_steps, subprocess_env
+from shared import ROOT, TINY_RECIPE, assert_trls_vllm_serve_settings, run_checked
+from signal_runs import complete_checkpoints
 
 
-ROOT = Path(__file__).resolve().parents[1]
 TRAIN_SLURM = ROOT / "slurm" / "train.slurm"
 EVALUATE_SLURM = ROOT / "slurm" / "evaluate.slurm"
 STANDINS = ROOT / "tests" / "standins"
 PAPER_RECIPE = "recipes/DeepSeek-R1-Distill-Qwen-1.5B/cegppo/config_paper.yaml"
-TINY_RECIPE = "recipes/tiny/cegppo/config_cpu.yaml"
 TIMEOUT_S = 900  # generous: the machine is shared; the slow runs take about a minute each on an idle 2-core machine
 
 
@@ -69,15 +68,15 @@ def machine_ranks(log: Path) -> list[int]:
     return [int(option(e["argv"], "--machine_rank")) for e in launches]
 
 
-def run_batch(script: Path, args: list[str], env: dict, cwd: Path, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(script), *args], env=env, cwd=cwd, capture_output=True, text=True, **kwargs)
+def run_batch(script: Path, args: list[str], env: dict, cwd: Path, timeout: float, expect=0):
+    """`bash script args`; it must exit `expect`."""
+    return run_checked(["bash", script, *args], cwd, env, timeout, expect)
 
 
 def recorded_batch(script: Path, args: list[str], nodes: str, tmp_path: Path) -> Path:
     """Run `script` with the recorders for `accelerate` and `vllm`; it must exit 0. Returns the stand-ins' log."""
     log = tmp_path / "slurm.jsonl"
-    proc = run_batch(script, args, slurm_env(log, nodes, recorders=True), tmp_path, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_batch(script, args, slurm_env(log, nodes, recorders=True), tmp_path, timeout=300)
     return log
 
 
@@ -131,10 +130,10 @@ def test_the_rank_check_catches_a_double_quoted_slurm_nodeid(tmp_path):
 def test_unknown_or_missing_options_stop_before_any_step(tmp_path):
     log = tmp_path / "slurm.jsonl"
     env = slurm_env(log, "node[1-2]", recorders=True)
-    proc = run_batch(TRAIN_SLURM, ["--accelerate-config", "zero3"], env, tmp_path, timeout=60)
-    assert proc.returncode == 2 and "--recipe is required" in proc.stderr
-    proc = run_batch(TRAIN_SLURM, ["--recipe", TINY_RECIPE, "--vllm"], env, tmp_path, timeout=60)
-    assert proc.returncode == 2 and "unknown option --vllm" in proc.stderr
+    proc = run_batch(TRAIN_SLURM, ["--accelerate-config", "zero3"], env, tmp_path, timeout=60, expect=2)
+    assert "--recipe is required" in proc.stderr
+    proc = run_batch(TRAIN_SLURM, ["--recipe", TINY_RECIPE, "--vllm"], env, tmp_path, timeout=60, expect=2)
+    assert "unknown option --vllm" in proc.stderr
     assert not log.exists(), "a step was started"
 
 
@@ -151,10 +150,6 @@ def _kill_steps(log: Path, signum: int) -> None:
                 pass
 
 
-def _complete_checkpoints(out: Path) -> list[int]:
-    return sorted(int(p.parent.name.split("-")[1]) for p in out.glob("checkpoint-*/trainer_state.json"))
-
-
 @pytest.mark.slow
 def test_two_nodes_train_stop_on_sigterm_and_resume(tmp_path):
     out = tmp_path / "run"
@@ -167,9 +162,9 @@ def test_two_nodes_train_stop_on_sigterm_and_resume(tmp_path):
                              start_new_session=True)  # fmt: skip
     try:
         deadline = time.monotonic() + TIMEOUT_S
-        while not _complete_checkpoints(out) and batch.poll() is None and time.monotonic() < deadline:
+        while not complete_checkpoints(out) and batch.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert _complete_checkpoints(out), "no checkpoint was written before the run ended or timed out"
+        assert complete_checkpoints(out), "no checkpoint was written before the run ended or timed out"
         _kill_steps(first_log, signal.SIGTERM)
         output, _ = batch.communicate(timeout=300)
     finally:
@@ -181,18 +176,15 @@ def test_two_nodes_train_stop_on_sigterm_and_resume(tmp_path):
     # Each node stops as SIGTERM says (the first to exit makes srun --kill-on-bad-exit=1 send SIGTERM to the other
     # again, which also ends in 143).
     assert [e["statuses"] for e in events(first_log, "exit")] == [[143, 143]], output[-6000:]
-    stopped_at = max(_complete_checkpoints(out))
+    stopped_at = max(complete_checkpoints(out))
     assert stopped_at < MAX_STEPS and not (out / "model.safetensors").exists(), output[-3000:]
     # One builder of builtin:tiny for the two nodes: a complete build, no folder of a second one left over.
     assert (out / "tiny-init" / "tiny_build.json").is_file() and not list(out.glob(".tiny-init.*"))
 
     second_log = tmp_path / "second.jsonl"
     proc = run_batch(TRAIN_SLURM, args, slurm_env(second_log, "127.0.0.[1-2]"), tmp_path, timeout=TIMEOUT_S)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
     assert f"Resuming from {out / f'checkpoint-{stopped_at}'}" in proc.stdout + proc.stderr
-    state = json.loads((out / "trainer_state.json").read_text())
-    steps = [e for e in state["log_history"] if "loss" in e]
-    assert state["global_step"] == MAX_STEPS and [e["step"] for e in steps] == list(range(1, MAX_STEPS + 1))
+    steps = logged_steps(out, MAX_STEPS)
     # Both nodes trained: each of the 2 processes took its own 2 prompts per step from the 256 rows.
     assert steps[-1]["epoch"] == pytest.approx(MAX_STEPS * 2 * 2 / 256)
     assert (out / "model.safetensors").is_file()
@@ -202,7 +194,6 @@ def test_two_nodes_train_stop_on_sigterm_and_resume(tmp_path):
     report = tmp_path / "eval.json"
     eval_args = [str(out), "--datasets", "builtin:arithmetic_eval", "--max-problems", "2", "--k", "1",
                  "--max-new-tokens", "8", "--output", str(report)]  # fmt: skip
-    proc = run_batch(EVALUATE_SLURM, eval_args, slurm_env(eval_log, "127.0.0.1"), tmp_path, timeout=TIMEOUT_S)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_batch(EVALUATE_SLURM, eval_args, slurm_env(eval_log, "127.0.0.1"), tmp_path, timeout=TIMEOUT_S)
     assert "avg@1" in json.dumps(json.loads(report.read_text()))
     assert [s["kill_on_bad_exit"] for s in events(eval_log, "step")] == [True]

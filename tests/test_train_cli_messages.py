@@ -4,7 +4,6 @@ fault also raised where a Python user of the library meets it (`CEGPPOConfig`, `
 spellings, the prompt words, rewards from the current directory, `--help`, and the message of a stopped run."""
 
 import os
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -12,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
-from shared import parse_train_args
+from shared import BIN, ROOT, parse_train_args, run_checked, train_error
 from trl_batches import build
 
 from cegppo_trl.data import DatasetFormatError, load_math_dataset, write_jsonl
@@ -20,16 +19,8 @@ from cegppo_trl.scripts.stopping import interrupted_message, last_complete_check
 from cegppo_trl.scripts.train import build_reward_funcs, main, make_parser
 
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY_RECIPE = ROOT / "recipes" / "tiny" / "cegppo" / "config_cpu.yaml"
-CEGPPO_TRAIN = str(Path(sys.executable).parent / "cegppo-train")
-
-
-def _error_line(err: str) -> str:
-    """The one line `cegppo-train` printed: the last one, the only one of ours, no traceback."""
-    ours = [line for line in err.strip().splitlines() if line.startswith("cegppo-train: ")]
-    assert len(ours) == 1 and err.strip().splitlines()[-1] == ours[0] and "Traceback" not in err, err[-3000:]
-    return ours[0]
+CEGPPO_TRAIN = str(BIN / "cegppo-train")
 
 
 # (flags, words of the one line); parsed before anything is built.
@@ -57,7 +48,7 @@ def test_a_bad_argument_is_one_line_and_exit_2_before_anything_is_built(fault, t
     flags, words = PARSE_FAULTS[fault]
     assert main(["--config", str(TINY_RECIPE), "--output_dir", str(tmp_path / "out"), *flags]) == 2
     err = capsys.readouterr().err
-    assert words in _error_line(err) and len(err.strip().splitlines()) == 1, err
+    assert words in train_error(err) and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "out").exists()
 
 
@@ -65,11 +56,11 @@ def test_trlparser_answers_an_unknown_recipe_key_and_a_wrong_type_and_a_missing_
     recipe = yaml.safe_load(TINY_RECIPE.read_text())
     (tmp_path / "key.yaml").write_text(yaml.safe_dump({**recipe, "learnin_rate": 0.1}))
     assert main(["--config", str(tmp_path / "key.yaml")]) == 2
-    assert "Unknown arguments from config file: ['--learnin_rate', '0.1']" in _error_line(capsys.readouterr().err)
+    assert "Unknown arguments from config file: ['--learnin_rate', '0.1']" in train_error(capsys.readouterr().err)
     assert main(["--config", "recipes/tiny/cegppo/config_cpu.yml"]) == 2  # the shipped recipes listed after it
     assert "'recipes/tiny/cegppo/config_cpu.yml' is neither a file nor a shipped recipe" in capsys.readouterr().err
     assert main(["--max_steps", "2", "--config"]) == 2
-    assert "--config needs the path of a YAML recipe" in _error_line(capsys.readouterr().err)
+    assert "--config needs the path of a YAML recipe" in train_error(capsys.readouterr().err)
     (tmp_path / "type.yaml").write_text(yaml.safe_dump({**recipe, "learning_rate": "abc"}))
     with pytest.raises(SystemExit) as exit_info:  # argparse: its usage line (short) and the error, status 2
         main(["--config", str(tmp_path / "type.yaml")])
@@ -90,7 +81,7 @@ def test_a_bad_data_set_is_one_line_and_exit_2(fault, tmp_path, capsys):
     rows, words = DATA_FAULTS[fault]
     data = write_jsonl(rows, tmp_path / "data.jsonl")
     assert main(["--config", str(TINY_RECIPE), "--dataset_name", data, "--output_dir", str(tmp_path / "o")]) == 2
-    assert words in _error_line(capsys.readouterr().err)
+    assert words in train_error(capsys.readouterr().err)
     with pytest.raises(DatasetFormatError, match=words.replace("[", r"\[")):  # the Python user's error
         load_math_dataset(data)
 
@@ -99,10 +90,8 @@ def test_the_console_command_answers_a_bad_data_set_in_one_line(tmp_path):
     """As a user meets it: the console script, status 2, one line on stderr (was a traceback and status 1)."""
     data = write_jsonl([{"question_text": "1+1?", "answer": "2"}], tmp_path / "data.jsonl")
     argv = [CEGPPO_TRAIN, "--config", str(TINY_RECIPE), "--dataset_name", data, "--output_dir", str(tmp_path / "o")]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    assert proc.stderr.strip().splitlines() == [_error_line(proc.stderr)] and "no problem column found" in proc.stderr
+    proc = run_checked(argv, tmp_path, {**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=600, expect=2)
+    assert proc.stderr.strip().splitlines() == [train_error(proc.stderr)] and "no problem column found" in proc.stderr
 
 
 def test_a_data_set_smaller_than_a_generation_batch_is_refused(
@@ -111,7 +100,7 @@ def test_a_data_set_smaller_than_a_generation_batch_is_refused(
     """It trained 0 steps, exited 0 and saved the untrained model. The tiny recipe's generation batch: 8 prompts."""
     argv = ["--config", str(TINY_RECIPE), "--model_name_or_path", str(tiny_checkpoint), "--max_train_samples", "7"]
     assert main([*argv, "--output_dir", str(tmp_path / "o")]) == 2
-    assert "has 7 prompts, fewer than the 8 of one generation batch" in _error_line(capsys.readouterr().err)
+    assert "has 7 prompts, fewer than the 8 of one generation batch" in train_error(capsys.readouterr().err)
     assert not (tmp_path / "o" / "model.safetensors").exists()
     data = load_math_dataset("builtin:arithmetic").select(range(1))
     with pytest.raises(ValueError, match="has 1 prompts, fewer than the 8 of one generation batch"):
@@ -127,24 +116,20 @@ def test_a_reward_that_returns_none_for_every_completion_stops_the_run(tmp_path,
     out = tmp_path / "out"
     argv = ["--config", str(TINY_RECIPE), "--model_name_or_path", str(tiny_checkpoint), "--output_dir", str(out)]
     assert main([*argv, "--reward_funcs", "none_reward.nothing"]) == 3  # the stops' distinct status
-    line = _error_line(capsys.readouterr().err)
+    line = train_error(capsys.readouterr().err)
     assert "every reward function (nothing) returned None for all 32 completions of a batch" in line
     assert "no finite checkpoint was saved" in line  # the recipe saves none
     assert not (out / "model.safetensors").exists()  # not saved as a success
 
 
-def test_a_truncated_weights_file_is_named(tmp_path, tiny_checkpoint, capsys):
-    import shutil
-
+def test_a_truncated_weights_file_is_named(tmp_path, model_dir, capsys):
     from cegppo_trl.model_source import UnreadableWeightsError
 
-    model_dir = tmp_path / "model"
-    shutil.copytree(tiny_checkpoint, model_dir)
     weights = model_dir / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
     argv = ["--config", str(TINY_RECIPE), "--model_name_or_path", str(model_dir), "--output_dir", str(tmp_path / "o")]
     assert main(argv) == 2
-    assert f"cannot read the weights in {weights}" in _error_line(capsys.readouterr().err)
+    assert f"cannot read the weights in {weights}" in train_error(capsys.readouterr().err)
     with pytest.raises(UnreadableWeightsError, match="truncated or damaged"):  # the Python user's error
         build(str(model_dir), None, load_math_dataset("builtin:arithmetic"), tmp_path / "p")
 

@@ -9,21 +9,18 @@ import os
 import shlex
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 from doc_blocks import code_blocks
-from shared import EVAL_SETTING_NAMES, assert_saved_settings, run_checked, write_problems
+from shared import BIN, EVAL_SETTING_NAMES, ROOT, TINY_RECIPE, assert_saved_settings, run_checked, write_problems
 
 
-ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "evaluation.md"
-BIN = Path(sys.executable).parent
 STANDINS = Path(__file__).resolve().parent / "standins"
-RECIPE = yaml.safe_load((ROOT / "recipes" / "tiny" / "cegppo" / "config_cpu.yaml").read_text())
+RECIPE = yaml.safe_load((ROOT / TINY_RECIPE).read_text())
 # The five benchmarks: (Hub id, split, columns of one row) as docs/rewards_and_data.md describes them.
 PAPER_SETS = {
     "HuggingFaceH4/aime_2024": ("train", lambda q, a: {"problem": q, "answer": a, "solution": f"so \\boxed{{{a}}}"}),
@@ -180,14 +177,14 @@ def build_hub_standins(cache: Path, sets: dict[str, tuple[str, list[dict]]]) -> 
     from datasets.naming import camelcase_to_snakecase
     from datasets.packaged_modules.json.json import Json
 
+    from cegppo_trl.data import write_jsonl
+
     for repo_id, (split, rows) in sets.items():
         namespace, name = repo_id.split("/")
         name = camelcase_to_snakecase(name)
-        source = cache / "_rows" / f"{name}.jsonl"
-        source.parent.mkdir(parents=True, exist_ok=True)
-        source.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        source = write_jsonl(rows, cache / "_rows" / f"{name}.jsonl")
         build = cache / "_build"
-        Json(cache_dir=str(build), dataset_name=name, config_name="default", data_files={split: str(source)},
+        Json(cache_dir=str(build), dataset_name=name, config_name="default", data_files={split: source},
              hash="standin").download_and_prepare()  # fmt: skip
         (built,) = (build / name).glob("*/*/standin")
         target = cache / f"{namespace}___{name}" / "default" / "0.0.0" / "standin"
@@ -281,13 +278,12 @@ def test_checkpoints_get_the_prompt_and_sampling_too(tiny_checkpoint, tmp_path):
     """`cegppo-train`'s callback writes them into each checkpoint-N it saves (only where the trainer saves)."""
     import shutil
 
+    from shared import parse_train_args
     from transformers import TrainerControl, TrainerState
 
-    from cegppo_trl.scripts.train import make_parser, prompt_and_sampling_callback
+    from cegppo_trl.scripts.train import prompt_and_sampling_callback
 
-    script_args, training_args, _ = make_parser().parse_args_and_config(
-        args=["--config", str(ROOT / "recipes" / "tiny" / "cegppo" / "config_cpu.yaml"), "--output_dir", str(tmp_path)]
-    )
+    script_args, training_args, _ = parse_train_args("--config", ROOT / TINY_RECIPE, "--output_dir", tmp_path)
     shutil.copytree(tiny_checkpoint, tmp_path / "checkpoint-2")
     prompt_and_sampling_callback(script_args).on_save(training_args, TrainerState(global_step=2), TrainerControl())
     assert_saved_settings(tmp_path / "checkpoint-2", RECIPE["instruction"], 1.0, RECIPE["max_completion_length"])

@@ -5,6 +5,7 @@ import warnings
 
 import pytest
 import torch
+from shared import cpu_config
 from trl import GRPOConfig
 from trl_batches import build_trainer, current_logps, history, loss_ready
 
@@ -131,20 +132,20 @@ DYNAMIC_SAMPLING = {"cegppo_exclude_zero_advantage_groups": True}
         ),
     ],
 )
-def test_bad_config_fails_with_field_name(overrides, field, make_config, tmp_path):
+def test_bad_config_fails_with_field_name(overrides, field, tmp_path):
     with pytest.raises(ValueError, match=field):
-        make_config(CEGPPOConfig, tmp_path, **overrides)
+        cpu_config(CEGPPOConfig, tmp_path, **overrides)
     if overrides.get("cegppo_exclude_zero_advantage_groups"):  # fine without dynamic sampling
-        make_config(CEGPPOConfig, tmp_path, **dict(overrides, cegppo_exclude_zero_advantage_groups=False))
+        cpu_config(CEGPPOConfig, tmp_path, **dict(overrides, cegppo_exclude_zero_advantage_groups=False))
 
 
 def test_bad_values_set_after_construction_fail_at_trainer_init(
-    tiny_model, tiny_tokenizer, arithmetic_dataset, reward_fn, make_config, tmp_path
+    tiny_model, tiny_tokenizer, arithmetic_dataset, tmp_path
 ):
-    config = make_config(CEGPPOConfig, tmp_path)
+    config = cpu_config(CEGPPOConfig, tmp_path)
     config.cegppo_beta1 = float("nan")
     with pytest.raises(ValueError, match="cegppo_beta1"):
-        build_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, config, reward_funcs=reward_fn)
+        build_trainer(tiny_model, tiny_tokenizer, arithmetic_dataset, config)  # build_trainer's default reward
 
 
 def test_paper_defaults():

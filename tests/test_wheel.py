@@ -8,16 +8,13 @@ conftest.py, shared with the other slow tests. `cegppo_trl.__file__` proves the 
 
 import json
 import zipfile
-from pathlib import Path
 
 import pytest
 from doc_blocks import FAST_CONFIG, readme_quick_start, swap_ids
-from shared import run_checked, wheel_env
+from shared import ROOT, run_checked, wheel_env
 
 
 pytestmark = pytest.mark.slow  # builds and installs the wheel
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_wheel_and_sdist_contents(wheel_dist):
