@@ -7,11 +7,11 @@ Only sizes are shrunk: 8 problems of `builtin:arithmetic_eval`. The greedy run i
 """
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 from real_runs import real_model_env, run_command
-from shared import BIN
 
 
 pytestmark = pytest.mark.real_model
@@ -22,7 +22,7 @@ MAX_NEW_TOKENS = 48  # the trained model's max_completion_length, from its gener
 
 
 def _evaluate(model: Path, report: Path, *flags: str) -> dict:
-    cegppo_eval = BIN / "cegppo-eval"
+    cegppo_eval = Path(sys.executable).parent / "cegppo-eval"  # the console command of this environment
     argv = [cegppo_eval, model, "--datasets", DATASET, "--max_problems", str(PROBLEMS), "--save_completions",
             "--output", report, "--no-progress", *flags]  # fmt: skip
     run_command(argv, real_model_env())

@@ -10,10 +10,11 @@ text against the trainer's just before and just after it (`vllm_runs.ColocateRun
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
-from shared import BIN, ROOT, contains_answer_reward, run_checked
+from shared import ROOT, contains_answer_reward, run_checked
 from vllm_runs import COLOCATE, plain_cpu_linear, run_colocate, save_vllm_model
 
 
@@ -97,7 +98,7 @@ def check_run(run):
 
 def cegppo_eval(model, backend: str, output: Path, *flags: str) -> dict:
     argv = [
-        str(BIN / "cegppo-eval"), str(model), "--backend", backend, "--datasets",
+        str(Path(sys.executable).parent / "cegppo-eval"), str(model), "--backend", backend, "--datasets",
         "builtin:arithmetic_eval", "--max_problems", "6", "--max_new_tokens", "8", "--dtype", "float32",
         "--save_completions", "--no-progress", "--output", str(output), *flags,
     ]  # fmt: skip

@@ -9,12 +9,14 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 import traceback
+from pathlib import Path
 
 import pytest
 from launching import free_port
-from shared import BIN, contains_answer_reward, cpu_config
+from shared import contains_answer_reward, cpu_config
 from vllm_runs import COLOCATE, save_vllm_model
 
 
@@ -45,7 +47,7 @@ def vllm_server(tiny_tokenizer, tmp_path_factory):
     # TRL 1.16's own command line (its deprecation warning prints it as `vllm` + this), run by vLLM's CLI.
     options = ScriptArguments(model=str(model), host="127.0.0.1", port=port, dtype="float32", max_model_len=256)
     command = build_command(options)
-    argv = [str(BIN / "vllm"), *command[command.index("serve") :]]
+    argv = [str(Path(sys.executable).parent / "vllm"), *command[command.index("serve") :]]
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
     with open(log, "w") as out:
         server = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)

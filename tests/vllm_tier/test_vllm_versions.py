@@ -4,7 +4,7 @@ it: building a config with `use_vllm=True`, and `cegppo-eval --backend vllm`. Th
 import warnings
 
 import pytest
-from shared import cpu_config, write_problems
+from shared import cpu_config
 from vllm_runs import save_vllm_model
 
 
@@ -61,7 +61,8 @@ def test_untested_vllm_warns_in_cegppo_eval(untested_vllm, tiny_tokenizer, tmp_p
 
     monkeypatch.setattr(vllm, "LLM", stop)
     model = save_vllm_model(tiny_tokenizer, tmp_path / "tiny")
-    data = write_problems(tmp_path / "p.jsonl", [2])
+    data = tmp_path / "p.jsonl"
+    data.write_text('{"problem": "What is 1+1?", "answer": "2"}\n')
     with warnings.catch_warnings(record=True) as record, pytest.raises((RuntimeError, SystemExit)):
         warnings.simplefilter("always")
         main([str(model), "--backend", "vllm", "--datasets", str(data), "--output", str(tmp_path / "r.json")])
