@@ -261,11 +261,13 @@ def test_a_checkpoint_cut_short_is_passed_over(tmp_path):
     """A stop in the middle of a save leaves a checkpoint without trainer_state.json (written last): resuming passes
     over it to the newest complete one, and says so."""
     from cegppo_trl.comparison.jobs import resume_point
+    from cegppo_trl.divergence import GUARD_STATE_FILE
 
     for step, complete in ((2, True), (4, True), (6, False)):
         (tmp_path / f"checkpoint-{step}").mkdir()
+        (tmp_path / f"checkpoint-{step}" / GUARD_STATE_FILE).write_text("{}")  # the guard checked its weights
         if complete:
             (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
     checkpoint, lines = resume_point(tmp_path)
     assert checkpoint == str(tmp_path / "checkpoint-4")
-    assert lines == [f"Skipping {tmp_path / 'checkpoint-6'}: a save cut short (no trainer_state.json)."]
+    assert lines == [f"Skipping {tmp_path / 'checkpoint-6'}: not a complete checkpoint (no trainer_state.json)."]

@@ -172,19 +172,11 @@ def _write_json(path: Path, value: Any) -> None:
 
 
 def resume_point(run_dir: Path) -> tuple[str | None, list[str]]:
-    """The newest complete checkpoint of `run_dir` whose weights are all finite (None: start afresh), and a line for
-    each newer one passed over. Complete: its ``trainer_state.json`` is there, which transformers writes last (a stop
-    in the middle of a save leaves a checkpoint without it)."""
-    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+    """The newest checkpoint of `run_dir` the divergence guard resumes from (complete, its weights finite; None: start
+    afresh), and a line for each newer one passed over (a stop in the middle of a save leaves one incomplete)."""
+    from ..divergence import complete_checkpoints, newest_finite_checkpoint
 
-    from ..divergence import newest_finite_checkpoint
-
-    found = [p for p in run_dir.glob(f"{PREFIX_CHECKPOINT_DIR}-*") if p.name.split("-")[-1].isdigit()]
-    found.sort(key=lambda p: int(p.name.split("-")[-1]))
-    complete = [p for p in found if (p / "trainer_state.json").is_file()]
-    checkpoint, passed_over = newest_finite_checkpoint([str(p) for p in complete])
-    cut = [f"Skipping {p}: a save cut short (no trainer_state.json)." for p in found if p not in complete]
-    return checkpoint, cut + passed_over
+    return newest_finite_checkpoint(complete_checkpoints(str(run_dir), complete=False))
 
 
 def training_config(args: CompareArguments, arm: Arm, seed: int, run_dir: Path):
