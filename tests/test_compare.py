@@ -176,6 +176,9 @@ def test_summary_table_and_claims():
     assert "| CE-GPPO (0.5, 1) seed 0 | 87.5 +- 12.5 | 100.0 +- 0.0 | +50.0 +- 20.4 | 87.5 |" in table
     assert "| GRPO | 2 | 43.8 +- 6.2 |" in table
     assert "| (i) CE-GPPO's entropy stays above GRPO's over training | +0.200, +0.210 nats | **yes** |" in table
+    one_seed = [r for r in runs if r["seed"] == 0]  # no spread over seeds to show: the means alone
+    table = report.markdown(start, one_seed, report.summarize(start, one_seed, ["boxed", "lighteval"]), settings)
+    assert "| GRPO | 1 | 50.0 | 75.0 | +12.5 | 1.000 | 0.500 |" in table and "+- nan" not in table
 
 
 def test_timed_trl_methods_exist_and_nest_as_the_timer_assumes():

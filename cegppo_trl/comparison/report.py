@@ -182,8 +182,14 @@ def _pm(pair: tuple[float, float], scale: float = 100.0, digits: int = 1) -> str
     return f"{scale * pair[0]:+.{digits}f} +- {scale * pair[1]:.{digits}f}"
 
 
+def _mean_se(mean: float, se: float, scale: float = 100.0, digits: int = 1, sign: str = "+") -> str:
+    """`mean +- se`, or the mean alone where there is no spread to show (one seed)."""
+    text = f"{scale * mean:{sign}.{digits}f}"
+    return text if math.isnan(se) else f"{text} +- {scale * se:.{digits}f}"
+
+
 def _over(stats: dict[str, float], scale: float = 100.0, digits: int = 1) -> str:
-    return f"{scale * stats['mean']:+.{digits}f} +- {scale * stats['se']:.{digits}f}"
+    return _mean_se(stats["mean"], stats["se"], scale, digits)
 
 
 def markdown(start: dict, runs: list[dict], summary: dict[str, Any], settings: dict[str, Any]) -> str:
@@ -223,10 +229,10 @@ def markdown(start: dict, runs: list[dict], summary: dict[str, Any], settings: d
     for arm in summary["arms"].values():
         m = arm[main]
         lines.append(
-            f"| {arm['label']} | {len(arm['seeds'])} | {_pct(m['avg']['mean'])} +- {_pct(m['avg']['se'])} | "
-            f"{_pct(m['pass']['mean'])} +- {_pct(m['pass']['se'])} | {_over(m['avg_vs_start'])} | "
-            f"{arm['heldout_entropy']['mean']:.3f} +- {arm['heldout_entropy']['se']:.3f} | "
-            f"{arm['train_entropy']['mean']:.3f} +- {arm['train_entropy']['se']:.3f} | "
+            f"| {arm['label']} | {len(arm['seeds'])} | {_mean_se(m['avg']['mean'], m['avg']['se'], sign='')} | "
+            f"{_mean_se(m['pass']['mean'], m['pass']['se'], sign='')} | {_over(m['avg_vs_start'])} | "
+            f"{_mean_se(arm['heldout_entropy']['mean'], arm['heldout_entropy']['se'], 1.0, 3, '')} | "
+            f"{_mean_se(arm['train_entropy']['mean'], arm['train_entropy']['se'], 1.0, 3, '')} | "
             f"{_pct(arm['beta1_set']['mean'])} | {_pct(arm['beta2_set']['mean'])} |"
         )
     return "\n".join(lines + _versus_rows(summary, protocols, k) + _claim_rows(summary, protocols)) + "\n"
