@@ -176,6 +176,9 @@ def test_summary_table_and_claims():
     assert "| CE-GPPO (0.5, 1) seed 0 | 87.5 +- 12.5 | 100.0 +- 0.0 | +50.0 +- 20.4 | 87.5 |" in table
     assert "| GRPO | 2 | 43.8 +- 6.2 |" in table
     assert "| (i) CE-GPPO's entropy stays above GRPO's over training | +0.200, +0.210 nats | **yes** |" in table
+    # The figure's curves: one point per generation batch, whether logged every step (entropy) or once (reward).
+    assert report._smooth([(1, 1.0), (2, 3.0), (9, 5.0)], 8) == ([2, 9], [2.0, 5.0])
+    assert report._smooth([(1, 1.0), (9, 3.0), (17, 5.0)], 8) == ([1, 9, 17], [1.0, 3.0, 5.0])
     one_seed = [r for r in runs if r["seed"] == 0]  # no spread over seeds to show: the means alone
     table = report.markdown(start, one_seed, report.summarize(start, one_seed, ["boxed", "lighteval"]), settings)
     assert "| GRPO | 1 | 50.0 | 75.0 | +12.5 | 1.000 | 0.500 |" in table and "+- nan" not in table
@@ -226,6 +229,10 @@ def test_the_smollm2_wrapper_passes_the_committed_settings_and_the_study_preset(
         [0, 1, 2],
         48,
     )
+    # The committed Part B results (docs/study/smollm2) were made with these settings (the model: where it was built).
+    made = json.loads((ROOT / "docs" / "study" / "smollm2" / "results.json").read_text())["settings"]
+    shaping = {k: v for k, v in study.shaping().items() if k != "model"}
+    assert {k: made[k] for k in shaping} == shaping and made["model"].endswith("SmolLM2-135M-Instruct")
 
 
 def test_generation_speed_command_prints_its_table(tiny_checkpoint):

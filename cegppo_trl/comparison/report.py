@@ -296,9 +296,13 @@ def time_report(start: dict, runs: list[dict], wall: float | None) -> str:
 
 # --------------------------------------------------------------------------------------------------- figure
 def _smooth(points: list[tuple[int, float]], window: int) -> tuple[list[int], list[float]]:
-    """Means over consecutive windows of `window` log entries (one generation batch): a curve a reader can follow."""
-    chunks = [points[i : i + window] for i in range(0, len(points), window)]
-    return [c[-1][0] for c in chunks if c], [statistics.fmean(v for _, v in c) for c in chunks if c]
+    """The mean of each generation batch's entries (`window` optimizer steps; the reward has one per batch), at the
+    batch's last logged step: a curve a reader can follow."""
+    batches: dict[int, list[tuple[int, float]]] = {}
+    for step, value in points:
+        batches.setdefault((step - 1) // window, []).append((step, value))
+    chunks = [batches[b] for b in sorted(batches)]
+    return [c[-1][0] for c in chunks], [statistics.fmean(v for _, v in c) for c in chunks]
 
 
 def figure(start: dict, runs: list[dict], settings: dict[str, Any], path) -> str:
