@@ -515,9 +515,8 @@ def test_completion_token_mask_mirrors_trls_completion_mask(trainer, monkeypatch
     """The held-out entropy counts the tokens TRL 1.16's `_generate_single_turn` keeps: up to the first eos."""
     eos = trainer.eos_token_ids[0]
     new_tokens = torch.tensor([[5, eos, 7, eos], [5, 6, 7, 8], [eos, 6, eos, 8]])
-    prompt = torch.tensor([[3, 4]] * 3)
     monkeypatch.setattr(trainer.model, "generate", lambda input_ids, **kw: torch.cat([input_ids, new_tokens], 1))
-    trl_ids, _ = trainer._generate_single_turn(prompt.tolist(), None, {}, 1)
+    trl_ids, _ = trainer._generate_single_turn([[3, 4]] * 3, None, {}, 1)
     mask = completion_token_mask(new_tokens, torch.tensor(trainer.eos_token_ids))
     assert [row[m].tolist() for row, m in zip(new_tokens, mask)] == trl_ids == [[5, eos], [5, 6, 7, 8], [eos]]
 
