@@ -41,11 +41,14 @@ def save_figure(fig, path, title: str | None) -> str:
     return path
 
 
-def machine_description() -> str:
-    """The CPU model, the cores this process may use and torch's version and threads."""
+def machine_description(threads: int | None = None) -> str:
+    """The CPU model, the cores this process may use, torch's version and its threads: this process's, or `threads`
+    where the work ran in other processes with their own setting."""
     import torch
+
+    threads = torch.get_num_threads() if threads is None else threads
 
     with open("/proc/cpuinfo") if os.path.exists("/proc/cpuinfo") else open(os.devnull) as f:
         name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown CPU")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"{name}, {cores} cores, torch {torch.__version__} with {torch.get_num_threads()} threads"
+    return f"{name}, {cores} cores, torch {torch.__version__} with {threads} thread{'s' * (threads != 1)}"

@@ -93,6 +93,9 @@ def curve_point(step: int, figures: dict[str, Any]) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------------------- jobs
+JOB_THREADS = 1  # torch threads of each job's process
+
+
 def _one_thread() -> None:
     """A job's process: one torch thread (two one-thread jobs beat one two-thread job on a shared 2-core machine), and
     one progress line per generation batch instead of the libraries' bars."""
@@ -100,7 +103,7 @@ def _one_thread() -> None:
     import torch
     from transformers.utils import logging as hf_logging
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(JOB_THREADS)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     datasets.disable_progress_bars()
     hf_logging.disable_progress_bar()

@@ -119,9 +119,11 @@ def _figures(m: dict, args: CompareArguments) -> str:
 
 def write_report(args: CompareArguments, out: Path, start: dict, runs: list[dict], wall: float | None) -> str:
     from ..comparison import report
+    from ..comparison.jobs import JOB_THREADS
     from ..figures import machine_description
 
-    settings = {**args.shaping(), "arms": args.arms, "seeds": args.seeds, "machine": machine_description()}
+    machine = machine_description(threads=JOB_THREADS)  # the runs' threads, not this reporting process's
+    settings = {**args.shaping(), "arms": args.arms, "seeds": args.seeds, "machine": machine}
     summary = report.summarize(start, runs, args.protocols)
     table = report.markdown(start, runs, summary, settings)
     timing = report.time_report(start, runs, wall) + f" Machine: {settings['machine']}."
