@@ -101,8 +101,11 @@ class CEGPPOConfig(GRPOConfig):
         cegppo_max_skipped_steps (`int`, *optional*, defaults to `0`):
             How many optimizer steps, in all, may be skipped (gradients dropped, not applied) because the loss, the
             gradient norm or the controller's entropy was non-finite on a process, or because their generation batch
-            got no reward at all; counted in `cegppo/skipped_steps/non_finite` and `cegppo/skipped_steps/unscored`.
-            One more stops the run. `0`: stop at the first (`NonFiniteStepError`, `RewardCoverageError`).
+            got no reward at all, or (DeepSpeed) because the engine passed over them itself (its overflow check);
+            counted in `cegppo/skipped_steps/non_finite`, `cegppo/skipped_steps/unscored` and
+            `cegppo/skipped_steps/deepspeed`. One more stops the run. `0`: stop at the first (`NonFiniteStepError`,
+            `RewardCoverageError`). The same budget as `CEGPPOTrainer(..., max_skipped_steps=N)` (set it in one
+            place; two different values are refused).
     """
 
     # Paper defaults for fields TRL already has (restated so the paper's choice is explicit here).
@@ -148,7 +151,9 @@ class CEGPPOConfig(GRPOConfig):
     cegppo_beta2_max: float = field(default=1.5, metadata={"help": "Controller upper bound of beta2."})
     cegppo_max_skipped_steps: int = field(
         default=0,
-        metadata={"help": "Non-finite or unscored optimizer steps to skip (counted) before stopping; 0: stop."},
+        metadata={
+            "help": "Non-finite, unscored or DeepSpeed-skipped steps to skip (counted) before stopping; 0: stop."
+        },
     )
 
     def __post_init__(self):

@@ -18,7 +18,6 @@ import warnings
 from typing import NamedTuple
 
 import torch
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 
 from . import dynamic_sampling, metrics, trl_mirror
@@ -32,7 +31,7 @@ from .core import (
     entropy_ratio_clip,
     gradient_preserving_correction,
 )
-from .divergence import UNSCORED_KEY, DivergenceGuardMixin
+from .divergence import DEEPSPEED, EXTRA_STATE_FILE, FLAGGED, NON_FINITE, UNSCORED_KEY, DivergenceGuardMixin
 from .metrics import TOKEN_RATIOS, DeviceMetrics, StepSums, token_set_sums
 from .run_checks import (
     RewardCoverageError,
@@ -43,7 +42,12 @@ from .run_checks import (
 )
 
 
-CONTROLLER_STATE_FILE = "cegppo_controller_state.json"
+# CE-GPPO's names of the guard's skipped-step counts (`DivergenceGuardMixin.skipped_steps_log_names`).
+SKIPPED_NON_FINITE = "cegppo/skipped_steps/non_finite"
+SKIPPED_UNSCORED = "cegppo/skipped_steps/unscored"  # the guard's `flagged`: a generation batch with no reward
+SKIPPED_DEEPSPEED = "cegppo/skipped_steps/deepspeed"
+CONTROLLER_STATE_KEY = "entropy_controller"  # the controller's entry in each checkpoint's EXTRA_STATE_FILE
+LEGACY_CONTROLLER_STATE_FILE = "cegppo_controller_state.json"  # where checkpoints before EXTRA_STATE_FILE keep it
 
 
 class _Forward(NamedTuple):
@@ -99,6 +103,8 @@ class CEGPPOTrainer(DivergenceGuardMixin, GRPOTrainer):
     """
 
     _tag_names = ["trl", "grpo", "cegppo"]
+    skipped_steps_log_names = {NON_FINITE: SKIPPED_NON_FINITE, FLAGGED: SKIPPED_UNSCORED, DEEPSPEED: SKIPPED_DEEPSPEED}
+    max_skipped_steps_name = "cegppo_max_skipped_steps"
     _generation: _Generation | None = None  # while TRL's `_generate_and_score_completions` runs
     _loss_call: _LossCall | None = None  # while TRL's `_compute_loss` runs
     _name = "CE-GPPO"
@@ -116,13 +122,16 @@ class CEGPPOTrainer(DivergenceGuardMixin, GRPOTrainer):
 }""",
     }
 
-    def __init__(self, model, reward_funcs=None, args: GRPOConfig | None = None, *pargs, **kwargs):
+    def __init__(
+        self, model, reward_funcs=None, args: GRPOConfig | None = None, *pargs, max_skipped_steps=None, **kwargs
+    ):
         args = as_cegppo_config(args, model)
         warn_if_untested_trl()
         validate_cegppo_config(args)  # fields may have been changed after the config was built
+        budget = _skip_budget(args, max_skipped_steps)  # the guard owns it from here on
         check_writable_path(args.output_dir, "--output_dir", folder=True)  # before the model loads
         with explain_model_load_errors(model):  # a truncated weights file, an uncached Hub kernel: one line each
-            super().__init__(model, reward_funcs, args, *pargs, **kwargs)
+            super().__init__(model, reward_funcs, args, *pargs, max_skipped_steps=budget, **kwargs)
         check_dataset_fills_a_generation_batch(self.train_dataset, args)
         # The owner of the betas when the entropy controller is on; else they are the config's, constant.
         self._controller = EntropyController.from_config(args) if args.cegppo_entropy_target is not None else None
@@ -167,7 +176,7 @@ class CEGPPOTrainer(DivergenceGuardMixin, GRPOTrainer):
         # TRL 1.16 hands them (all processes', (N, num_funcs)) only to `_generate_and_score_completions`: keep them.
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         unscored = bool(torch.isnan(rewards).all())
-        if unscored and self.args.cegppo_max_skipped_steps == 0:  # TRL only warns, trains on nothing, saves a success
+        if unscored and self.step_guard.max_skipped_steps == 0:  # TRL only warns, trains on nothing, saves a success
             raise RewardCoverageError(
                 f"reward_funcs: every reward function ({', '.join(self.reward_func_names)}) returned None for all "
                 f"{rewards.size(0)} completions of a batch, so there is nothing to learn from. A reward function "
@@ -337,24 +346,48 @@ class CEGPPOTrainer(DivergenceGuardMixin, GRPOTrainer):
         controller_state = (self._controller.last_error, self._controller.integral)
         self._device_metrics.record("train", ("cegppo/entropy_error", "cegppo/entropy_integral"), controller_state)
 
-    def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
-        if self._controller is not None and self.args.should_save:
-            checkpoint_folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-            output_dir = os.path.join(self._get_output_dir(trial=trial), checkpoint_folder)
-            with open(os.path.join(output_dir, CONTROLLER_STATE_FILE), "w") as f:
-                json.dump(dataclasses.asdict(self._controller), f, indent=2)
+    # --- Checkpoints: the controller's state rides in the guard's file (`DivergenceGuardMixin.checkpoint_state`)
+    def checkpoint_state(self) -> dict:
+        state = super().checkpoint_state()
+        if self._controller is not None:
+            state[CONTROLLER_STATE_KEY] = dataclasses.asdict(self._controller)
+        return state
 
-    def _load_optimizer_and_scheduler(self, checkpoint):
-        super()._load_optimizer_and_scheduler(checkpoint)
-        if self._controller is not None and checkpoint is not None:
-            path = os.path.join(checkpoint, CONTROLLER_STATE_FILE)
-            if not os.path.exists(path):  # restarting from the config's betas on this process only would train the
-                raise FileNotFoundError(  # processes with different betas
-                    f"Resuming with the entropy controller on (cegppo_entropy_target={self.args.cegppo_entropy_target}) "
-                    f"needs its state, {path}, which process {self.accelerator.process_index} cannot see. The main "
-                    "process writes it into every checkpoint: on several nodes put output_dir on a file system all "
-                    "nodes share, or copy the checkpoint folder to every node (docs/launch.md)."
+    def restore_checkpoint_state(self, state: dict, checkpoint: str) -> None:
+        super().restore_checkpoint_state(state, checkpoint)
+        if self._controller is None:
+            return
+        controller = state.get(CONTROLLER_STATE_KEY)
+        legacy = os.path.join(checkpoint, LEGACY_CONTROLLER_STATE_FILE)
+        if controller is None and os.path.isfile(legacy):
+            with open(legacy) as f:
+                controller = json.load(f)
+        if controller is None:  # restarting from the config's betas on this process only would train the
+            path = os.path.join(checkpoint, EXTRA_STATE_FILE)  # processes with different betas
+            target = f"cegppo_entropy_target={self.args.cegppo_entropy_target}"
+            if state:
+                raise ValueError(
+                    f"Resuming with the entropy controller on ({target}) from {checkpoint}, saved with it off (no "
+                    f"'{CONTROLLER_STATE_KEY}' in {path}): resume with cegppo_entropy_target unset, or start a new "
+                    "run with the controller."
                 )
-            with open(path) as f:
-                self._controller = EntropyController(**json.load(f))
+            raise FileNotFoundError(
+                f"Resuming with the entropy controller on ({target}) needs its state, {path}, which process "
+                f"{self.accelerator.process_index} cannot see. The main process writes it into every checkpoint: on "
+                "several nodes put output_dir on a file system all nodes share, or copy the checkpoint folder to "
+                "every node (docs/launch.md)."
+            )
+        self._controller = EntropyController(**controller)
+
+
+def _skip_budget(args, max_skipped_steps: int | None) -> int:
+    """The one skip budget: `CEGPPOTrainer(max_skipped_steps=N)` or the config's `cegppo_max_skipped_steps`."""
+    if max_skipped_steps is None or max_skipped_steps == args.cegppo_max_skipped_steps:
+        return args.cegppo_max_skipped_steps
+    if args.cegppo_max_skipped_steps != 0:
+        raise ValueError(
+            f"max_skipped_steps={max_skipped_steps!r} and the config's cegppo_max_skipped_steps="
+            f"{args.cegppo_max_skipped_steps} disagree: set the skip budget in one place (the config field, which "
+            "cegppo-train's --cegppo_max_skipped_steps sets, or the keyword)."
+        )
+    return max_skipped_steps

@@ -11,11 +11,13 @@ import warnings
 from pathlib import Path
 
 import torch
+from launching import controller_state
+from safetensors.torch import load_file
 from shared import cpu_config
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer, load_math_dataset
-from cegppo_trl.divergence import SKIPPED_NON_FINITE, SKIPPED_UNSCORED, NonFiniteStepError, non_finite_tensors
-from cegppo_trl.trainer import CONTROLLER_STATE_FILE
+from cegppo_trl.divergence import DEEPSPEED, FLAGGED, NON_FINITE, NonFiniteStepError, non_finite_tensors
+from cegppo_trl.trainer import SKIPPED_DEEPSPEED
 
 
 NAN_RANK = 1  # under the launch; process 0 on one process
@@ -37,11 +39,42 @@ SCENARIOS = {
 }
 
 
+# Under DeepSpeed only: the engine passes over a step itself (its overflow check), counted in the same budget.
+ENGINE_SCENARIOS = {
+    # The engine skips step 2 (counted, logged), then step 4: beyond the budget of 1, every process stops there.
+    "engine-skip": dict(
+        nan_steps=[], overflow_steps=[2, 4], config=dict(cegppo_max_skipped_steps=1, cegppo_entropy_target=1.0)
+    ),
+}
+
+
+def overflow_at_next_step(optimizer) -> None:
+    """The stand-in for a bf16 overflow, which the CPU cannot produce: the ZeRO optimizer's next overflow check
+    (DeepSpeed 0.19's `check_overflow`) reports one, so DeepSpeed's own path runs: no update, the gradients dropped,
+    `DeepSpeedEngine.skipped_steps` + 1."""
+    if getattr(optimizer, "_overflow_pending", False):
+        return
+    check, enabled = optimizer.check_overflow, optimizer.check_grad_overflow
+
+    def overflowed(*args, **kwargs):
+        optimizer.overflow = True
+        optimizer.check_overflow, optimizer.check_grad_overflow, optimizer._overflow_pending = check, enabled, False
+
+    optimizer.check_overflow, optimizer.check_grad_overflow, optimizer._overflow_pending = overflowed, True, True
+
+
 class Injecting(CEGPPOTrainer):
-    """Makes the loss of process `nan_rank` NaN at the optimizer steps in `nan_steps` (1-based)."""
+    """Makes the loss of process `nan_rank` NaN at the optimizer steps in `nan_steps` (1-based); under DeepSpeed, the
+    engine overflows at the steps in `overflow_steps`."""
 
     nan_steps: tuple = ()
     nan_rank: int = 0
+    overflow_steps: tuple = ()
+
+    def training_step(self, *args, **kwargs):
+        if self.is_deepspeed_enabled and self.state.global_step + 1 in self.overflow_steps:
+            overflow_at_next_step(self.model_wrapped.optimizer)
+        return super().training_step(*args, **kwargs)
 
     def _cegppo_loss_delta(self, *args, **kwargs):
         delta = super()._cegppo_loss_delta(*args, **kwargs)
@@ -71,10 +104,12 @@ def run(model_dir, out_dir: Path, name: str, scenario: dict, nan_rank=NAN_RANK, 
 
         extra["peft_config"] = LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"])
     data = load_math_dataset("builtin:arithmetic").select(range(64))
+    extra.update(scenario.get("trainer_kwargs", {}))
     trainer = Injecting(model=str(model_dir), reward_funcs=reward, args=args, train_dataset=data, **extra)
     for callback in scenario.get("callbacks", lambda trainer: [])(trainer):
         trainer.add_callback(callback)
     trainer.nan_steps, trainer.nan_rank = scenario["nan_steps"], nan_rank
+    trainer.overflow_steps = scenario.get("overflow_steps", ())
     record = {"error": None}
     try:
         trainer.train(resume_from_checkpoint=resume)
@@ -90,6 +125,10 @@ def run(model_dir, out_dir: Path, name: str, scenario: dict, nan_rank=NAN_RANK, 
     record.update(
         global_step=trainer.state.global_step,
         skipped=trainer.step_guard.skipped,
+        logged_deepspeed=[
+            [e["step"], e[SKIPPED_DEEPSPEED]] for e in trainer.state.log_history if SKIPPED_DEEPSPEED in e
+        ],
+        engine_skipped=getattr(trainer.model_wrapped, "skipped_steps", None),
         checkpoints=sorted(p.name for p in (out_dir / name).glob("checkpoint-*")),
         controller=None if trainer._controller is None else vars(trainer._controller),
         weight_sum=float(weight_sum),
@@ -102,13 +141,14 @@ def run(model_dir, out_dir: Path, name: str, scenario: dict, nan_rank=NAN_RANK, 
 
 
 def check(records: list[dict], out_dir: Path, name: str) -> None:
-    """Every process stopped at the same step before applying it, naming the process whose loss was NaN, with one
-    model, every checkpoint before it finite, and the controller's state saved; `skip` counted its skipped step."""
+    """Every process stopped at the same step before applying it, naming the process whose loss was NaN (or the
+    engine), with one model, every checkpoint before it finite, and the controller's state saved; `skip` and
+    `engine-skip` counted their skipped step once, `engine-skip` logged it and left the weights of step 1."""
     expected_step, last_finite = (3, 2) if name.startswith("stop") else (4, 3)
-    skipped = r" after skipping 1 step\(s\) \(cegppo_max_skipped_steps\)" if name == "skip" else ""
+    skipped = r" after skipping 1 step\(s\) \(cegppo_max_skipped_steps\)" if "skip" in name else ""
     where = f"process {NAN_RANK}: " if len(records) > 1 else ""
-    message = rf"before applying optimizer step {expected_step}{skipped}: .*{where}loss nan.*last finite step "
-    message += str(last_finite)
+    what = r"the DeepSpeed engine passed over it" if name == "engine-skip" else f"a non-finite value .*{where}loss nan"
+    message = rf"before applying optimizer step {expected_step}{skipped}: {what}.*last finite step {last_finite}"
     for record in records:
         assert record["error_step"] == expected_step, (name, record)
         assert re.search(message, record["error"]), (message, record["error"])
@@ -122,15 +162,22 @@ def check(records: list[dict], out_dir: Path, name: str) -> None:
     controller = records[0]["controller"]
     assert controller["num_updates"] == 2  # stop: steps 1 and 2; skip: 1 and 3, not the skipped step 2
     assert all(math.isfinite(v) for v in controller.values())
-    assert json.loads((out_dir / name / checkpoints[-1] / CONTROLLER_STATE_FILE).read_text()) == controller
+    assert controller_state(out_dir / name / checkpoints[-1]) == controller
     if name == "skip":
-        assert all(r["skipped"] == {SKIPPED_NON_FINITE: 1, SKIPPED_UNSCORED: 0} for r in records)
+        assert all(r["skipped"] == {NON_FINITE: 1, FLAGGED: 0, DEEPSPEED: 0} for r in records)
+    if name == "engine-skip":  # DeepSpeed's own counter: steps 2 and 4; the guard's: step 2, then the stop
+        assert all(r["skipped"] == {NON_FINITE: 0, FLAGGED: 0, DEEPSPEED: 1} for r in records), records
+        assert all(r["engine_skipped"] == 2 for r in records), records
+        assert records[0]["logged_deepspeed"] == [[1, 0], [2, 1], [3, 1]], records[0]["logged_deepspeed"]
+        one, two = (load_file(str(out_dir / name / f"checkpoint-{n}" / "model.safetensors")) for n in (1, 2))
+        assert all(torch.equal(one[k], two[k]) for k in one), "the engine's skipped step 2 changed the weights"
 
 
 def main() -> None:
     warnings.filterwarnings("ignore")
     model_dir, out_dir = sys.argv[1], Path(sys.argv[2])
-    for name, scenario in SCENARIOS.items():
+    engine = sys.argv[3:] == ["--deepspeed"]
+    for name, scenario in {**SCENARIOS, **(ENGINE_SCENARIOS if engine else {})}.items():
         run(model_dir, out_dir, name, scenario)
 
 

@@ -148,9 +148,10 @@ def saved_weights(output_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def controller_state(checkpoint: Path) -> dict:
-    from cegppo_trl.trainer import CONTROLLER_STATE_FILE
+    from cegppo_trl.divergence import EXTRA_STATE_FILE
+    from cegppo_trl.trainer import CONTROLLER_STATE_KEY
 
-    return json.loads((checkpoint / CONTROLLER_STATE_FILE).read_text())
+    return json.loads((checkpoint / EXTRA_STATE_FILE).read_text())[CONTROLLER_STATE_KEY]
 
 
 def assert_trained_full_model(output_dir: Path, init_dir: Path):

@@ -272,11 +272,11 @@ def test_a_checkpoint_cut_short_is_passed_over(tmp_path):
     """A stop in the middle of a save leaves a checkpoint without trainer_state.json (written last): resuming passes
     over it to the newest complete one, and says so."""
     from cegppo_trl.comparison.jobs import resume_point
-    from cegppo_trl.divergence import GUARD_STATE_FILE
+    from cegppo_trl.divergence import EXTRA_STATE_FILE
 
     for step, complete in ((2, True), (4, True), (6, False)):
         (tmp_path / f"checkpoint-{step}").mkdir()
-        (tmp_path / f"checkpoint-{step}" / GUARD_STATE_FILE).write_text("{}")  # the guard checked its weights
+        (tmp_path / f"checkpoint-{step}" / EXTRA_STATE_FILE).write_text("{}")  # the guard checked its weights
         if complete:
             (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
     checkpoint, lines = resume_point(tmp_path)

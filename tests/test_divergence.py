@@ -4,6 +4,7 @@ SFTTrainer and GRPOTrainer and on transformers' Trainer. On one process; the 2-p
 tests/test_divergence_launch.py (slow).
 """
 
+import json
 import math
 import os
 import re
@@ -11,6 +12,7 @@ import shutil
 import signal
 from pathlib import Path
 
+import divergence_worker
 import pytest
 import torch
 from divergence_worker import SCENARIOS, check, overflowing_reward, run
@@ -19,10 +21,12 @@ from shared import ROOT, TINY_RECIPE, train_error
 from test_host_sync import counting_host_transfers
 
 from cegppo_trl.divergence import (
+    DEEPSPEED,
     DIVERGED_EXIT_STATUS,
-    GUARD_STATE_FILE,
-    SKIPPED_NON_FINITE,
-    SKIPPED_UNSCORED,
+    EXTRA_STATE_FILE,
+    FLAGGED,
+    LEGACY_GUARD_STATE_FILE,
+    NON_FINITE,
     NoFiniteCheckpointError,
     NonFiniteStepError,
     StepGuard,
@@ -30,6 +34,12 @@ from cegppo_trl.divergence import (
     finite_checkpoint_to_resume,
     newest_finite_checkpoint,
     non_finite_tensors,
+)
+from cegppo_trl.trainer import (
+    CONTROLLER_STATE_KEY,
+    LEGACY_CONTROLLER_STATE_FILE,
+    SKIPPED_NON_FINITE,
+    SKIPPED_UNSCORED,
 )
 
 
@@ -61,7 +71,7 @@ def test_a_finite_step_passes_with_one_host_transfer_and_a_non_finite_one_stops_
 
 def test_every_process_decides_from_every_process_values_and_a_non_finite_controller_entropy_stops_too():
     """Process 0's own values are finite; process 1's loss is not: the gather gives both the same rows."""
-    other = torch.tensor([[math.nan, 1.0, 0.0]])
+    other = torch.tensor([[math.nan, 1.0, 0.0, 0.0]])
     guard = StepGuard(lambda local: torch.cat([local, other]))
     guard.add_loss(torch.tensor(0.1))
     with pytest.raises(NonFiniteStepError, match=r"process 1: loss nan, grad norm 1\b"):
@@ -70,6 +80,27 @@ def test_every_process_decides_from_every_process_values_and_a_non_finite_contro
     guard.add_loss(torch.tensor(0.1))
     with pytest.raises(NonFiniteStepError, match="non-finite mean token entropy"):
         guard.end_step(1, torch.tensor(1.0), "cpu", extra=torch.tensor([math.nan, 5.0]))
+
+
+def test_the_engines_skipped_steps_are_counted_once_in_the_budget_and_stop_beyond_it():
+    """Under DeepSpeed the engine passed over a step itself (its overflow check reports grad norm inf): with a
+    finite loss that is the engine's skip; with a non-finite loss the guard's own (one count per step)."""
+    guard = StepGuard(_one_process, max_skipped_steps=2, budget_name="cegppo_max_skipped_steps")
+    guard.add_loss(torch.tensor(0.5))
+    assert guard.end_step(1, 1.5, "cpu").skip is False
+    guard.add_loss(torch.tensor(0.5))
+    assert guard.end_step(2, math.inf, "cpu", engine_skipped=1).skip is True
+    guard.add_loss(torch.tensor(math.nan))
+    assert guard.end_step(3, math.inf, "cpu", engine_skipped=1).skip is True
+    assert guard.skipped == {NON_FINITE: 1, FLAGGED: 0, DEEPSPEED: 1}
+    guard.add_loss(torch.tensor(0.5))
+    with pytest.raises(NonFiniteStepError) as error:
+        guard.end_step(4, math.inf, "cpu", engine_skipped=1)
+    assert str(error.value).startswith(
+        "stopped before applying optimizer step 4 after skipping 2 step(s) (cegppo_max_skipped_steps): the DeepSpeed "
+        "engine passed over it (grad norm inf): its gradient overflow check"
+    )
+    assert str(error.value).endswith("; last finite step 1: loss 0.5, grad norm 1.5.")
 
 
 def test_the_weights_check_names_the_step_and_passes_frozen_weights():
@@ -108,7 +139,7 @@ def test_auto_resume_passes_over_non_finite_checkpoints_and_refuses_when_all_are
         f"Skipping {shards}: it holds only DeepSpeed shards, written without the divergence guard"
     )
     assert said[1] == f"Skipping {tmp_path / 'checkpoint-4'}: 1 of its 3 weight tensors are not finite."
-    (shards / GUARD_STATE_FILE).write_text("{}")  # the guard checked the weights before it wrote them
+    (shards / EXTRA_STATE_FILE).write_text("{}")  # the guard checked the weights before it wrote them
     assert finite_checkpoint_to_resume(str(tmp_path), said.append) == str(shards)
     shutil.rmtree(first), shutil.rmtree(shards)
     with pytest.raises(NoFiniteCheckpointError, match=r"every checkpoint in .* has non-finite weights \(the newest: "):
@@ -174,10 +205,10 @@ def test_the_skip_budget_counts_over_a_sigterm_and_a_resume(tiny_checkpoint, tmp
     finally:
         stop.restore()
     assert record["error"] is None and record["global_step"] == 3 and stop.signum == signal.SIGTERM
-    assert record["skipped"] == {SKIPPED_NON_FINITE: 1, SKIPPED_UNSCORED: 0}
+    assert record["skipped"] == {NON_FINITE: 1, FLAGGED: 0, DEEPSPEED: 0}
     _, record = run(tiny_checkpoint, tmp_path, "budget", dict(scenario, callbacks=lambda _: []), 0, resume=True)
     assert record["error_step"] == 6 and "after skipping 2 step(s)" in record["error"], record
-    assert record["skipped"] == {SKIPPED_NON_FINITE: 2, SKIPPED_UNSCORED: 0}
+    assert record["skipped"] == {NON_FINITE: 2, FLAGGED: 0, DEEPSPEED: 0}
 
 
 def _no_reward(completions, **kwargs):
@@ -191,13 +222,68 @@ def test_batches_without_rewards_are_skipped_and_counted(dynamic, tiny_checkpoin
         config.update(cegppo_exclude_zero_advantage_groups=True, cegppo_oversampling=2.0)
     trainer, record = run(tiny_checkpoint, tmp_path, "all", dict(nan_steps=(), config=config), 0, _no_reward)
     assert record["error"] is None and trainer.state.global_step == 4  # one generation batch: all 4 steps skipped
-    assert trainer.step_guard.skipped == {SKIPPED_NON_FINITE: 0, SKIPPED_UNSCORED: 4}
+    assert trainer.step_guard.skipped == {NON_FINITE: 0, FLAGGED: 4, DEEPSPEED: 0}
     assert trainer.state.log_history[3][SKIPPED_UNSCORED] == 4
     start = load_file(str(tiny_checkpoint / "model.safetensors"))
     assert all(torch.equal(start[k], v) for k, v in _trainable(trainer).items() if k in start)
     bounded = dict(nan_steps=(), config=dict(config, cegppo_max_skipped_steps=2))
     _, record = run(tiny_checkpoint, tmp_path, "bounded", bounded, 0, _no_reward)
     assert re.search("step 3 after skipping 2 .*got no reward", record["error"]), record["error"]
+
+
+@pytest.mark.parametrize("kind", ["non_finite", "unscored"])
+def test_the_keyword_and_the_config_field_set_the_same_one_skip_budget(
+    kind, tiny_checkpoint, tmp_path, one_torch_thread
+):
+    """`CEGPPOTrainer(max_skipped_steps=N)` and `cegppo_max_skipped_steps: N` skip the same steps with the same
+    counts and weights; the guard alone decides (a batch without rewards too: no `RewardCoverageError` with N > 0)."""
+    config, nan_steps, reward = dict(max_steps=3, save_strategy="no"), [2], divergence_worker.varied_reward
+    if kind == "unscored":
+        nan_steps, reward = [], _no_reward
+    records = {}
+    for way, budget in (("config", dict(config=dict(config, cegppo_max_skipped_steps=3))),
+                        ("keyword", dict(config=config, trainer_kwargs=dict(max_skipped_steps=3)))):  # fmt: skip
+        trainer, records[way] = run(tiny_checkpoint, tmp_path, way, dict(nan_steps=nan_steps, **budget), 0, reward)
+        assert trainer.step_guard.max_skipped_steps == 3 and records[way]["error"] is None, records[way]
+    expected = (
+        {NON_FINITE: 1, FLAGGED: 0, DEEPSPEED: 0}
+        if kind == "non_finite"
+        else {NON_FINITE: 0, FLAGGED: 3, DEEPSPEED: 0}
+    )
+    assert records["config"]["skipped"] == records["keyword"]["skipped"] == expected
+    assert records["config"]["weight_sum"] == records["keyword"]["weight_sum"]
+
+
+def test_two_different_skip_budgets_are_refused_naming_both(tiny_trainer):
+    with pytest.raises(ValueError, match=r"max_skipped_steps=3 and the config's cegppo_max_skipped_steps=2 disagree"):
+        tiny_trainer(cegppo_max_skipped_steps=2, trainer_kwargs=dict(max_skipped_steps=3))
+    with pytest.raises(ValueError, match=r"max_skipped_steps=-1: it must be a whole number"):
+        tiny_trainer(trainer_kwargs=dict(max_skipped_steps=-1))
+    assert (
+        tiny_trainer(cegppo_max_skipped_steps=2, trainer_kwargs=dict(max_skipped_steps=2)).step_guard.max_skipped_steps
+        == 2
+    )
+
+
+def test_a_checkpoint_from_before_the_extra_state_file_resumes_with_its_counts_and_controller(
+    tiny_checkpoint, tmp_path, one_torch_thread
+):
+    """Checkpoints written before EXTRA_STATE_FILE keep the guard's counts (under CE-GPPO's log names) and the
+    controller's state in files of their own: a resume restores both (one skip counted, so the next NaN stops)."""
+    scenario = SCENARIOS["skip"]
+    _, first = run(tiny_checkpoint, tmp_path, "skip", scenario, 0)
+    checkpoint = tmp_path / "skip" / "checkpoint-3"
+    state = json.loads((checkpoint / EXTRA_STATE_FILE).read_text())
+    guard = state["divergence_guard"]
+    legacy = {"skipped": {SKIPPED_NON_FINITE: guard["skipped"][NON_FINITE], SKIPPED_UNSCORED: 0},
+              "last_finite": guard["last_finite"]}  # fmt: skip
+    (checkpoint / LEGACY_GUARD_STATE_FILE).write_text(json.dumps(legacy))
+    (checkpoint / LEGACY_CONTROLLER_STATE_FILE).write_text(json.dumps(state[CONTROLLER_STATE_KEY]))
+    (checkpoint / EXTRA_STATE_FILE).unlink()
+    _, resumed = run(tiny_checkpoint, tmp_path, "skip", scenario, 0, resume=str(checkpoint))
+    assert resumed["error_step"] == 4 and "after skipping 1 step(s) (cegppo_max_skipped_steps)" in resumed["error"]
+    assert resumed["skipped"] == {NON_FINITE: 1, FLAGGED: 0, DEEPSPEED: 0}
+    assert resumed["controller"] == first["controller"] == state[CONTROLLER_STATE_KEY]
 
 
 def test_no_save_with_non_finite_weights_and_rotation_keeps_the_finite_checkpoint(tiny_trainer, tmp_path):
@@ -216,7 +302,7 @@ def test_no_save_with_non_finite_weights_and_rotation_keeps_the_finite_checkpoin
     assert not (tmp_path / "final").exists()
 
 
-def _guarded_trl_trainer(kind: str, model_dir, out: Path):
+def _guarded_trl_trainer(kind: str, model_dir, out: Path, **guard):
     """TRL 1.16's SFTTrainer or GRPOTrainer with the guard at learning rate 10, no clipping. On the tiny model that
     alone stays finite under AdamW (SFT's loss levels at 2,000-4,000; GRPO's policy saturates, grad norm 0), so SFT
     takes plain SGD (grad norm 2e11 at step 5, NaN at 6) and GRPO a reward scale that overflows from step 5."""
@@ -232,12 +318,12 @@ def _guarded_trl_trainer(kind: str, model_dir, out: Path):
         args = SFTConfig(str(out), use_cpu=True, bf16=False, per_device_train_batch_size=8, report_to="none",
                          optim="sgd", **diverging)  # fmt: skip
         return type("GuardedSFT", (DivergenceGuardMixin, SFTTrainer), {})(
-            str(model_dir), args=args, train_dataset=data
+            str(model_dir), args=args, train_dataset=data, **guard
         )
     data = load_math_dataset("builtin:arithmetic").select(range(64))
     cls = type("GuardedGRPO", (DivergenceGuardMixin, GRPOTrainer), {})
     args = cpu_config(GRPOConfig, out, scale_rewards="none", **diverging)
-    return cls(str(model_dir), overflowing_reward, args=args, train_dataset=data)
+    return cls(str(model_dir), overflowing_reward, args=args, train_dataset=data, **guard)
 
 
 @pytest.mark.parametrize("kind", ["sft", "grpo"])
@@ -261,6 +347,23 @@ def test_the_mixin_stops_a_diverging_trl_trainer_and_resumes_from_the_newest_fin
     out = capsys.readouterr().out
     assert f"Skipping {broken}: " in out and f"Resuming from {tmp_path / f'checkpoint-{step - 1}'}," in out
     assert again.value.step >= step  # diverging again, from the newest finite checkpoint
+
+
+def test_the_mixin_on_sft_logs_and_saves_under_its_own_names(tiny_checkpoint, tmp_path, one_torch_thread):
+    """On TRL's SFTTrainer the guard speaks its own names: `skipped_steps/*` in the logs, `trainer_extra_state.json`
+    in each checkpoint, no CE-GPPO name anywhere; the budget is the keyword's (SFTConfig has no CE-GPPO field)."""
+    trainer = _guarded_trl_trainer("sft", tiny_checkpoint, tmp_path, max_skipped_steps=1)
+    trainer.args.logging_steps = 1
+    with pytest.raises(NonFiniteStepError, match=r"after skipping 1 step\(s\) \(max_skipped_steps\): a non-finite"):
+        trainer.train()
+    skipped_at = trainer.state.global_step  # the skipped step counts as a step; the next one stopped
+    logged = [e for e in trainer.state.log_history if "loss" in e]
+    assert [e["skipped_steps/non_finite"] for e in logged][-2:] == [0, 1]
+    assert all(e["skipped_steps/flagged"] == e["skipped_steps/deepspeed"] == 0 for e in logged)
+    assert not [key for e in trainer.state.log_history for key in e if "cegppo" in key]
+    saved = json.loads((tmp_path / f"checkpoint-{skipped_at}" / EXTRA_STATE_FILE).read_text())
+    assert saved["divergence_guard"]["skipped"] == {NON_FINITE: 1, FLAGGED: 0, DEEPSPEED: 0}
+    assert not [p for p in tmp_path.rglob("*") if "cegppo" in p.name]
 
 
 # --- cegppo-train on one process
@@ -342,4 +445,4 @@ def test_transformers_takes_the_norm_between_the_last_backward_and_the_optimizer
     assert events == [e for step in steps for e in ("backward", "backward", "norm", step)]
     assert len(steps) == 3 and steps[0] == steps[1] != steps[2]  # step 2 skipped: w unchanged
     assert trainer.lr_scheduler.last_epoch == 2  # stepped after steps 1 and 3 only
-    assert trainer.step_guard.skipped == {SKIPPED_NON_FINITE: 1, SKIPPED_UNSCORED: 0}
+    assert trainer.step_guard.skipped == {NON_FINITE: 1, FLAGGED: 0, DEEPSPEED: 0}

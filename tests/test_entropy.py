@@ -242,7 +242,8 @@ class _RecordingTrainer(CEGPPOTrainer):
 
 def test_off_policy_training_changes_every_weight_and_logs_the_clipping_and_the_quadrants(tiny_trainer, tmp_path):
     """Also: without an entropy target the betas stay fixed and no controller state is saved."""
-    from cegppo_trl.trainer import CONTROLLER_STATE_FILE
+    from cegppo_trl.divergence import EXTRA_STATE_FILE
+    from cegppo_trl.trainer import CONTROLLER_STATE_KEY
 
     trainer = tiny_trainer(cls=_RecordingTrainer, max_steps=8, steps_per_generation=4, learning_rate=1e-2,
                            cegppo_beta1=1.0, cegppo_beta2=1.0, save_strategy="steps", save_steps=8)  # fmt: skip
@@ -250,7 +251,7 @@ def test_off_policy_training_changes_every_weight_and_logs_the_clipping_and_the_
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
     assert all(not torch.equal(before[n], p.detach()) for n, p in trainer.model.named_parameters())
-    assert (tmp_path / "checkpoint-8").is_dir() and not (tmp_path / "checkpoint-8" / CONTROLLER_STATE_FILE).exists()
+    assert CONTROLLER_STATE_KEY not in json.loads((tmp_path / "checkpoint-8" / EXTRA_STATE_FILE).read_text())
     assert not history(trainer, "cegppo/entropy_error")
     logs = [h for h in trainer.state.log_history if "cegppo/beta1_token_frac" in h]
     assert len(logs) == 8 == len(trainer.recorded)

@@ -190,3 +190,28 @@ def test_type_checking_imports_match_the_name_table(package, table):
     eager = {alias.name: node.module for node in block.body for alias in node.names}
     assert eager == getattr(module, table)
     assert all(getattr(module, name) is not None for name in module.__all__)
+
+
+def test_the_private_names_the_trainer_overrides_are_the_ones_docs_method_lists():
+    """Every private method of TRL's or transformers' that `CEGPPOTrainer` (with the guard it composes) overrides is a
+    row of docs/method.md's table, and every listed override is one: a new private override, or one dropped, fails."""
+    from trl import GRPOTrainer
+
+    from cegppo_trl import CEGPPOTrainer, DivergenceGuardMixin
+
+    inherited = {name for base in GRPOTrainer.__mro__ for name in vars(base)}
+    overridden = {
+        name
+        for cls in (CEGPPOTrainer, DivergenceGuardMixin)
+        for name, value in vars(cls).items()
+        if name.startswith("_") and not name.startswith("__") and callable(value) and name in inherited
+    }
+    table = [line for line in (ROOT / "docs" / "method.md").read_text().splitlines() if line.startswith("| `")]
+    listed = {
+        name
+        for row in table
+        if "overridden" in row.split("|")[2]
+        for name in re.findall(r"`(?:GRPOTrainer|Trainer)\.(_[a-z]\w*)`", row.split("|")[1])
+    }
+    assert overridden == listed, (overridden, listed)
+    assert {"_save_checkpoint", "_load_optimizer_and_scheduler"}.isdisjoint(overridden)

@@ -173,10 +173,17 @@ def test_resume_at_a_generation_batch_boundary_is_the_uninterrupted_run(
 
 
 def test_resume_without_the_controller_state_names_the_file_and_the_fix(tiny_trainer, tmp_path):
-    """A process that cannot see `cegppo_controller_state.json` (a node without the shared output_dir) must not
-    restart the controller from the config's betas while the other processes go on with the saved ones."""
+    """A process that cannot see `trainer_extra_state.json` (a node without the shared output_dir) must not restart
+    the controller from the config's betas while the other processes go on with the saved ones; a checkpoint saved
+    with the controller off is refused too, naming the fix."""
+    from cegppo_trl.divergence import EXTRA_STATE_FILE
+
     trainer = tiny_trainer(output_dir=tmp_path / "out", cegppo_entropy_target=2.0)
     checkpoint = tmp_path / "checkpoint-4"
-    checkpoint.mkdir()
-    with pytest.raises(FileNotFoundError, match=r"cegppo_controller_state\.json.*shared|share"):
-        trainer._load_optimizer_and_scheduler(str(checkpoint))
+    trainer.save_model(str(checkpoint))  # finite weights: resumable, but without the extra state
+    (checkpoint / "trainer_state.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match=r"trainer_extra_state\.json, which process 0 cannot see.*share"):
+        trainer.train(resume_from_checkpoint=str(checkpoint))
+    (checkpoint / EXTRA_STATE_FILE).write_text('{"divergence_guard": {"skipped": {}, "last_finite": null}}')
+    with pytest.raises(ValueError, match=r"saved with it off .*resume with cegppo_entropy_target unset"):
+        trainer.train(resume_from_checkpoint=str(checkpoint))

@@ -43,11 +43,11 @@ def test_two_machines_train_save_and_resume_as_one_machine(tiny_recipe_model_dir
         return
     # Machine 1 resumes from its own copy of the checkpoint, without the controller's state: it must stop and say so
     # (it reads the state itself; restarting it from the recipe's betas would train the machines apart).
-    from cegppo_trl.trainer import CONTROLLER_STATE_FILE
+    from cegppo_trl.divergence import EXTRA_STATE_FILE
 
     copy = tmp_path / "machine1" / checkpoint.name
     shutil.copytree(checkpoint, copy)
-    (copy / CONTROLLER_STATE_FILE).unlink()
+    (copy / EXTRA_STATE_FILE).unlink()
     procs = start(tiny_recipe_model_dir, [tmp_path / "again"] * 2,
                   [("--resume_from_checkpoint", checkpoint), ("--resume_from_checkpoint", copy)])  # fmt: skip
     try:
@@ -55,4 +55,4 @@ def test_two_machines_train_save_and_resume_as_one_machine(tiny_recipe_model_dir
     finally:
         finish(procs[:1], timeout=5)  # machine 0 waits for machine 1: stopped after 5 s
     assert procs[1].returncode != 0
-    assert f"needs its state, {copy / CONTROLLER_STATE_FILE}, which process 1 cannot see" in output, output[-6000:]
+    assert f"needs its state, {copy / EXTRA_STATE_FILE}, which process 1 cannot see" in output, output[-6000:]
