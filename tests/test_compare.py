@@ -150,9 +150,9 @@ def test_slurm_submits_a_training_and_a_dependent_measuring_job_per_run_and_resu
     text = proc.communicate(timeout=TIMEOUT_S)[0]
     assert proc.returncode == 0, text[-4000:]
     jobs = _jobs(log)
-    scripts = [next(Path(a).name for a in j["argv"] if a.endswith(".slurm") or a.startswith("--wrap")) for j in jobs]
-    assert scripts == ["evaluate.slurm", "train.slurm", "evaluate.slurm", "train.slurm", "evaluate.slurm",
-                       "--wrap=" + scripts[-1].split("=", 1)[1]]  # fmt: skip
+    scripts = [next(Path(a).name if a.endswith(".slurm") else "report" for a in j["argv"] if a.endswith(".slurm")
+                    or a.startswith("--wrap=") and "--report_only" in a) for j in jobs]  # fmt: skip
+    assert scripts == ["evaluate.slurm", "train.slurm", "evaluate.slurm", "train.slurm", "evaluate.slurm", "report"]
     for train, measure in ((jobs[1], jobs[2]), (jobs[3], jobs[4])):
         assert f"--dependency=afterok:{train['job']}" in measure["argv"]
     assert all(j["status"] == 0 for j in jobs), jobs

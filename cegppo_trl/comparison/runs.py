@@ -159,9 +159,9 @@ def sbatch_command(task: Task, args: CompareArguments, job_of: dict[str, str]) -
     if task.after is not None and task.after.name in job_of:
         head.append(f"--dependency=afterok:{job_of[task.after.name]}")
     if task.kind == "eval":
-        return [*head, resolve_shipped_path("slurm/evaluate.slurm"), str(task.folder), *task.flags]
+        return [*head, os.path.abspath(resolve_shipped_path("slurm/evaluate.slurm")), str(task.folder), *task.flags]
     processes = [] if args.num_processes is None else ["--processes-per-node", str(args.num_processes)]
-    return [*head, f"--nodes={args.nodes}", resolve_shipped_path("slurm/train.slurm"), "--recipe",
+    return [*head, f"--nodes={args.nodes}", os.path.abspath(resolve_shipped_path("slurm/train.slurm")), "--recipe",
             os.path.abspath(args.recipe), "--accelerate-config", args.accelerate_config, *processes, "--", *task.flags]  # fmt: skip
 
 
