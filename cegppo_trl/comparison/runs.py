@@ -113,6 +113,10 @@ def build_start_model(args: CompareArguments, recipe, out: Path) -> str:
     from ..tiny_model import materialize_tiny
 
     torch.set_num_threads(threads_per_process(1))
+    print(
+        f"[cegppo-compare] builtin:tiny: building (or reusing) {path}, {script_args.tiny_sft_steps} SFT steps",
+        flush=True,
+    )
     materialize_tiny(path, seed=training_args.seed, sft_steps=script_args.tiny_sft_steps)
     save_eval_settings(path, instruction=script_args.instruction, system_prompt=script_args.system_prompt,
                        temperature=training_args.temperature, top_p=training_args.top_p,
@@ -236,11 +240,7 @@ def submit(tasks: list[Task], args: CompareArguments, out: Path, say) -> list[st
     """Submit each task not done as a SLURM job (a measurement after its training job), then a job that writes the
     report after all of them; with --dry_run print the commands instead. Returns the job ids."""
     job_of: dict[str, str] = {}
-    for task in tasks:
-        if task.done():
-            continue
-        if task.after is not None and task.after.done():
-            task.after = None  # trained before: measure now
+    for task in [t for t in tasks if not t.done()]:  # done before this call: skipped, their measurements not held
         task.log.parent.mkdir(parents=True, exist_ok=True) if not args.dry_run else None
         job_of[task.name] = _sbatch(sbatch_command(task, args, job_of), task.name, args, say)
     if job_of:

@@ -59,10 +59,12 @@ def parse_arm(text: str) -> Arm:
 
 
 def threads_per_process(processes_at_once: int) -> int:
-    """The one thread policy of the comparison's processes: the cores shared out, at least one each (two threads on
-    one core spin against each other and run several times slower)."""
+    """The one thread policy (cegppo-compare's processes, cegppo-demo): the cores that other jobs leave idle (by the
+    last minute's load average) shared out, at least one each. Two threads on one busy core spin against the other
+    job and run several times slower (NOTES); 1 or 2 threads give the same figures."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cores // max(1, processes_at_once))
+    idle = max(1, cores - round(os.getloadavg()[0]))
+    return max(1, idle // max(1, processes_at_once))
 
 
 class _OneLineParser(argparse.ArgumentParser):

@@ -36,7 +36,7 @@ def _stop_on(signum, frame):
     raise Stopped(signum)
 
 
-def write_report(out: Path, wall: float | None = None) -> str | None:
+def write_report(out: Path, wall: float | None = None, show: bool = True) -> str | None:
     """The table (``results.md``: from the run folders alone, the same bytes wherever they are), ``results.json``
     and ``curves.png``; None when the start or every run is not measured yet."""
     from ..comparison import report
@@ -54,7 +54,7 @@ def write_report(out: Path, wall: float | None = None) -> str | None:
     (out / "results.json").write_text(json.dumps({"settings": settings, "summary": summary, "runs": slim,
                                                   "time": timing}, indent=1) + "\n")  # fmt: skip
     picture = report.figure(settings, start, runs, out / "curves.png")
-    print(table + "\n" + timing, flush=True)
+    print(table + "\n" + timing, flush=True) if show else None
     say(f"wrote {out / 'results.md'}, {out / 'results.json'}, {picture}")
     return table
 
@@ -78,7 +78,7 @@ def prepare(args, out: Path):
     return recipe, settings
 
 
-def run(args, out: Path, wall: float) -> int:
+def run(args, out: Path, wall: float, show: bool) -> int:
     from ..comparison.runs import build_start_model, plan, run_here, submit
     from .stopping import last_complete_checkpoint
 
@@ -113,7 +113,7 @@ def run(args, out: Path, wall: float) -> int:
                 "what a stop or a time limit cut.")  # fmt: skip
         return 0
     failures = run_here(tasks, args, recipe, say)
-    write_report(out, time.perf_counter() - wall)
+    write_report(out, time.perf_counter() - wall, show)
     if failures:
         print(f"{PROG}: {len(failures)} command(s) failed (the finished ones stay; run the same command again to "
               "retry the others): " + "; ".join(failures), file=sys.stderr)  # fmt: skip
@@ -121,7 +121,8 @@ def run(args, out: Path, wall: float) -> int:
     return 0
 
 
-def main(argv=None) -> int:
+def main(argv=None, show_table: bool = True) -> int:
+    """Console entry point; `show_table` False: the table is written, not printed (cegppo-demo prints it itself)."""
     wall = time.perf_counter()
     from ..comparison.settings import parse, preflight
 
@@ -143,7 +144,7 @@ def main(argv=None) -> int:
         return 0 if write_report(out) is not None else 1
     previous = signal.signal(signal.SIGTERM, _stop_on)
     try:
-        return run(args, out, wall)
+        return run(args, out, wall, show_table)
     except (KeyboardInterrupt, Stopped) as stop:
         print(f"{PROG}: stopped. Run the same command again to resume: finished runs are kept, and each stopped run "
               "resumes from its newest checkpoint.", file=sys.stderr)  # fmt: skip
