@@ -10,6 +10,7 @@ holds the study's reading of them.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -62,11 +63,9 @@ def claim_rows(found: list[dict]) -> list[str]:
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        print("usage: python experiments/study_claims.py RESULTS.json", file=sys.stderr)
-        return 2
-    result = json.loads(open(argv[0]).read())
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("results", metavar="RESULTS.json", help="a comparison's results.json")
+    result = json.loads(open(parser.parse_args(argv).results).read())
     settings = result["settings"]
     protocols = settings.get("protocols") or settings["shaping"]["protocols"]  # the study's results, or the engine's
     print("\n".join(claim_rows(claims(result["summary"], protocols))))
