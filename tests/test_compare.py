@@ -285,3 +285,32 @@ def test_report_only_rebuilds_the_same_table_from_copied_run_folders(tmp_path, c
     assert (copy / "results.md").read_bytes() == (out / "results.md").read_bytes()
     assert main(["--report_only", "--out", str(tmp_path / "empty")]) == 2
     assert "holds no comparison" in capsys.readouterr().err
+
+
+def test_local_dry_run_prints_the_commands_and_runs_nothing(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    assert main(["--recipe", TINY, "--arms", "dapo", "--seeds", "3", "--dry_run", "--out", str(out)]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if " -m cegppo_trl.scripts." in line]
+    assert (
+        len(lines) == 3 and "scripts.eval" in lines[0] and "scripts.eval" in lines[2]
+    )  # start, training, its measurement
+    assert f"--config {ROOT / TINY} " in lines[1] and "--epsilon_high 0.28 --seed 3 --output_dir" in lines[1]
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_a_failing_run_names_itself_and_its_log_in_one_line(tmp_path):
+    """A run that cannot start (a reward that does not import: cegppo-train refuses it at the start of the run) is
+    one line naming it and its log; the start's measurement, which finished, stays finished."""
+    out = tmp_path / "cmp"
+    flags = ["--arms", "grpo", "--eval_problems", "2", "--eval_k", "1", "--tiny_sft_steps", "1", "--reward_funcs",
+             "no_such_module.reward"]  # fmt: skip
+    command = [BIN / "cegppo-compare", "--recipe", TINY, "--seeds", "0", "--out", out, *flags]
+    failed = run_checked(command, ROOT, subprocess_env(), timeout=TIMEOUT_S, expect=1)
+    log = out / "runs" / "grpo-seed0" / "train.log"
+    assert f"grpo-seed0 training failed (exit status 2); its log: {log}" in failed.stdout
+    assert failed.stderr.strip().splitlines()[-1].startswith("cegppo-compare: 1 command(s) failed")
+    assert "cannot import 'no_such_module.reward'" in log.read_text()
+    assert (out / "start" / "eval-boxed.json").is_file()
+    again = run_checked(command, ROOT, subprocess_env(), timeout=TIMEOUT_S, expect=1)
+    assert "reused (finished before): start measurement (boxed)" in again.stdout

@@ -225,7 +225,7 @@ def preflight(args: CompareArguments) -> list[str]:
     if args.report_only:
         return [p for p in problems if p]
     try:
-        args.recipe = resolve_shipped_path(args.recipe)
+        args.recipe = os.path.abspath(resolve_shipped_path(args.recipe))
     except FileNotFoundError:
         problems.append(f"--recipe {args.recipe}: no such file (`cegppo-recipes --list` lists the shipped ones).")
     if args.launcher != "local":

@@ -14,6 +14,7 @@ finished runs and measurements are reused, a stopped run resumes from its newest
 from __future__ import annotations
 
 import json
+import shlex
 import signal
 import sys
 import time
@@ -79,7 +80,7 @@ def prepare(args, out: Path):
 
 
 def run(args, out: Path, wall: float, show: bool) -> int:
-    from ..comparison.runs import build_start_model, plan, run_here, submit
+    from ..comparison.runs import build_start_model, local_command, plan, run_here, submit
     from .stopping import last_complete_checkpoint
 
     try:
@@ -111,6 +112,9 @@ def run(args, out: Path, wall: float, show: bool) -> int:
         if not args.dry_run:
             say(f"{len(jobs)} job(s) submitted; a last job writes the report. Run the same command again to resume "
                 "what a stop or a time limit cut.")  # fmt: skip
+        return 0
+    if args.dry_run:  # each command not done, in the order it would run (a measurement after its training)
+        print("\n".join(shlex.join(local_command(t, args, recipe)) for t in tasks if not t.done()), flush=True)
         return 0
     failures = run_here(tasks, args, recipe, say)
     write_report(out, time.perf_counter() - wall, show)
