@@ -11,7 +11,8 @@ import yaml
 from doc_blocks import code_blocks
 from shared import ROOT, load_script
 
-from cegppo_trl.comparison.settings import parse, read_recipe
+from cegppo_trl.comparison.settings import parse
+from cegppo_trl.scripts.compare import read_recipe
 
 
 COMMITTED = json.loads((ROOT / "docs" / "study" / "tiny" / "results.json").read_text())

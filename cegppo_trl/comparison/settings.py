@@ -194,27 +194,6 @@ def parse(argv) -> CompareArguments:
     return CompareArguments(**vars(known), train_flags=rest)
 
 
-def read_recipe(args: CompareArguments):
-    """(script_args, training_args, model_args) of the recipe with the overrides, parsed as `cegppo-train` parses
-    them (the same parser: what a run will see); a ValueError names a bad field."""
-    from ..scripts.train import make_parser
-
-    parser = make_parser()
-
-    def error(message):
-        raise ValueError(f"--recipe {args.recipe} with {' '.join(args.train_flags) or 'no overrides'}: {message}")
-
-    parser.error = error
-    try:
-        return parser.parse_args_and_config(["--config", args.recipe, *args.train_flags])
-    except ValueError as problem:
-        if "not used by the HfArgumentParser" not in str(problem):
-            raise
-        unknown = str(problem).split(": ", 1)[1].strip("[]").replace("'", "").replace(",", "")
-        raise ValueError(f"{unknown}: neither a cegppo-compare flag nor a cegppo-train one (`cegppo-compare --help` "
-                         "and `cegppo-train --help` list them).") from None  # fmt: skip
-
-
 def preflight(args: CompareArguments) -> list[str]:
     """What the comparison needs, checked before any work: each problem as one line naming the fix (empty: go)."""
     from ..resources import resolve_shipped_path

@@ -13,6 +13,7 @@ import json
 import os
 import shlex
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -183,7 +184,6 @@ def _lm_part(args: argparse.Namespace, sizes: dict, out: str) -> dict:
     import yaml
 
     from ..comparison.report import load, summarize
-    from ..scripts.compare import main as compare
 
     folder = os.path.join(out, "lm")
     os.makedirs(folder, exist_ok=True)
@@ -197,9 +197,13 @@ def _lm_part(args: argparse.Namespace, sizes: dict, out: str) -> dict:
         yaml.safe_dump(demo_recipe(args, sizes, train_file), f, sort_keys=False)
     arm = "cegppo" if (args.beta1, args.beta2) == (0.5, 1.0) else f"{args.beta1:g},{args.beta2:g}"
     seeds = [str(args.seed + i) for i in range(sizes["seeds"])]
-    status = compare(["--recipe", recipe, "--arms", "grpo", arm, "--seeds", *seeds, "--eval_datasets",
-                      os.path.join(out, HELDOUT_FILE), "--eval_k", str(sizes["eval_samples"]), "--jobs", "2", "--out",
-                      folder], show_table=False)  # fmt: skip
+    command = [sys.executable, "-m", "cegppo_trl.scripts.compare", "--recipe", recipe, "--arms", "grpo", arm,
+               "--seeds", *seeds, "--eval_datasets", os.path.join(out, HELDOUT_FILE), "--eval_k",
+               str(sizes["eval_samples"]), "--jobs", "2", "--out", folder]  # fmt: skip
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as engine:
+        for line in engine.stdout:  # its progress lines; the demo prints the table with its own sentences
+            print(line, end="", flush=True) if line.startswith("[cegppo-compare]") else None
+    status = engine.returncode
     if status != 0:
         raise SystemExit(f"cegppo-demo: the tiny-LM comparison failed (status {status}); its logs are in {folder}.")
     settings, start, runs = load(Path(folder))

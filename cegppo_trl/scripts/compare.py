@@ -37,7 +37,7 @@ def _stop_on(signum, frame):
     raise Stopped(signum)
 
 
-def write_report(out: Path, wall: float | None = None, show: bool = True) -> str | None:
+def write_report(out: Path, wall: float | None = None) -> str | None:
     """The table (``results.md``: from the run folders alone, the same bytes wherever they are), ``results.json``
     and ``curves.png``; None when the start or every run is not measured yet."""
     from ..comparison import report
@@ -55,15 +55,36 @@ def write_report(out: Path, wall: float | None = None, show: bool = True) -> str
     (out / "results.json").write_text(json.dumps({"settings": settings, "summary": summary, "runs": slim,
                                                   "time": timing}, indent=1) + "\n")  # fmt: skip
     picture = report.figure(settings, start, runs, out / "curves.png")
-    print(table + "\n" + timing, flush=True) if show else None
+    print(table + "\n" + timing, flush=True)
     say(f"wrote {out / 'results.md'}, {out / 'results.json'}, {picture}")
     return table
+
+
+def read_recipe(args):
+    """(script_args, training_args, model_args) of the recipe with the overrides, parsed as `cegppo-train` parses
+    them (the same parser: what a run will see); a ValueError names a bad field."""
+    from .train import make_parser  # the parser of the runs: what they will see
+
+    parser = make_parser()
+
+    def error(message):
+        raise ValueError(f"--recipe {args.recipe} with {' '.join(args.train_flags) or 'no overrides'}: {message}")
+
+    parser.error = error
+    try:
+        return parser.parse_args_and_config(["--config", args.recipe, *args.train_flags])
+    except ValueError as problem:
+        if "not used by the HfArgumentParser" not in str(problem):
+            raise
+        unknown = str(problem).split(": ", 1)[1].strip("[]").replace("'", "").replace(",", "")
+        raise ValueError(f"{unknown}: neither a cegppo-compare flag nor a cegppo-train one (`cegppo-compare --help` "
+                         "and `cegppo-train --help` list them).") from None  # fmt: skip
 
 
 def prepare(args, out: Path):
     """The recipe as the runs will read it, checked, and the comparison's settings (``comparison.json``), before any
     work; a ValueError is the one line to print."""
-    from ..comparison.settings import check_model, check_same_settings, read_recipe
+    from ..comparison.settings import check_model, check_same_settings
 
     recipe = read_recipe(args)
     script_args, training_args, model_args = recipe
@@ -79,7 +100,7 @@ def prepare(args, out: Path):
     return recipe, settings
 
 
-def run(args, out: Path, wall: float, show: bool) -> int:
+def run(args, out: Path, wall: float) -> int:
     from ..comparison.runs import build_start_model, local_command, plan, run_here, submit
     from .stopping import last_complete_checkpoint
 
@@ -117,7 +138,7 @@ def run(args, out: Path, wall: float, show: bool) -> int:
         print("\n".join(shlex.join(local_command(t, args, recipe)) for t in tasks if not t.done()), flush=True)
         return 0
     failures = run_here(tasks, args, recipe, say)
-    write_report(out, time.perf_counter() - wall, show)
+    write_report(out, time.perf_counter() - wall)
     if failures:
         print(f"{PROG}: {len(failures)} command(s) failed (the finished ones stay; run the same command again to "
               "retry the others): " + "; ".join(failures), file=sys.stderr)  # fmt: skip
@@ -125,8 +146,7 @@ def run(args, out: Path, wall: float, show: bool) -> int:
     return 0
 
 
-def main(argv=None, show_table: bool = True) -> int:
-    """Console entry point; `show_table` False: the table is written, not printed (cegppo-demo prints it itself)."""
+def main(argv=None) -> int:
     wall = time.perf_counter()
     from ..comparison.settings import parse, preflight
 
@@ -148,7 +168,7 @@ def main(argv=None, show_table: bool = True) -> int:
         return 0 if write_report(out) is not None else 1
     previous = signal.signal(signal.SIGTERM, _stop_on)
     try:
-        return run(args, out, wall, show_table)
+        return run(args, out, wall)
     except (KeyboardInterrupt, Stopped) as stop:
         print(f"{PROG}: stopped. Run the same command again to resume: finished runs are kept, and each stopped run "
               "resumes from its newest checkpoint.", file=sys.stderr)  # fmt: skip
