@@ -9,8 +9,8 @@ The preset (`--study`, else the committed run) is written as a `cegppo-train` re
 `cegppo-compare`'s arms, seeds and measurement; any further flag is `cegppo-compare`'s or `cegppo-train`'s and wins
 (e.g. ``--seeds 0 --max_steps 2``). Run it again with the same --out to resume.
 
-Not carried: the worked example (`12 + 30 = 42. \\boxed{42}` as a user and an assistant turn before each problem) of
-the committed SmolLM2 runs; a `cegppo-train` recipe has no such turn, so these runs prompt with the problem alone.
+Every prompt starts with one worked example (`What is 12+30?` and `12 + 30 = 42. \\boxed{42}`, a user and an assistant
+turn: the recipe's `example_problem` / `example_answer`), which every saved model carries for `cegppo-eval`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TEMPERATURE = 0.7  # at 1.0 every group of SmolLM2's sums had zero reward variance (docs/real_model.md)
 MAX_NEW_TOKENS = 28  # the equation and its box fit; at 16 most boxes were cut
 #: The recipe of every SmolLM2 run (docs/real_model.md): LoRA r 16, lr 1e-4 from the first step, the math reward.
-SMOLLM2 = {"dataset_name": "builtin:arithmetic", "instruction": "none", "reward_funcs": ["math"],
+SMOLLM2 = {"dataset_name": "builtin:arithmetic", "instruction": "none", "example_problem": "What is 12+30?",
+           "example_answer": "12 + 30 = 42. \\boxed{42}", "reward_funcs": ["math"],
            "temperature": TEMPERATURE, "top_p": 1.0, "max_completion_length": MAX_NEW_TOKENS, "use_peft": True,
            "lora_r": 16, "lora_alpha": 32, "lora_target_modules": ["all-linear"], "learning_rate": 1.0e-4,
            "lr_scheduler_type": "constant_with_warmup", "warmup_steps": 0, "max_grad_norm": 1.0, "num_generations": 8,

@@ -1,6 +1,6 @@
 """The committed study stays reproducible: the README's and docs/comparison.md's Part A command (`cegppo-compare`
 on experiments/study/part_a_tiny.yaml) carries the settings of the committed results (docs/study/tiny), Part B's
-preset (experiments/real_model_learning.py --study) those of docs/study/smollm2 but its worked example, and the
+preset (experiments/real_model_learning.py --study) those of docs/study/smollm2, and the
 study's claims (experiments/study_claims.py) read from those results give the verdict table the README shows."""
 
 import json
@@ -60,10 +60,9 @@ def test_the_study_claims_give_the_readme_verdicts():
     assert table.strip() in readme  # the arms over seeds, each minus GRPO
 
 
-def test_the_part_b_preset_carries_the_committed_settings_but_the_worked_example(tmp_path):
+def test_the_part_b_preset_carries_the_committed_settings(tmp_path):
     """`experiments/real_model_learning.py --study` (the README's Part B command) writes a recipe and cegppo-compare
-    flags with the committed SmolLM2 results' settings (docs/study/smollm2); the one setting a recipe cannot carry,
-    the worked-example turn, is named in the script's docstring."""
+    flags with the committed SmolLM2 results' settings (docs/study/smollm2), the worked example included."""
     learning = load_script(ROOT / "experiments" / "real_model_learning.py")
     recipe, flags = learning.settings(["--study", "--out", str(tmp_path)])
     path = tmp_path / "recipe.yaml"
@@ -81,7 +80,6 @@ def test_the_part_b_preset_carries_the_committed_settings_but_the_worked_example
         "warmup_steps": training.warmup_steps, "max_grad_norm": training.max_grad_norm,
         "temperature": training.temperature, "max_completion_length": training.max_completion_length,
         "rewards": script.reward_funcs, "eval_k": args.eval_k, "protocols": args.protocols, "arms": args.arms,
-        "seeds": args.seeds,
+        "seeds": args.seeds, "example_problem": script.example_problem, "example_answer": script.example_answer,
     }  # fmt: skip
     assert made == {key: committed[key] for key in made}
-    assert committed["example_problem"] == "What is 12+30?" and "worked example" in learning.__doc__

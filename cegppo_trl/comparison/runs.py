@@ -61,6 +61,8 @@ def measurement_flags(args: CompareArguments, script_args, training_args) -> lis
         flags += ["--instruction", script_args.instruction or "none", "--system_prompt", script_args.system_prompt or
                   "none", "--temperature", f"{training_args.temperature:g}", "--top_p", f"{training_args.top_p:g}",
                   "--top_k", str(training_args.top_k or 0), "--max_new_tokens", str(training_args.max_completion_length)]  # fmt: skip
+        if script_args.example_problem is not None:
+            flags += ["--example_problem", script_args.example_problem, "--example_answer", script_args.example_answer]
     return flags + shlex.split(args.eval_args)
 
 
@@ -121,7 +123,9 @@ def build_start_model(args: CompareArguments, recipe, out: Path) -> str:
     save_eval_settings(path, instruction=script_args.instruction, system_prompt=script_args.system_prompt,
                        temperature=training_args.temperature, top_p=training_args.top_p,
                        top_k=training_args.top_k or 0, max_new_tokens=training_args.max_completion_length,
-                       note="cegppo-compare: the start model of every run")  # fmt: skip
+                       note="cegppo-compare: the start model of every run",
+                       example=None if script_args.example_problem is None else (script_args.example_problem,
+                                                                                 script_args.example_answer))  # fmt: skip
     return str(path)
 
 
