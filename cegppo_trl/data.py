@@ -87,9 +87,13 @@ def _check_placeholders(instruction: str) -> str:
 
 
 def build_prompt(
-    problem: str, system_prompt: str | None = None, instruction: str | None = DEFAULT_INSTRUCTION
+    problem: str,
+    system_prompt: str | None = None,
+    instruction: str | None = DEFAULT_INSTRUCTION,
+    example: Sequence[str] | None = None,
 ) -> list[dict[str, str]]:
-    """The conversational prompt for one problem: an optional system message, then one user message.
+    """The conversational prompt for one problem: an optional system message, an optional worked example (`example`:
+    a problem, prompted the same way, and its answer as an assistant turn), then one user message.
 
     The user message is ``problem + "\\n" + instruction``; an ``instruction`` containing ``{problem}`` is used as a
     template instead, and ``instruction=None`` (or ``""``) leaves the problem unchanged.
@@ -101,6 +105,8 @@ def build_prompt(
     else:
         content = f"{problem}\n{instruction}"
     messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    if example:
+        messages += build_prompt(example[0], None, instruction) + [{"role": "assistant", "content": example[1]}]
     messages.append({"role": "user", "content": content})
     return messages
 
@@ -328,6 +334,7 @@ def load_math_dataset(
     name: str | None = None,
     drop_invalid: bool = False,
     keep_columns: bool = False,
+    example: Sequence[str] | None = None,
 ):
     """Load math problems as a ``datasets.Dataset`` with TRL's conversational ``prompt`` and a ``solution`` column
     (the gold answer as a string; integer and float answers are converted, ``27.0`` -> ``"27"``).
@@ -339,7 +346,7 @@ def load_math_dataset(
         problem_column / answer_column: the columns to read; default: the first present of :data:`PROBLEM_COLUMNS` /
             :data:`ANSWER_COLUMNS`. A conversational problem gives its last user message; ``"a.b"`` reads key ``b``
             of a dict column ``a``.
-        system_prompt, instruction: as in :func:`build_prompt`.
+        system_prompt, instruction, example: as in :func:`build_prompt`.
         drop_invalid: drop unusable rows with a warning listing their indices, instead of raising.
         keep_columns: keep the other source columns (a replaced ``prompt`` / ``solution`` as ``original_prompt`` /
             ``original_solution``).
@@ -391,7 +398,7 @@ def load_math_dataset(
         raise DatasetFormatError(f"{source}: no usable rows remain.")
 
     out: dict[str, list] = {
-        "prompt": [build_prompt(problems[i], system_prompt, instruction) for i in keep],  # type: ignore[arg-type]
+        "prompt": [build_prompt(problems[i], system_prompt, instruction, example) for i in keep],  # type: ignore[arg-type]
         "solution": [answers[i] for i in keep],
     }
     if keep_columns:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .model_source import holds_model
@@ -82,12 +82,13 @@ def save_eval_settings(
     max_new_tokens: int,
     system_prompt: str | None = None,
     note: str | None = None,
+    example: Sequence[str] | None = None,
 ) -> str:
     """Record in a saved model directory (or LoRA adapter folder) how it is prompted and sampled, so that
     `cegppo-eval` uses it by default.
 
     The prompt (`instruction`, a resolved instruction or ``{problem}`` template, None or "" for none, and
-    `system_prompt`) goes to ``cegppo_prompt.json``; the sampling (`temperature` 0 = greedy, `top_k` 0 = no cut) to
+    `system_prompt`, and a worked `example`: problem and answer, before each problem) goes to ``cegppo_prompt.json``; the sampling (`temperature` 0 = greedy, `top_k` 0 = no cut) to
     the directory's ``generation_config.json``. Returns the path of ``cegppo_prompt.json``.
     """
     from transformers import GenerationConfig
@@ -121,6 +122,8 @@ def save_eval_settings(
         "generation_config.json, unless --instruction / --system-prompt / --temperature / --top-p / --top-k / "
         "--max-new-tokens are given.",
     }
+    if example:
+        prompt["example"] = list(example)
     with open(path, "w", encoding="utf-8") as f:
         json.dump(prompt, f, indent=2)
         f.write("\n")
@@ -154,6 +157,16 @@ def load_eval_settings(model_dir: str | os.PathLike) -> dict[str, Any] | None:
     return settings
 
 
+def saved_example(model_dirs: Iterable[str | os.PathLike | None]) -> list[str] | None:
+    """The worked example (problem, answer) the first of `model_dirs` with a ``cegppo_prompt.json`` declares."""
+    for directory in model_dirs:
+        path = None if directory is None else os.path.join(os.path.expanduser(os.fspath(directory)), PROMPT_FILE)
+        if path is not None and os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                return json.load(f).get("example")
+    return None
+
+
 def settings_for_model(
     given: dict[str, Any], model_dirs: Iterable[str | os.PathLike | None]
 ) -> tuple[dict[str, Any], list[str]]:
@@ -184,9 +197,11 @@ def prompt_and_sampling_callback(script_args):
 
     class SavePromptAndSampling(TrainerCallback):
         def write(self, path, args):
+            example = None if script_args.example_problem is None else (script_args.example_problem,
+                                                                         script_args.example_answer)  # fmt: skip
             save_eval_settings(path, instruction=script_args.instruction, system_prompt=script_args.system_prompt,
                                temperature=args.temperature, top_p=args.top_p, top_k=args.top_k or 0,
-                               max_new_tokens=args.max_completion_length)  # fmt: skip
+                               max_new_tokens=args.max_completion_length, example=example)  # fmt: skip
 
         def on_save(self, args, state, control, **kwargs):
             path = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")

@@ -99,7 +99,7 @@ def run_lm_part(seeds: int, steps: int, work_dir: str, threads: int, eval_rows_n
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(threads)
-    from cegppo_trl.demo.lm import demo_train_dataset, load_rows, load_tiny, run_rl, warm_start
+    from tiny_lm import demo_train_dataset, load_rows, load_tiny, run_rl, warm_start
 
     warm_dir, start = os.path.join(work_dir, "warm"), time.perf_counter()
     eval_rows = load_rows("builtin:arithmetic_eval", problems=PROBLEMS)[:eval_rows_n]
@@ -131,8 +131,9 @@ def run_lm_part(seeds: int, steps: int, work_dir: str, threads: int, eval_rows_n
 
 def greedy_accuracy(model_dir: str, rows: list[dict]) -> float:
     """Held-out greedy accuracy of a saved model with the demo's prompt (the demo itself reports sampled accuracy)."""
+    from tiny_lm import DEMO_INSTRUCTION, MAX_NEW_TOKENS, load_tiny
+
     from cegppo_trl.data import build_prompt
-    from cegppo_trl.demo.lm import DEMO_INSTRUCTION, MAX_NEW_TOKENS, load_tiny
     from cegppo_trl.evaluation import evaluate_completions, generate_completions
 
     model, tokenizer = load_tiny(model_dir)

@@ -19,7 +19,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from real_model_learning import MAX_NEW_TOKENS, TEMPERATURE  # noqa: E402
-from real_model_learning import settings as smollm2_settings
 
 
 @contextlib.contextmanager
@@ -50,13 +49,13 @@ def main(argv=None) -> int:
     parser.add_argument("--eval_problems", type=int, default=200)
     args = parser.parse_args(argv)
 
-    from cegppo_trl.comparison.jobs import load_problems
+    from cegppo_trl.data import load_math_dataset
     from cegppo_trl.evaluation.generation import open_generator
     from cegppo_trl.evaluation.settings import EvalSettings
     from cegppo_trl.model_source import resolve_model_source
-    from cegppo_trl.scripts.compare import parse
 
-    train, held_out = load_problems(parse(smollm2_settings(["--eval_problems", str(args.eval_problems)])))
+    train = load_math_dataset("builtin:arithmetic", instruction=None)  # the learning run's prompt: the problem alone
+    held_out = load_math_dataset("builtin:arithmetic_eval", instruction=None).select(range(args.eval_problems))
     workloads = {
         "training batch (8 prompts x 8)": (list(train["prompt"][:8]), 8),
         f"held-out ({args.eval_problems} x 4)": (list(held_out["prompt"]), 4),

@@ -1,32 +1,33 @@
-"""`cegppo-compare` as a user runs it (the console command on builtin:tiny: its table, JSON and figure; stopped and
-started again, it reuses the finished run and resumes the interrupted one; LoRA without peft refused in one line),
-and its statistics against hand-computed values (paired differences, the verdict rule, the table)."""
+"""`cegppo-compare` as a user runs it: the console command on the tiny CPU recipe through each launcher (this machine;
+`accelerate launch` on 2 gloo processes, plain DDP and DeepSpeed ZeRO-2; SLURM under the stand-ins of
+tests/standins/slurm), stopped by SIGTERM and started again (the finished run reused, the stopped one resumed from its
+checkpoint), the report rebuilt from copied run folders byte for byte, bad input refused in one line before any
+work, and its statistics against hand-computed values."""
 
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
-from shared import ROOT, load_script, run_checked
+from launching import free_port, subprocess_env
+from shared import ROOT, run_checked
 
 from cegppo_trl.comparison import report
-from cegppo_trl.comparison.jobs import TIMED_METHODS, load_problems
-from cegppo_trl.comparison.settings import CompareArguments, parse_arm
+from cegppo_trl.comparison.settings import parse_arm
+from cegppo_trl.scripts.compare import main
 
 
-QUICK = ["--model", "builtin:tiny", "--tiny_sft_steps", "150", "--arms", "grpo", "cegppo", "--seeds", "0", "1",
-         "--max_steps", "4", "--steps_per_generation", "2", "--prompts_per_step", "4", "--num_generations", "4",
-         "--eval_problems", "12", "--eval_k", "4", "--eval_every", "2", "--jobs", "1"]  # fmt: skip
-
-
-def _compare(out, *extra, **kwargs):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    command = [os.path.join(os.path.dirname(sys.executable), "cegppo-compare"), *QUICK, "--out", str(out), *extra]
-    return subprocess.Popen(command, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kwargs)
+TINY = "recipes/tiny/cegppo/config_cpu.yaml"
+BIN = Path(sys.executable).parent
+#: The size flags of the tests' comparisons: steps (cegppo-train's flag, overriding the recipe), problems, k.
+SIZES = ["--seeds", "0", "--eval_problems", "12", "--eval_k", "4"]
+TIMEOUT_S = 900  # generous: the machine is shared
 
 
 def _numbers(value):
@@ -35,250 +36,281 @@ def _numbers(value):
     return [float(value)] if isinstance(value, int | float) and not isinstance(value, bool) else []
 
 
-@pytest.mark.slow
-def test_compare_writes_its_results_and_resumes_what_a_stop_cut(tmp_path):
-    """Stopped with Ctrl-C (SIGINT to its process group, as a terminal sends it) once the first run is finished and
-    the second has a checkpoint, then started again: the first run is reused as it was, the second resumes from its
-    checkpoint, and the results have finite figures."""
-    out = tmp_path / "cmp"
-    first = _compare(out, start_new_session=True)
-    finished, checkpoint = out / "runs" / "grpo-seed0" / "result.json", out / "runs" / "cegppo-seed0" / "checkpoint-2"
-    deadline = time.time() + 900
-    saved = checkpoint / "trainer_state.json"  # written last: the checkpoint is complete
-    while not (finished.is_file() and saved.is_file()) and first.poll() is None and time.time() < deadline:
-        time.sleep(0.2)
-    assert finished.is_file() and saved.is_file(), first.communicate()[0][-3000:]
-    os.killpg(first.pid, signal.SIGINT)
-    stopped = first.communicate(timeout=120)[0]
-    assert first.returncode == 130 and "cegppo-compare: stopped. Run the same command again to resume" in stopped
-    assert not (out / "results.json").exists() and checkpoint.is_dir()
-    kept = finished.read_text()
+def _compare(out, *flags, env=None):
+    command = [str(BIN / "cegppo-compare"), "--recipe", TINY, "--arms", "grpo", "cegppo", *SIZES, "--out", str(out),
+               *map(str, flags)]  # fmt: skip
+    return subprocess.Popen(command, cwd=ROOT, env=env or subprocess_env(), text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)  # fmt: skip
 
-    second = _compare(out)
-    log = second.communicate(timeout=900)[0]
-    assert second.returncode == 0, log[-3000:]
-    assert "reused (finished before): start, grpo-seed0" in log
-    assert "resumed from their newest finite checkpoint: cegppo-seed0 from checkpoint-2" in log
-    assert finished.read_text() == kept  # not redone
+
+def _wait_for(paths, process, what: str) -> None:
+    deadline = time.time() + TIMEOUT_S
+    while not all(p.is_file() for p in paths) and process.poll() is None and time.time() < deadline:
+        time.sleep(0.1)
+    assert all(p.is_file() for p in paths), f"{what}:\n" + process.communicate()[0][-4000:]
+
+
+LAUNCHERS = {
+    "local": ["--launcher", "local", "--jobs", "1"],
+    "accelerate multi_gpu": [
+        "--launcher",
+        "accelerate",
+        "--accelerate_config",
+        "accelerate_configs/multi_gpu.yaml",
+        "--num_processes",
+        "2",
+    ],  # fmt: skip
+    "accelerate zero2": [
+        "--launcher",
+        "accelerate",
+        "--accelerate_config",
+        "accelerate_configs/zero2.yaml",
+        "--num_processes",
+        "2",
+    ],  # fmt: skip
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", list(LAUNCHERS))
+def test_compare_trains_measures_reports_and_resumes_after_sigterm(launcher, tmp_path):
+    """Each run trains through the launcher (with accelerate: on 2 processes, both ranks in its log) and is measured
+    by cegppo-eval; SIGTERM to the command in the middle of the second run, then the same command: the first run and
+    its measurement are reused as they were, the second resumes from its checkpoint; the table, JSON and figure have
+    finite numbers, and the report rebuilt from a copy of the folders is the same table byte for byte."""
+    out, flags = tmp_path / "cmp", [*LAUNCHERS[launcher], "--max_steps", "24"]
+    first = _compare(out, *flags)
+    done, second_run = out / "runs" / "grpo-seed0", out / "runs" / "cegppo-seed0"
+    _wait_for([done / "eval-boxed.json", second_run / "checkpoint-4" / "trainer_state.json"], first, "first call")
+    first.send_signal(signal.SIGTERM)
+    stopped = first.communicate(timeout=300)[0]
+    assert first.returncode == 143, stopped[-3000:]
+    assert "cegppo-compare: stopped. Run the same command again to resume" in stopped
+    assert not (second_run / "trainer_state.json").exists(), "the second run finished before the signal"
+    kept = {
+        name: (done / name).read_bytes() for name in ("eval-boxed.json", "trainer_state.json", "model.safetensors")
+    }
+
+    second = _compare(out, *flags)
+    log = second.communicate(timeout=TIMEOUT_S)[0]
+    assert second.returncode == 0, log[-4000:]
+    reused = "start measurement (boxed), grpo-seed0 training, grpo-seed0 measurement (boxed)"
+    assert f"reused (finished before): {reused}" in log
+    assert "resumed from their newest complete checkpoint: cegppo-seed0 training from checkpoint-" in log
+    assert all((done / name).read_bytes() == value for name, value in kept.items())  # not redone
+    second_log = (second_run / "train.log").read_text()
+    assert "Resuming from" in second_log.split("[cegppo-compare]")[-1]  # cegppo-train resumed the checkpoint
+    if launcher != "local":
+        for run in (done, second_run):
+            text = (run / "train.log").read_text()
+            assert "[default0]:" in text and "[default1]:" in text, f"{run.name}: not both ranks"
     result = json.loads((out / "results.json").read_text())
-    assert [r["name"] for r in result["runs"]] == ["grpo-seed0", "grpo-seed1", "cegppo-seed0", "cegppo-seed1"]
-    resumed = next(r for r in result["runs"] if r["name"] == "cegppo-seed0")
-    assert resumed["resumed_from_step"] == 2 and [p["step"] for p in resumed["curve"]] == [2, 4]
-    assert all(r["time"]["generation"] > 0 and r["time"]["old_logprob_pass"] > 0 for r in result["runs"])
-    numbers = _numbers([result["start"], [r["end"] for r in result["runs"]], result["summary"]["per_run"]])
+    assert [r["name"] for r in result["runs"]] == ["grpo-seed0", "cegppo-seed0"]
+    arms = result["summary"]["arms"].values()
+    numbers = _numbers([result["summary"]["per_run"], [a["boxed"]["avg"]["mean"] for a in arms]])
     assert numbers and all(math.isfinite(v) for v in numbers)
     table = (out / "results.md").read_text()
-    for row in ("| start |", "| GRPO seed 0 |", "| CE-GPPO (0.5, 1) seed 1 |", "| the paper's claim |", "Time ("):
+    for row in ("| start |", "| GRPO seed 0 |", "| CE-GPPO (0.5, 1) seed 0 |", "Each arm minus GRPO"):
         assert row in table
-    assert "with 1 thread." in table  # the jobs' threads, not the reporting process's
     assert (out / "curves.png").read_bytes().startswith(b"\x89PNG")
-    assert (out / "runs" / "cegppo-seed1" / "final" / "cegppo_prompt.json").is_file()  # cegppo-eval can measure it
-    assert not list(out.glob("runs/*/checkpoint-*"))  # done: only the final models stay
+    eval_report = json.loads((second_run / "eval-boxed.json").read_text())
+    assert len(eval_report["datasets"]["builtin:arithmetic_eval"]["problems"]) == 12
 
-    changed = run_checked([sys.executable, "-m", "cegppo_trl.scripts.compare", *QUICK, "--out", out, "--max_steps",
-                           "6"], ROOT, expect=2)  # fmt: skip
-    assert "--max_steps 4 -> 6" in changed.stderr and len(changed.stderr.strip().splitlines()) == 1
+    copy = tmp_path / "copied"
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns("results.*", "curves.png", "checkpoint-*"))
+    run_checked([BIN / "cegppo-compare", "--report_only", "--out", copy], tmp_path)
+    assert (copy / "results.md").read_bytes() == (out / "results.md").read_bytes()
+
+    changed = run_checked([BIN / "cegppo-compare", "--recipe", TINY, *SIZES, "--out", out, *flags[:-1], "12"],
+                          ROOT, expect=2)  # fmt: skip
+    assert "holds a comparison with other settings" in changed.stderr and "'24'] -> [" in changed.stderr
+    assert len(changed.stderr.strip().splitlines()) == 1
 
 
-def test_lora_without_peft_is_refused_in_one_line_before_any_work(tmp_path):
-    code = "import sys; sys.modules['peft'] = None; from cegppo_trl.scripts.compare import main; sys.exit(main())"
-    proc = run_checked([sys.executable, "-c", code, *QUICK, "--use_peft", "true", "--out", tmp_path / "x"], ROOT,
-                       expect=2)  # fmt: skip
-    assert proc.stderr.strip() == (
-        "cegppo-compare: --use_peft true (LoRA) needs peft, which is not installed: pip install 'cegppo-trl[peft]' "
-        "(in a clone: -e '.[peft]')."
-    )
-    assert not (tmp_path / "x").exists()  # refused before builtin:tiny was built there, or anything ran
+def _slurm_env(log: Path) -> dict:
+    env = subprocess_env()
+    env.update(PATH=os.pathsep.join([str(ROOT / "tests" / "standins" / "slurm"), str(BIN), env["PATH"]]),
+               CEGPPO_STANDIN_SLURM_LOG=str(log), MASTER_PORT=str(free_port()))  # fmt: skip
+    env.pop("SLURM_GPUS_ON_NODE", None)
+    return env
+
+
+def _jobs(log: Path) -> list[dict]:
+    return [e for e in map(json.loads, log.read_text().splitlines()) if e["event"] == "sbatch"]
+
+
+@pytest.mark.slow
+def test_slurm_submits_a_training_and_a_dependent_measuring_job_per_run_and_resumes(tmp_path):
+    """Under the SLURM stand-ins (sbatch runs each job at once): the start's measurement, per run a train.slurm job
+    and an evaluate.slurm job after it (afterok), then the report's job. A run cut after its first checkpoint (its
+    later files gone, as a time limit leaves it) is submitted again alone and resumes from that checkpoint."""
+    out, log = tmp_path / "cmp", tmp_path / "slurm.jsonl"
+    flags = ["--launcher", "slurm", "--accelerate_config", "multi_gpu", "--num_processes", "1", "--max_steps", "8"]
+    proc = _compare(out, *flags, env=_slurm_env(log))
+    text = proc.communicate(timeout=TIMEOUT_S)[0]
+    assert proc.returncode == 0, text[-4000:]
+    jobs = _jobs(log)
+    scripts = [next(Path(a).name if a.endswith(".slurm") else "report" for a in j["argv"] if a.endswith(".slurm")
+                    or a.startswith("--wrap=") and "--report_only" in a) for j in jobs]  # fmt: skip
+    assert scripts == ["evaluate.slurm", "train.slurm", "evaluate.slurm", "train.slurm", "evaluate.slurm", "report"]
+    for train, measure in ((jobs[1], jobs[2]), (jobs[3], jobs[4])):
+        assert f"--dependency=afterok:{train['job']}" in measure["argv"]
+    assert all(j["status"] == 0 for j in jobs), jobs
+    assert (out / "results.md").is_file() and "| CE-GPPO (0.5, 1) seed 0 |" in (out / "results.md").read_text()
+
+    cut = out / "runs" / "cegppo-seed0"
+    for name in ("trainer_state.json", "eval-boxed.json", "model.safetensors"):
+        (cut / name).unlink()
+    shutil.rmtree(cut / "checkpoint-8")
+    again = _compare(out, *flags, env=_slurm_env(log))
+    text = again.communicate(timeout=TIMEOUT_S)[0]
+    assert again.returncode == 0, text[-4000:]
+    assert "resumed from their newest complete checkpoint: cegppo-seed0 training from checkpoint-4" in text
+    new = _jobs(log)[len(jobs) :]
+    assert len(new) == 3 and "--cegppo_beta1" in new[0]["argv"] and all(j["status"] == 0 for j in new)
+    assert (cut / "trainer_state.json").is_file() and "checkpoint-4" in (cut / "train.log").read_text()
+
+
+def test_slurm_dry_run_prints_every_sbatch_command_with_the_recipe_and_the_arms(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch: --dry_run needs none
+    out = tmp_path / "cmp"
+    flags = ["--recipe", TINY, "--arms", "grpo", "dapo", "--seeds", "0", "--launcher", "slurm", "--dry_run",
+             "--accelerate_config", "zero2", "--num_processes", "8", "--out", str(out)]  # fmt: skip
+    assert main(flags) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("sbatch ")]
+    assert len(lines) == 6, lines  # the start's measurement, 2 x (training, measurement), the report
+    trains = [line for line in lines if "train.slurm" in line]
+    recipe = str(ROOT / TINY)
+    assert all(f"--recipe {recipe}" in line and "zero2.yaml" in line and "--processes-per-node 8" in line
+               for line in trains)  # fmt: skip
+    assert "--cegppo_beta1 0 --cegppo_beta2 0 --seed 0" in trains[0] and "--epsilon_high 0.28" in trains[1]
+    assert "'--dependency=afterok:<grpo-seed0 training>'" in lines[2] and "evaluate.slurm" in lines[2]
+    assert not out.exists()  # nothing written, nothing built
 
 
 @pytest.mark.parametrize(
     "flags, message",
     [
+        (["--recipe", "no/such.yaml"], "--recipe no/such.yaml: no such file"),
+        (["--launcher", "accelerate", "--accelerate_config", "no_such"], "--accelerate_config no_such: no such file"),
         (["--arms", "grpo", "banana"], "--arms 'banana': an arm is grpo, dapo, cegppo"),
-        (["--eval_every", "3"], "--eval_every 3: measure at generation-batch boundaries, a multiple of"),
-        (["--protocols", "exact"], "--protocols ['exact']: each must be one of"),
-        (["--example_problem", "What is 1+1?"], "--example_problem and --example_answer go together"),
-        (["--eval_problems", "301"], "--eval_problems 301: builtin:arithmetic_eval has 300 problems."),
-        (["--model", "no/such/dir/"], "--model: "),
+        (["--launcher", "slurm"], "--launcher slurm: sbatch is not on the PATH"),
+        (["--model_name_or_path", "no/such/dir/"], "model_name_or_path no/such/dir/: "),
+        (["--seed", "3"], "--seed: each run sets it"),
+        (["--max_stepz", "3"], "--max_stepz 3: neither a cegppo-compare flag nor a cegppo-train one"),
     ],
 )
-def test_bad_input_is_one_line_naming_the_flag(flags, message, tmp_path, capsys):
-    from cegppo_trl.scripts.compare import main
-
-    assert main([*QUICK, "--out", str(tmp_path / "x"), *flags]) == 2
+def test_bad_input_is_one_line_before_any_work(flags, message, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", str(BIN))  # no sbatch here
+    out = tmp_path / "x"
+    assert main(["--recipe", TINY, *flags, "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert message in err and len(err.strip().splitlines()) == 1
+    assert message in err and len(err.strip().splitlines()) == 1, err
+    assert not out.exists()
+
+
+def test_an_output_folder_of_other_settings_is_refused(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    out.mkdir()
+    (out / "comparison.json").write_text(json.dumps({"shaping": {"train_flags": ["--max_steps", "8"]}}))
+    assert main(["--recipe", TINY, "--out", str(out), "--max_steps", "4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert (
+        "holds a comparison with other settings (" in err
+        and "train_flags ['--max_steps', '8'] -> ['--max_steps', '4']" in err
+    )
+    assert len(err.splitlines()) == 1 and not (out / "runs").exists()
 
 
 def test_arms():
-    assert parse_arm("grpo") == parse_arm("GRPO") and (parse_arm("grpo").beta1, parse_arm("grpo").beta2) == (0, 0)
-    assert parse_arm("dapo").epsilon_high == 0.28 and parse_arm("cegppo").label == "CE-GPPO (0.5, 1)"
+    assert parse_arm("grpo") == parse_arm("GRPO") and parse_arm("grpo").flags() == ["--cegppo_beta1", "0",
+                                                                                    "--cegppo_beta2", "0"]  # fmt: skip
+    assert (
+        parse_arm("dapo").flags()[-2:] == ["--epsilon_high", "0.28"]
+        and parse_arm("cegppo").label == "CE-GPPO (0.5, 1)"
+    )
     assert (parse_arm("0,1").name, parse_arm("0,1").label) == ("b0-1", "CE-GPPO (0, 1)")
 
 
-def test_held_out_problems_never_train_and_the_example_leads_every_prompt(tmp_path):
-    problems = tmp_path / "p.jsonl"
-    problems.write_text('{"problem": "What is 1+2?", "answer": "3"}\n{"problem": "What is 2+2?", "answer": "4"}\n')
-    args = CompareArguments(model="m", train_dataset=str(problems), eval_dataset="builtin:arithmetic_eval",
-                            instruction="none", example_problem="What is 12+30?", example_answer="42")  # fmt: skip
-    train, held_out = load_problems(args)
-    assert "What is 2+2?" in [row["prompt"][-1]["content"] for row in held_out]
-    assert [row["prompt"][-1]["content"] for row in train] == ["What is 1+2?"]  # 2+2 is held out
-    args.train_dataset, args.eval_problems = "builtin:arithmetic_eval", 5
-    train, held_out = load_problems(args)
-    assert len(train) == 295 and len(held_out) == 5
-    example = [{"role": "user", "content": "What is 12+30?"}, {"role": "assistant", "content": "42"}]
-    assert all(row["prompt"][:2] == example for rows in (train, held_out) for row in rows)
-
-
 def test_paired_differences_and_the_verdict_rule():
-    mean, se = report.paired({"num_correct": [2, 4, 0, 4], "k": 4}, {"num_correct": [0, 2, 0, 4], "k": 4}, "avg")
-    assert mean == pytest.approx(0.25) and se == pytest.approx(math.sqrt(1 / 12) / 2)  # diffs .5, .5, 0, 0
-    assert report.paired({"num_correct": [1, 0, 3], "k": 4}, {"num_correct": [0, 0, 4], "k": 4}, "pass")[0] == (
-        pytest.approx(1 / 3)
-    )
-    assert report.verdict([0.10, 0.12, 0.11]) == "yes" and report.verdict([-0.1, -0.12, -0.11]) == "no"
-    assert report.verdict([0.1, 0.2, -0.01]) == "inside the noise"  # one seed of the other sign
-    assert report.verdict([0.01, 0.5, 0.02]) == "inside the noise"  # every seed agrees, but under 2 SE
-    assert report.verdict([-0.1, -0.12, -0.11], direction=-1) == "yes" and report.verdict([0.3]) == "inside the noise"
+    assert report.paired([1.0, 0.5, 0.0], [0.5, 0.5, 0.5]) == pytest.approx((0.0, math.sqrt(0.25 / 3)))
+    assert report.verdict([0.03, 0.04, 0.05]) == "yes"  # mean 0.04, se 0.0058
+    assert report.verdict([-0.03, -0.04, -0.05]) == "no" and report.verdict([-0.03, -0.04, -0.05], -1) == "yes"
+    assert report.verdict([0.01, 0.2, 0.0001]) == "inside the noise"  # every seed above, mean < 2 se
+    assert report.verdict([0.05]) == "inside the noise" and report.direction([0.01, -0.02]) == "inside the noise"
 
 
-def test_summary_table_and_claims():
-    def grades(*counts):
-        return {p: {"num_correct": list(c), "avg": sum(c) / (2 * len(c)), "pass": sum(x > 0 for x in c) / len(c)}
-                for p, c in zip(("boxed", "lighteval"), counts)}  # fmt: skip
-
-    start = {"k": 2, "num_problems": 4, "entropy": 1.0, "boxed_rate": 0.5, "seconds": 1.0,
-             "grades": grades([0, 1, 0, 2], [0, 1, 0, 2])}  # fmt: skip
-
-    def run(arm, seed, correct, entropy):
-        history = [{"step": s, "entropy": entropy, "reward": 0.0, "cegppo/batch_fill": 1.0} for s in (1, 2)]
-        history.append({"step": 3, "entropy": 0.0, "cegppo/batch_fill": 0.0})  # trained nothing: not a measurement
-        return {"name": f"{arm.name}-seed{seed}", "arm": arm.name, "label": arm.label, "seed": seed,
-                "end": {**start, "grades": grades(correct, correct)}, "log_history": history}  # fmt: skip
-
-    grpo, cegppo = parse_arm("grpo"), parse_arm("cegppo")
-    runs = [run(grpo, 0, [1, 1, 0, 2], 0.5), run(grpo, 1, [0, 1, 0, 2], 0.4), run(cegppo, 0, [2, 2, 1, 2], 0.7),
-            run(cegppo, 1, [1, 2, 1, 2], 0.61)]  # fmt: skip
-    summary = report.summarize(start, runs, ["boxed", "lighteval"])
-    assert summary["per_run"]["cegppo-seed0"]["boxed"]["avg_vs_start"][0] == pytest.approx(4 / 8)
-    assert summary["per_run"]["grpo-seed0"]["train_entropy"] == pytest.approx(0.5)  # step 3 left out
-    assert summary["arms"]["grpo"]["boxed"]["avg_vs_start"]["mean"] == pytest.approx((1 / 8 + 0) / 2)
-    versus = summary["versus"]["cegppo"]
-    assert [e["boxed"]["avg"][0] for e in versus["per_seed"]] == pytest.approx([3 / 8, 3 / 8])
-    assert [e["train_entropy"] for e in versus["per_seed"]] == pytest.approx([0.2, 0.21])
-    claims = {c["claim"][:5]: c["verdict"] for c in report.claims(summary, ["boxed"])}
-    assert claims == {"(i) C": "yes", "(iii)": "yes"}
-    settings = {"protocols": ["boxed", "lighteval"], "eval_dataset": "d", "eval_temperature": None, "temperature": 1.0,
-                "max_steps": 3, "prompts_per_step": 2, "num_generations": 2, "steps_per_generation": 1,
-                "dynamic_sampling": False, "oversampling": 1.0, "use_peft": False, "lora_r": 1, "learning_rate": 1.0,
-                "max_completion_length": 4}  # fmt: skip
-    table = report.markdown(start, runs, summary, settings)
-    assert "| CE-GPPO (0.5, 1) seed 0 | 87.5 +- 12.5 | 100.0 +- 0.0 | +50.0 +- 20.4 | 87.5 |" in table
-    assert "| GRPO | 2 | 43.8 +- 6.2 |" in table
-    assert "| (i) CE-GPPO's entropy stays above GRPO's over training | +0.200, +0.210 nats | **yes** |" in table
-    # The figure's curves: one point per generation batch, whether logged every step (entropy) or once (reward).
-    assert report._smooth([(1, 1.0), (2, 3.0), (9, 5.0)], 8) == ([2, 9], [2.0, 5.0])
-    assert report._smooth([(1, 1.0), (9, 3.0), (17, 5.0)], 8) == ([1, 9, 17], [1.0, 3.0, 5.0])
-    one_seed = [r for r in runs if r["seed"] == 0]  # no spread over seeds to show: the means alone
-    table = report.markdown(start, one_seed, report.summarize(start, one_seed, ["boxed", "lighteval"]), settings)
-    assert "| GRPO | 1 | 50.0 | 75.0 | +12.5 | 1.000 | 0.500 |" in table and "+- nan" not in table
+def _eval_report(correct: list[int], k: int = 4) -> dict:
+    problems = [{"index": i, "num_correct": c} for i, c in enumerate(correct)]
+    return {"pending": [], "datasets": {"builtin:arithmetic_eval": {"k": k, "problems": problems}}}
 
 
-def test_timed_trl_methods_exist_and_nest_as_the_timer_assumes():
-    """Private TRL 1.16 names the timer wraps: the old-log-prob pass is the call of
-    `_get_per_token_logps_and_entropies` made inside `_generate_and_score_completions`, generation `_generate`, the
-    reward `_calculate_rewards`."""
-    import inspect
-
-    from trl import GRPOTrainer
-
-    from cegppo_trl import CEGPPOTrainer
-
-    for name in TIMED_METHODS:
-        assert callable(getattr(CEGPPOTrainer, name)), name
-    scoring = inspect.getsource(GRPOTrainer._generate_and_score_completions)
-    for called in ("self._generate(", "self._calculate_rewards(", "self._get_per_token_logps_and_entropies("):
-        assert called in scoring, called
-
-
-def test_a_yaml_file_carries_the_flags_and_the_command_line_wins(tmp_path):
-    from cegppo_trl.scripts.compare import parse
-
-    config = tmp_path / "study.yaml"
-    config.write_text("arms: [grpo, '0,1']\nseeds: [3, 4]\nmax_steps: 16\nuse_peft: true\n")
-    args = parse(["--config", str(config), "--max_steps", "8"])
-    assert ([a.name for a in args.arm_list], args.seeds, args.max_steps, args.use_peft) == (
-        ["grpo", "b0-1"],
-        [3, 4],
-        8,
-        True,
-    )
+def _folders(out: Path) -> None:
+    """A comparison's folders as the runs leave them: the settings, the start's and each run's measurement, each
+    run's training log."""
+    training = {"model": "builtin:tiny", "max_steps": 2, "per_device_train_batch_size": 8, "num_generations": 4,
+                "steps_per_generation": 1, "learning_rate": 1e-3, "temperature": 1.0, "max_completion_length": 16,
+                "use_peft": False}  # fmt: skip
+    shaping = {"protocols": ["boxed"], "eval_datasets": ["builtin:arithmetic_eval"], "eval_k": 4, "eval_problems": 4,
+               "eval_preset": None}  # fmt: skip
+    (out / "start").mkdir(parents=True)
+    (out / "comparison.json").write_text(json.dumps({"shaping": shaping, "arms": ["grpo", "cegppo"],
+                                                     "seeds": [0, 1], "training": training}))  # fmt: skip
+    (out / "start" / "eval-boxed.json").write_text(json.dumps(_eval_report([0, 1, 2, 0])))
+    counts = {("grpo", 0): [1, 1, 2, 0], ("grpo", 1): [2, 1, 2, 0], ("cegppo", 0): [4, 1, 2, 0],
+              ("cegppo", 1): [4, 2, 2, 0]}  # fmt: skip
+    for (arm, seed), correct in counts.items():
+        folder = out / "runs" / f"{arm}-seed{seed}"
+        folder.mkdir(parents=True)
+        arm_ = parse_arm(arm)
+        (folder / "compare_run.json").write_text(json.dumps({"name": folder.name, "arm": arm, "label": arm_.label,
+                                                             "seed": seed, "beta1": arm_.beta1, "beta2": arm_.beta2}))  # fmt: skip
+        history = [{"step": s, "reward": 0.1 * s, "entropy": 0.5 - 0.1 * s + 0.01 * seed} for s in (1, 2)]
+        (folder / "trainer_state.json").write_text(json.dumps({"log_history": history}))
+        (folder / "eval-boxed.json").write_text(json.dumps(_eval_report(correct)))
 
 
-def test_the_smollm2_wrapper_passes_the_committed_settings_and_the_study_preset():
-    learning = load_script(ROOT / "experiments" / "real_model_learning.py")
-    from cegppo_trl.scripts.compare import parse
-
-    committed = parse(learning.settings(["--seeds", "0"]))
-    assert (committed.arms, committed.seeds, committed.max_steps, committed.eval_k) == (["cegppo", "grpo"], [0], 24, 4)
-    assert (committed.temperature, committed.max_completion_length, committed.use_peft) == (0.7, 28, True)
-    study = parse(learning.settings(["--study"]))
-    assert (study.steps_per_generation, study.dynamic_sampling, study.seeds, study.max_steps) == (
-        8,
-        True,
-        [0, 1, 2],
-        48,
-    )
-    # The committed Part B results (docs/study/smollm2) were made with these settings (the model: where it was built).
-    made = json.loads((ROOT / "docs" / "study" / "smollm2" / "results.json").read_text())["settings"]
-    shaping = {k: v for k, v in study.shaping().items() if k != "model"}
-    assert {k: made[k] for k in shaping} == shaping and made["model"].endswith("SmolLM2-135M-Instruct")
+def test_report_only_rebuilds_the_same_table_from_copied_run_folders(tmp_path, capsys):
+    out = tmp_path / "made-here"
+    _folders(out)
+    assert main(["--report_only", "--out", str(out)]) == 0
+    table = (out / "results.md").read_text()
+    # CE-GPPO seed 0: 7 of 16 samples right (43.8%), GRPO seed 0: 4 of 16; paired per problem +18.75 pp
+    assert "| CE-GPPO (0.5, 1) seed 0 | 43.8 +- " in table and "| GRPO seed 0 | 25.0 +- " in table
+    # CE-GPPO minus GRPO over seeds: +18.75 and +18.75 pp: every seed above, spread 0: "above"
+    assert "| CE-GPPO (0.5, 1) | +18.8 +- 0.0 (above) |" in table
+    copy = tmp_path / "copied-back"
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns("results.*", "curves.png"))
+    assert main(["--report_only", "--out", str(copy)]) == 0
+    assert (copy / "results.md").read_bytes() == (out / "results.md").read_bytes()
+    assert main(["--report_only", "--out", str(tmp_path / "empty")]) == 2
+    assert "holds no comparison" in capsys.readouterr().err
 
 
-def test_generation_speed_command_prints_its_table(tiny_checkpoint):
-    """experiments/generation_speed.py as a user runs it, HF backend only (vLLM's side runs where vLLM is installed:
-    docs/real_model.md quotes that run), on the tests' tiny checkpoint instead of SmolLM2."""
-    argv = [sys.executable, ROOT / "experiments" / "generation_speed.py", "--model", tiny_checkpoint, "--backends",
-            "hf", "--eval_problems", "3"]  # fmt: skip
-    proc = run_checked(argv, ROOT, timeout=300)
-    assert "| hf | training batch (8 prompts x 8) |" in proc.stdout
-    rows = [line.split("|") for line in proc.stdout.splitlines() if line.startswith("| hf |")]
-    assert [int(row[5]) for row in rows] == [64, 12]  # samples: 8 x 8, then 3 problems x 4
-    assert all(float(row[4]) >= 0 for row in rows)  # seconds (0.0 when the tiny model is that fast)
+def test_local_dry_run_prints_the_commands_and_runs_nothing(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    assert main(["--recipe", TINY, "--arms", "dapo", "--seeds", "3", "--dry_run", "--out", str(out)]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if " -m cegppo_trl.scripts." in line]
+    assert (
+        len(lines) == 3 and "scripts.eval" in lines[0] and "scripts.eval" in lines[2]
+    )  # start, training, its measurement
+    assert f"--config {ROOT / TINY} " in lines[1] and "--epsilon_high 0.28 --seed 3 --output_dir" in lines[1]
+    assert not out.exists()
 
 
-def test_the_readme_study_command_made_the_committed_results():
-    """The README's and docs/comparison.md's Part A commands have the settings of the committed study results (the
-    same fingerprint: `cegppo-compare` with them reuses those runs), and the README shows the committed tables."""
-    import shlex
-
-    from doc_blocks import code_blocks
-
-    from cegppo_trl.scripts.compare import parse
-
-    committed = json.loads((ROOT / "docs" / "study" / "tiny" / "results.json").read_text())
-    for doc in (ROOT / "README.md", ROOT / "docs" / "comparison.md"):
-        lines = [b.body.replace("\\\n", " ") for b in code_blocks(doc) if "--max_steps 256" in b.body]
-        command = next(line for body in lines for line in body.splitlines() if "cegppo-compare " in line)
-        args = parse(shlex.split(command, comments=True)[1:])
-        assert args.shaping() == {k: v for k, v in committed["settings"].items() if k in args.shaping()}, doc
-        assert (args.arms, args.seeds) == (committed["settings"]["arms"], committed["settings"]["seeds"])
-    table = (ROOT / "docs" / "study" / "tiny" / "results.md").read_text().split("Over seeds")[1].split("\n\nTime (")[0]
-    assert table.strip() in (ROOT / "README.md").read_text()  # the arms over seeds, each minus GRPO, the verdicts
-
-
-def test_a_checkpoint_cut_short_is_passed_over(tmp_path):
-    """A stop in the middle of a save leaves a checkpoint without trainer_state.json (written last): resuming passes
-    over it to the newest complete one, and says so."""
-    from cegppo_trl.comparison.jobs import resume_point
-    from cegppo_trl.divergence import EXTRA_STATE_FILE
-
-    for step, complete in ((2, True), (4, True), (6, False)):
-        (tmp_path / f"checkpoint-{step}").mkdir()
-        (tmp_path / f"checkpoint-{step}" / EXTRA_STATE_FILE).write_text("{}")  # the guard checked its weights
-        if complete:
-            (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
-    checkpoint, lines = resume_point(tmp_path)
-    assert checkpoint == str(tmp_path / "checkpoint-4")
-    assert lines == [f"Skipping {tmp_path / 'checkpoint-6'}: not a complete checkpoint (no trainer_state.json)."]
+@pytest.mark.slow
+def test_a_failing_run_names_itself_and_its_log_in_one_line(tmp_path):
+    """A run that cannot start (a reward that does not import: cegppo-train refuses it at the start of the run) is
+    one line naming it and its log; the start's measurement, which finished, stays finished."""
+    out = tmp_path / "cmp"
+    flags = ["--arms", "grpo", "--eval_problems", "2", "--eval_k", "1", "--tiny_sft_steps", "1", "--reward_funcs",
+             "no_such_module.reward"]  # fmt: skip
+    command = [BIN / "cegppo-compare", "--recipe", TINY, "--seeds", "0", "--out", out, *flags]
+    failed = run_checked(command, ROOT, subprocess_env(), timeout=TIMEOUT_S, expect=1)
+    log = out / "runs" / "grpo-seed0" / "train.log"
+    assert f"grpo-seed0 training failed (exit status 2); its log: {log}" in failed.stdout
+    assert failed.stderr.strip().splitlines()[-1].startswith("cegppo-compare: 1 command(s) failed")
+    assert "cannot import 'no_such_module.reward'" in log.read_text()
+    assert (out / "start" / "eval-boxed.json").is_file()
+    again = run_checked(command, ROOT, subprocess_env(), timeout=TIMEOUT_S, expect=1)
+    assert "reused (finished before): start measurement (boxed)" in again.stdout

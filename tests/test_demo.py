@@ -1,6 +1,7 @@
 """`cegppo-demo` as a user sees it: what it prints, the files it writes, the exact toy's findings (the same on every
-machine), and the building blocks at tiny sizes. The end-to-end run is conftest's shared `quick_demo` (`--quick`,
-every part and option on, through the installed wheel's console script)."""
+machine), its tiny-LM part as a `cegppo-compare` run of its recipe, and the in-process tiny-LM helpers of the
+experiments (experiments/tiny_lm.py). The end-to-end run is conftest's shared `quick_demo` (`--quick`, every part and
+option on, through the installed wheel's console script)."""
 
 import dataclasses
 import json
@@ -11,13 +12,18 @@ from unittest import mock
 
 import pytest
 import torch
+import yaml
 from conftest import DEMO_OUTPUT
+from shared import ROOT, load_script
 
-from cegppo_trl.data import load_math_dataset
-from cegppo_trl.demo import lm
-from cegppo_trl.demo.run import LM_LIMITS, _gains, _lm_text, build_parser, main, run_toy_part
+from cegppo_trl.comparison.report import summarize
+from cegppo_trl.data import load_math_dataset, write_jsonl
+from cegppo_trl.demo.run import LM_LIMITS, _lm_text, build_parser, demo_recipe, main, run_toy_part
 from cegppo_trl.demo.toy import TOY_GRID, TOY_PRESETS, run_toy
-from cegppo_trl.tiny_model import format_user_message
+from cegppo_trl.tiny_model import format_user_message, load_rows
+
+
+lm = load_script(ROOT / "experiments" / "tiny_lm.py")
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -70,31 +76,29 @@ def test_toy_findings_count_what_the_runs_show():
     assert statistics.correlation(summary["predicted_dH"], summary["measured_dH"]) > 0.9
 
 
-def _arm(start, end, entropy=0.03):
-    shares = dict.fromkeys(("beta1_token_frac", "beta2_token_frac", "beta1_grad_share", "beta2_grad_share"), 0.01)
-    return {"start_accuracy": start, "end_accuracy": end, "start_entropy": 0.04, "end_entropy": entropy,
-            "end_reward": 0.5, **shares}  # fmt: skip
+def _run(arm, seed, correct, entropy):
+    label = {"grpo": "GRPO", "cegppo": "CE-GPPO (0.5, 1)"}[arm]
+    avg = [c / 4 for c in correct]
+    history = [{"step": 1, "reward": 0.5, "entropy": entropy}]
+    return {"name": f"{arm}-seed{seed}", "arm": arm, "label": label, "seed": seed, "log_history": history,
+            "grades": {"boxed": {"k": 4, "avg": avg, "pass": [float(c > 0) for c in correct]}}}  # fmt: skip
 
 
 def test_lm_text_states_each_arm_against_its_warm_start_from_the_numbers():
-    """The LM part's table has the warm start's row and every seed's; the sentence on RL vs the warm start counts and
-    spreads each arm's own end - start differences (here CE-GPPO above in 1 of 2 seeds, GRPO in 2 of 2)."""
-    pairs = [{"seed": 5, "cegppo": _arm(0.5, 0.625), "grpo": _arm(0.5, 0.5625)},
-             {"seed": 6, "cegppo": _arm(0.5, 0.375), "grpo": _arm(0.5, 0.75)}]  # fmt: skip
-    gains = _gains(pairs)
-    assert gains["cegppo"]["values"] == [0.125, -0.125] and gains["grpo"]["values"] == [0.0625, 0.25]
-    warm = {"accuracy": 0.5, "entropy": 0.04, "sft": {"steps": 7}}
-    diffs = {"accuracy": {"values": [0.0625, -0.375], "mean": -0.15625, "std": 0.3},
-             "entropy": {"values": [0.0, 0.0], "mean": 0.0, "std": 0.0}}  # fmt: skip
-    text = _lm_text(pairs, warm, diffs, gains, {"steps": 3})
-    rows = [line for line in text.splitlines() if line.startswith("| ")]
-    assert rows[1] == "| start (warm start) | 0.500 | 0.500 | | 0.0400 | 0.0400 | | | |"
-    assert rows[2].startswith("| 5 | 0.625 | 0.562 | +0.062 |")
-    assert rows[3].startswith("| 6 | 0.375 | 0.750 | -0.375 |")
-    assert "Start (the warm start, 7 SFT steps): held-out accuracy 0.500" in text
-    assert "CE-GPPO +0.000 +- 0.177 (above the start in 1 of 2 seeds, -0.125 to +0.125)" in text
-    assert "GRPO +0.156 +- 0.133 (above the start in 2 of 2 seeds, +0.062 to +0.250)" in text
-    assert LM_LIMITS.format(steps=3) in text
+    """The LM part's sentences, from the comparison's summary: each arm's end - start over seeds, counted, and
+    CE-GPPO - GRPO (here CE-GPPO above the start in 1 of 2 seeds, GRPO in 2 of 2)."""
+    start = {"boxed": {"k": 4, "avg": [0.5, 0.5], "pass": [1.0, 1.0]}}
+    runs = [_run("grpo", 5, [3, 2], 0.10), _run("grpo", 6, [4, 3], 0.20), _run("cegppo", 5, [3, 3], 0.15),
+            _run("cegppo", 6, [1, 2], 0.20)]  # fmt: skip
+    lm_part = {"table": "TABLE\n", "summary": summarize(start, runs, ["boxed"]), "start_accuracy": 0.5}
+    text = _lm_text(lm_part, {"steps": 3, "sft_steps": 7, "eval_samples": 4})
+    assert text.startswith("TABLE\n") and "Start (the warm start, 7 SFT steps): held-out accuracy 0.500" in text
+    # gains: CE-GPPO +0.250, -0.125; GRPO +0.125, +0.375
+    assert "CE-GPPO (0.5, 1) +0.062 +- 0.265 (above the start in 1 of 2 seeds, -0.125 to +0.250)" in text
+    assert "GRPO +0.250 +- 0.177 (above the start in 2 of 2 seeds, +0.125 to +0.375)" in text
+    # CE-GPPO - GRPO: accuracy +0.125, -0.500; training entropy +0.05, 0
+    assert "training entropy +0.0250 +- 0.0354 nats (higher in 1 of 2)" in text
+    assert "held-out accuracy -0.188 +- 0.442 (higher in 1 of 2)" in text and LM_LIMITS.format(steps=3) in text
 
 
 def test_bad_sizes_get_one_line_and_exit_2(capsys, tmp_path, monkeypatch):
@@ -107,15 +111,33 @@ def test_bad_sizes_get_one_line_and_exit_2(capsys, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("problems", ["sums", "all"])
-def test_demo_prompts_are_the_warm_start_prompts(problems):
-    """RL trains on exactly the problems, and the user message, that the tiny model was SFT-trained on."""
-    dataset, rows = lm.demo_train_dataset(problems), lm.load_rows("builtin:arithmetic", problems=problems)
+def test_the_demo_recipe_trains_on_the_warm_start_prompts(problems, tmp_path):
+    """The demo's recipe parses as cegppo-train parses it (the settings the runs get), and its training file holds
+    exactly the problems, with the user message, that the tiny model was SFT-trained on."""
+    from cegppo_trl.scripts.train import make_parser
+
+    args = build_parser().parse_args(["--quick", "--problems", problems])
+    sizes = {"toy_seeds": 2, "toy_steps": 40, "sft_steps": 150, "seeds": 2, "steps": 16, "prompts_per_step": 8,
+             "num_generations": 4, "eval_size": 64, "eval_samples": 1}  # fmt: skip
+    rows = load_rows("builtin:arithmetic", problems=problems)
+    train_file = write_jsonl(rows, tmp_path / "train.jsonl")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(demo_recipe(args, sizes, train_file)))
+    script, training, model = make_parser().parse_args_and_config(["--config", str(recipe)])
+    assert (model.model_name_or_path, script.tiny_sft_steps, training.max_steps) == ("builtin:tiny", 150, 16)
+    assert (training.per_device_train_batch_size, training.num_generations, training.steps_per_generation) == (
+        32,
+        4,
+        8,
+    )
+    assert (training.loss_type, training.beta, training.learning_rate, training.warmup_steps) == ("dapo", 0.0, 1e-4, 8)
+    dataset = load_math_dataset(script.dataset_name, instruction=script.instruction)
     assert len(dataset) == len(rows) > 1000
     for example, row in zip(dataset, rows):
         assert example["prompt"] == [{"role": "user", "content": format_user_message(row["problem"])}]
         assert example["solution"] == row["answer"]
     if problems == "sums":
-        held_out = lm.load_rows("builtin:arithmetic_eval", problems=problems)
+        held_out = load_rows("builtin:arithmetic_eval", problems=problems)
         assert held_out and not {r["problem"] for r in held_out} & {r["problem"] for r in rows}
     else:
         assert len(rows) == len(load_math_dataset("builtin:arithmetic"))
@@ -167,11 +189,12 @@ def test_progress_bar_names_the_clipped_token_fractions():
 @pytest.mark.slow
 def test_demo_end_to_end(quick_demo):
     """The quick demo: what it prints (both parts, the tables of results.md, the LM's spread and limits, the eval
-    commands, the time split) and the files it writes (figures, results, the saved models, the paired runs)."""
+    commands, the time split) and the files it writes (figures, results, the comparison's run folders: every run a
+    cegppo-train run of its recipe from one start model, every model measured by cegppo-eval)."""
     out, printed, summary = quick_demo.out, quick_demo.proc.stdout, quick_demo.summary
-    sizes, pairs = summary["sizes"], summary["pairs"]
+    sizes, lm_part = summary["sizes"], summary["lm"]
     assert sizes["seeds"] >= 2 and sizes["toy_seeds"] >= 2 and sizes["steps"] >= 2
-    for png in (out / "toy_entropy.png", out / "cegppo_vs_grpo.png"):
+    for png in (out / "toy_entropy.png", out / "lm" / "curves.png"):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     assert json.loads((out / "results.json").read_text()) == summary
     results_md = (out / "results.md").read_text()
@@ -180,62 +203,38 @@ def test_demo_end_to_end(quick_demo):
     for finding in summary["toy"]["findings"]:
         assert f"{finding['finding']}: " in printed and finding["numbers"] in printed
     assert LM_LIMITS.format(**sizes) in printed
+    assert printed.count("| GRPO seed 0 |") == 1  # the comparison's table, printed once (by the demo)
 
-    # Paired seeds counting up from --seed, both runs of a pair from the same weights with the same seed; the printed
-    # differences are the runs' own, with their mean and spread.
-    assert [p["seed"] for p in pairs] == [summary["seed"] + i for i in range(sizes["seeds"])]
-    samples = sizes["eval_samples"] * sizes["eval_size"]
-    for pair in pairs:
-        cegppo, grpo = pair["cegppo"], pair["grpo"]
-        assert (cegppo["beta1"], cegppo["beta2"], grpo["beta1"], grpo["beta2"]) == (0.5, 1.0, 0.0, 0.0)
-        assert cegppo["seed"] == grpo["seed"] == pair["seed"] and cegppo["max_steps"] == sizes["steps"]
-        assert cegppo["start_accuracy"] == grpo["start_accuracy"] and cegppo["start_entropy"] == grpo["start_entropy"]
-        for run in (cegppo, grpo):
-            assert round(samples * run["end_accuracy"], 6).is_integer() and run["end_entropy"] > 0
-        histories = [_steps(out, pair, name) for name in ("cegppo", "grpo")]
-        assert [len(h) for h in histories] == [sizes["steps"]] * 2
-        assert histories[0][0]["reward"] == histories[1][0]["reward"]  # the same first generation batch
-        assert {e["cegppo/beta1"] for e in histories[0]} == {0.5} and {e["cegppo/beta1"] for e in histories[1]} == {0}
-        assert all(metric in e for e in histories[0] for metric in ("entropy", *lm.CLIPPED_SETS))  # reward: per batch
-        entropy = cegppo["end_entropy"] - grpo["end_entropy"]
-        assert f"| {pair['seed']} | {cegppo['end_accuracy']:.3f} | {grpo['end_accuracy']:.3f} |" in printed
-        assert f"| {entropy:+.4f} |" in printed
-    for metric, digits in (("accuracy", 3), ("entropy", 4)):
-        diffs = [p["cegppo"][f"end_{metric}"] - p["grpo"][f"end_{metric}"] for p in pairs]
-        spread = f"{statistics.fmean(diffs):+.{digits}f} +- {statistics.stdev(diffs):.{digits}f}"
-        higher = f"(higher in {sum(d > 0 for d in diffs)} of {len(diffs)})"
-        assert re.search(rf"{metric} {re.escape(spread)}( nats)? {re.escape(higher)}", printed), (metric, spread)
-    assert pairs[0]["cegppo"]["start_accuracy"] == summary["warm_start"]["accuracy"]
+    # Seeds counting up from --seed, both arms from the same start model with the same seed and data.
+    seeds = [summary["seed"] + i for i in range(sizes["seeds"])]
+    assert [(r["arm"], r["seed"]) for r in lm_part["runs"]] == [(a, s) for a in ("grpo", "cegppo") for s in seeds]
+    for seed in seeds:
+        histories = {}
+        for arm, beta1 in (("grpo", 0.0), ("cegppo", 0.5)):
+            run = out / "lm" / "runs" / f"{arm}-seed{seed}"
+            log = (run / "train.log").read_text()
+            assert f"--model_name_or_path {out / 'lm' / 'start-model'}" in log and f"--seed {seed}" in log
+            state = json.loads((run / "trainer_state.json").read_text())
+            histories[arm] = [e for e in state["log_history"] if "loss" in e]
+            assert len(histories[arm]) == sizes["steps"] and {e["cegppo/beta1"] for e in histories[arm]} == {beta1}
+            report = json.loads((run / "eval-boxed.json").read_text())
+            assert report["datasets"][str(out / "heldout.jsonl")]["num_problems"] == sizes["eval_size"]
+        assert histories["grpo"][0]["reward"] == histories["cegppo"][0]["reward"]  # the same first generation batch
+    versus = lm_part["summary"]["versus"]["cegppo"]["over_seeds"]
+    accuracy = versus["boxed"]["avg"]["values"]
+    spread = f"{statistics.fmean(accuracy):+.3f} +- {statistics.stdev(accuracy):.3f}"
+    assert re.search(rf"held-out accuracy {re.escape(spread)} \(higher in {sum(d > 0 for d in accuracy)} of", printed)
 
-    # Every arm starts from the warm start (evaluated with its seed); results.json records each arm's end - start and
-    # the printed sentence states those numbers (whatever their sign: learning is a measurement, not a test threshold).
-    warm = summary["warm_start"]
-    assert f"| start (warm start) | {warm['accuracy']:.3f} | {warm['accuracy']:.3f} | |" in printed
-    for name, shown in (("cegppo", "CE-GPPO"), ("grpo", "GRPO")):
-        gains = [p[name]["end_accuracy"] - p[name]["start_accuracy"] for p in pairs]
-        assert pairs[0][name]["start_accuracy"] == warm["accuracy"]  # later seeds evaluate it with their own seed
-        assert summary["gains"][name]["values"] == gains
-        above = f"above the start in {sum(g > 0 for g in gains)} of {len(gains)} seeds"
-        assert f"{shown} {statistics.fmean(gains):+.3f} +- {statistics.stdev(gains):.3f} ({above}, " in printed
-
-    # The first seed's models are saved with their prompt format; the printed commands evaluate them.
-    assert summary["runs"] == [pairs[0]["cegppo"], pairs[0]["grpo"]]
-    assert f"cegppo-eval {DEMO_OUTPUT}/runs/cegppo/final" in printed  # the path as the user named it
-    assert Path(summary["heldout"]).resolve() == (out / lm.HELDOUT_FILE).resolve()
-    for name in ("cegppo", "grpo"):
-        final = out / "runs" / name / "final"
-        assert (final / "model.safetensors").is_file() and (final / "cegppo_prompt.json").is_file()
-        assert summary["eval_commands"][name] in printed
-    assert not list((out / "runs").glob("*-seed*/final"))  # later seeds: results only
+    # The start and the first seed's models carry their prompt format; the printed commands measure them.
+    assert (
+        f"cegppo-eval {DEMO_OUTPUT}/lm/runs/cegppo-seed{summary['seed']}" in printed
+    )  # the path as the user named it
+    assert set(summary["eval_commands"]) == {"start", "grpo", "cegppo"}
+    for command in summary["eval_commands"].values():
+        assert command in printed
 
     # The time split names every phase, and the phases fit in the total.
     timings = summary["timings"]
-    phases = {"toy", "warm start", "figures"} | {f"{n}, seed {p['seed']}" for p in pairs for n in ("cegppo", "grpo")}
-    assert set(timings) == phases | {"total"} and sum(timings.values()) <= 2 * timings["total"]
+    assert set(timings) == {"toy", "tiny LM (cegppo-compare)", "figures", "total"}
+    assert sum(timings.values()) <= 2 * timings["total"]
     assert "[cegppo-demo] time: toy " in printed and " min " in printed and summary["machine"] in printed
-
-
-def _steps(out: Path, pair: dict, name: str) -> list[dict]:
-    state = json.loads((Path(pair[name]["output_dir"]) / "trainer_state.json").read_text())
-    assert Path(pair[name]["output_dir"]).parent == out / "runs"
-    return [e for e in state["log_history"] if "loss" in e]

@@ -412,11 +412,11 @@ def test_recipes_commands(item, tmp_path):
         assert (tmp_path / "accelerate_configs" / "zero3.yaml").is_file()
 
 
-#: `cegppo-compare` commands of the docs run with these sizes (the docs' other flags kept: arms, dynamic sampling,
-#: the off-policy ratio, LoRA, the gradings); the full runs are measurements (docs/comparison.md).
-COMPARE_SIZES = {"--seeds": "0", "--max_steps": "2", "--steps_per_generation": "2", "--prompts_per_step": "2",
-                 "--num_generations": "2", "--eval_problems": "3", "--eval_k": "2", "--eval_every": "0",
-                 "--tiny_sft_steps": "5", "--jobs": "1"}  # fmt: skip
+#: `cegppo-compare` commands of the docs run with these sizes (the docs' other flags kept: the recipe, the arms, the
+#: gradings); the full runs are measurements (docs/comparison.md). --max_steps and --tiny_sft_steps are cegppo-train's.
+COMPARE_SIZES = {"--seeds": "0", "--max_steps": "2", "--eval_problems": "3", "--eval_k": "2", "--tiny_sft_steps": "5",
+                 "--per_device_train_batch_size": "8", "--num_generations": "4", "--steps_per_generation": "2",
+                 "--jobs": "1"}  # fmt: skip
 
 
 @pytest.mark.parametrize("item", commands("cegppo-compare", is_slow=lambda argv: True))

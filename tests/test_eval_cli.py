@@ -24,6 +24,8 @@ SHARED = {
     "answer_column": "final",
     "instruction": "{problem} Answer in \\boxed{}.",
     "system_prompt": "Be brief.",
+    "example_problem": "What is 1+1?",
+    "example_answer": "2",
     "temperature": "0.7",
     "top_p": "0.9",
     "top_k": "5",

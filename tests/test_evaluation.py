@@ -136,7 +136,7 @@ def test_every_setting_is_one_field_one_flag_and_one_report_entry():
         "split": "validation", "problem_column": "question", "answer_column": "final", "max_problems": 9,
         "backend": "vllm", "dtype": "float32", "base_model": "org/base", "batch_size": 8, "device": "cpu",
         "use_kernels": False, "max_model_len": 4096, "gpu_memory_utilization": 0.5, "tensor_parallel_size": 2,
-        "merge_dir": "merged", "protocol": "authors",
+        "merge_dir": "merged", "protocol": "authors", "example_problem": "What is 1+1?", "example_answer": "2",
     }  # fmt: skip
     assert set(given) == names, "this test gives every field a non-default value"
     spellings = (lambda n: f"--{n}", lambda n: "--" + n.replace("_", "-"), EvalSettings.flag)

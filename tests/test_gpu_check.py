@@ -222,5 +222,13 @@ def test_gpu_check_smoke_as_one_command_prints_every_part(tmp_path):
         assert int(_field(evaluation, "problems")) == gpu_check_recipes.Sizes.for_mode(True).eval_problems
         assert Path(_field(evaluation, "report")).exists()
     assert "lora_alpha" in (tmp_path / "out_lora" / "adapter_config.json").read_text()  # LoRA stayed on
+    # The comparison smoke: GRPO and CE-GPPO through cegppo-compare's accelerate launcher (2 gloo ranks on CPU),
+    # each measured by cegppo-eval, the table written.
+    compare = _line(out, "COMPARE:")
+    assert compare.startswith("COMPARE: ok rc=0 runs=grpo-seed0,cegppo-seed0"), compare
+    assert 0.0 <= float(_field(compare, "cegppo-seed0_avg")) <= 1.0 and Path(_field(compare, "table")).is_file()
+    train_log = (tmp_path / "compare" / "runs" / "cegppo-seed0" / "train.log").read_text()
+    assert "[default0]:" in train_log and "[default1]:" in train_log
+    assert (tmp_path / "compare" / "runs" / "cegppo-seed0" / "eval-boxed.json").is_file()
     assert _line(out, "GPU_CHECK DONE ok:").endswith(" s")
     print(f"gpu_check --smoke: {time.perf_counter() - start:.0f} s")

@@ -32,8 +32,8 @@ SMALL = {
     "cegppo-eval": "--max-problems 2 --k 1 --max-new-tokens 4 --output eval.json",
     "cegppo-plot": "",
     "cegppo-recipes": "",
-    "cegppo-compare": "--seeds 0 --max_steps 2 --steps_per_generation 2 --prompts_per_step 2 --num_generations 2 "
-    "--eval_problems 3 --eval_k 2 --eval_every 0 --tiny_sft_steps 5 --jobs 1",
+    "cegppo-compare": "--seeds 0 --max_steps 2 --eval_problems 3 --eval_k 2 --tiny_sft_steps 5 --jobs 1 "
+    "--per_device_train_batch_size 8 --num_generations 4 --steps_per_generation 2",
     # the SmolLM2 scripts build the model from the package index: the real-model tier runs them shortened
     # (tests/real_model/test_real_model_learning.py); here their own install must import and parse them
     "python": "--help",

@@ -133,23 +133,3 @@ def test_demo_toy_figure_draws_every_setting(tmp_path):
         assert colour_pixels(path, colour) > 20, setting
     only_two = plot_toy_grid([r for r in toy["runs"] if r["beta1"] == 0.0], tmp_path / "two.png")
     assert colour_pixels(only_two, SETTING_COLORS[(1.0, 1.0)]) == 0
-
-
-def test_demo_lm_figure_shows_both_runs_and_the_differences(tmp_path):
-    from cegppo_trl.demo.plotting import RUN_COLORS, plot_paired_runs
-
-    def run(label, accuracy, scale):
-        return {"label": label, "log_history": fake_history(8, scale), "end_accuracy": accuracy, "end_entropy": 0.1}
-
-    pairs = [
-        {"seed": s, "cegppo": run("CE-GPPO", 0.5 + s / 10, 1.0), "grpo": run("GRPO", 0.55, 0.5)} for s in range(3)
-    ]
-    differences = {
-        "accuracy": {"values": [-0.05, 0.05, 0.15], "mean": 0.05, "std": 0.1},
-        "entropy": {"values": [0.0] * 3, "mean": 0.0, "std": 0.0},
-    }
-    path = plot_paired_runs(pairs, differences, tmp_path / "lm.png", "lm")
-    height, width = png_shape(path)[:2]
-    assert height > 400 and width > 400
-    for name, colour in RUN_COLORS.items():
-        assert colour_pixels(path, colour) > 20, name

@@ -7,7 +7,8 @@ as a user launches them, then `cegppo-eval` on their outputs.
 
 Parts (`--parts`, default all), each printing its lines as it finishes: `loss` (`RESULT <case>:` per case, then
 `EQ8`), `erc` (`RESULT erc:`, `ERC`), `sync` (`RESULT sync:`), `lora` and `paper` (`RECIPE
-<name>:`, `EVAL <name>:`, gpu_check/recipes.py). docs/scaling.md ("GPU check") says what each line's fields are. Ends
+<name>:`, `EVAL <name>:`, gpu_check/recipes.py), `compare` (`COMPARE:`: `cegppo-compare` of GRPO and CE-GPPO on the LoRA
+recipe through the accelerate launcher, measured by `cegppo-eval`). docs/scaling.md ("GPU check") says what each line's fields are. Ends
 with `GPU_CHECK DONE ok: ...`; exit status 0 only if every part ran and passed (EQ8 PASS, ERC PASS, every recipe
 trained every step and saved, every evaluation read its model), 1 otherwise, 2 when there is no GPU (refused).
 """
@@ -53,7 +54,7 @@ SYNC_VARIANTS = {
     "cegppo_sft": {"cegppo_sft_coef": 0.1},
 }
 HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__")
-PARTS = ("loss", "erc", "sync", "lora", "paper")
+PARTS = ("loss", "erc", "sync", "lora", "paper", "compare")
 
 
 def parse_args(argv=None):
@@ -245,13 +246,18 @@ def recipes_part(args) -> tuple[bool, str]:
     names = [name for name in ("lora", "paper") if name in args.parts]
     sizes = rc.Sizes.for_mode(args.smoke, args.recipe_completion_len, args.timeout_scale)
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="gpu_check_"))
+    compared = None
     try:
         trained, evaluated = rc.run_recipes(names, workdir, sizes, args.generation)
+        if "compare" in args.parts:
+            model_dir = workdir / ("tiny-random" if sizes.smoke else "r1-distill-1.5b-shape-random")
+            compared = rc.run_compare(model_dir, workdir, sizes, rc.generation_backend(sizes.smoke, args.generation))
     finally:
         if not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)
-    ok = trained == evaluated == len(names)
-    return ok, f"recipes {trained}/{len(names)}, evals {evaluated}/{len(names)}"
+    ok = trained == evaluated == len(names) and compared is not False
+    text = f"recipes {trained}/{len(names)}, evals {evaluated}/{len(names)}"
+    return ok, text + ("" if compared is None else f", compare {'ok' if compared else 'FAILED'}")
 
 
 # The sync part: how many synchronizing calls one micro-batch's loss + backward makes, CE-GPPO next to TRL's GRPO
@@ -380,7 +386,7 @@ def main(argv=None) -> int:
         ok = sync_part(device, dtype, args.smoke) and ok
         summary.append("sync")
         free_device_memory(device)
-    if "lora" in args.parts or "paper" in args.parts:
+    if {"lora", "paper", "compare"} & set(args.parts):
         recipes_ok, text = recipes_part(args)
         ok = ok and recipes_ok
         summary.append(text)

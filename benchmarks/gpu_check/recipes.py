@@ -329,3 +329,46 @@ def run_recipes(names: list[str], workdir: Path, sizes: Sizes, generation: str =
         trained += 1
         evaluated += run_eval(run.name, output_dir, workdir, sizes)
     return trained, evaluated
+
+
+# --------------------------------------------------------------------------------------------------- compare
+TINY_RECIPE = ROOT / "recipes" / "tiny" / "cegppo" / "config_cpu.yaml"
+
+
+def compare_command(model_dir: Path, out: Path, sizes: Sizes, generation: str) -> list[str]:
+    """`cegppo-compare` of GRPO and CE-GPPO, one seed, through the `accelerate` launcher, each model measured by
+    `cegppo-eval`. GPU: the 1.5B LoRA recipe on the random-init model (vLLM generation and measurement where
+    installed), with the recipe runs' size swaps. `--smoke`: the same path with the tiny CPU recipe (its own
+    builtin:tiny start model) on 2 gloo processes."""
+    script = Path(sys.executable).parent / "cegppo-compare"
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "cegppo_trl.scripts.compare"]
+    command += ["--arms", "grpo", "cegppo", "--seeds", "0", "--launcher", "accelerate", "--out", str(out)]
+    command += ["--eval_problems", str(sizes.eval_problems), "--eval_k", str(sizes.eval_k)]
+    if sizes.smoke:
+        command += ["--recipe", str(TINY_RECIPE), "--accelerate_config", "multi_gpu", "--num_processes", "2"]
+        return command + ["--max_steps", "4"]
+    lora = RUNS[0]
+    command += ["--recipe", str(lora.recipe), "--accelerate_config", "single_gpu", "--num_processes", "1"]
+    command += ["--eval_backend", generation if generation == "vllm" else "hf"]
+    command += ["--eval_args", f"--max-new-tokens {sizes.eval_new_tokens}"]
+    train = train_command(lora, model_dir, out, sizes, generation)  # the recipe runs' flags after the recipe
+    flags = train[train.index("--model_name_or_path") :]
+    at = flags.index("--output_dir")
+    return command + flags[:at] + flags[at + 2 :]
+
+
+def run_compare(model_dir: Path, workdir: Path, sizes: Sizes, generation: str) -> bool:
+    """The comparison smoke; prints its COMPARE line (runs measured, the arms' avg@k, the table)."""
+    out, log_path = workdir / "compare", workdir / "compare.log"
+    command = compare_command(model_dir, out, sizes, generation)
+    rc, wall, memory = run_logged(command, log_path, sizes, 2 * (sizes.train_timeout_s + 2 * sizes.eval_timeout_s))
+    result = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else {}
+    runs = [r["name"] for r in result.get("runs", [])]
+    per_run = result.get("summary", {}).get("per_run", {})
+    figures = {name: row["boxed"]["avg"] for name, row in per_run.items()}
+    ok = rc == 0 and runs == ["grpo-seed0", "cegppo-seed0"] and all(0.0 <= v <= 1.0 for v in figures.values())
+    line = f"COMPARE: {'ok' if ok else 'FAILED'} rc={rc} runs={','.join(runs) or 'none'} "
+    line += " ".join(f"{name}_avg={value:.3f}" for name, value in figures.items())
+    line += f" wall_s={wall:.0f} {memory} table={out / 'results.md'} | log={log_path}"
+    print_line(line, ok, log_path)
+    return ok

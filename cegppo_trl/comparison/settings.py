@@ -1,30 +1,29 @@
-"""The arguments of `cegppo-compare` (a dataclass for `TrlParser`, so a YAML recipe can carry them), its arms, and the
-checks made before any work."""
+"""What `cegppo-compare` is told: its own flags (the arms, seeds, launcher, measurement), the user's recipe with the
+`cegppo-train` flags that override it, the arms, and the checks made before any work."""
 
 from __future__ import annotations
 
-import dataclasses
+import argparse
 import hashlib
 import json
 import os
-from dataclasses import dataclass, field
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 
-TINY_MODEL = "builtin:tiny"
-#: The tiny model's SFT prompt (tiny_model.PROMPT_INSTRUCTION after the problem): the default with builtin:tiny.
-TINY_INSTRUCTION = "{problem} Put the final answer in \\boxed{}."
 #: Named arms: (beta1, beta2, epsilon_high). GRPO is CE-GPPO with both betas 0 (the same gradient, CEGPPO.md);
-#: DAPO's clip-higher is epsilon_high 0.28 (DAPO's dynamic sampling is the comparison-wide `dynamic_sampling`).
+#: DAPO's clip-higher is epsilon_high 0.28 (its dynamic sampling is the recipe's).
 NAMED_ARMS = {"grpo": (0.0, 0.0, None), "dapo": (0.0, 0.0, 0.28), "cegppo": (0.5, 1.0, None)}
-#: The fields that shape a run or a measurement: a second call with the same --out must keep them (the others choose
-#: which runs to make and how to schedule them).
-SCHEDULING_FIELDS = ("arms", "seeds", "jobs", "out", "config")
+#: `cegppo-train` flags each run sets itself: an override of one would make the arms or seeds the same.
+RUN_FLAGS = ("config", "cegppo_beta1", "cegppo_beta2", "seed", "output_dir", "resume_from_checkpoint")
+LAUNCHERS = ("local", "accelerate", "slurm")
 
 
 @dataclass(frozen=True)
 class Arm:
-    """One training configuration: its name in files and tables, and the values it sets."""
+    """One training configuration: its name in folders and tables, and the values it sets."""
 
     name: str
     beta1: float
@@ -37,15 +36,19 @@ class Arm:
             return self.name.upper()
         return f"CE-GPPO ({self.beta1:g}, {self.beta2:g})"
 
+    def flags(self) -> list[str]:
+        """The `cegppo-train` flags of this arm: its betas, and clip-higher for DAPO."""
+        extra = [] if self.epsilon_high is None else ["--epsilon_high", f"{self.epsilon_high:g}"]
+        return ["--cegppo_beta1", f"{self.beta1:g}", "--cegppo_beta2", f"{self.beta2:g}", *extra]
+
 
 def parse_arm(text: str) -> Arm:
     """``grpo``, ``dapo``, ``cegppo`` or ``beta1,beta2`` (e.g. ``0,1``); a ValueError names the accepted forms."""
     word = text.strip().lower()
     if word in NAMED_ARMS:
         return Arm(word, *NAMED_ARMS[word])
-    parts = word.split(",")
     try:
-        beta1, beta2 = (float(p) for p in parts)
+        beta1, beta2 = (float(p) for p in word.split(","))
     except ValueError:
         raise ValueError(
             f"--arms {text!r}: an arm is grpo, dapo, cegppo (beta1 0.5, beta2 1) or a pair beta1,beta2 such as 0,1."
@@ -55,145 +58,198 @@ def parse_arm(text: str) -> Arm:
     return Arm(f"b{beta1:g}-{beta2:g}", beta1, beta2)
 
 
+def threads_per_process(processes_at_once: int) -> int:
+    """The one thread policy (cegppo-compare's processes, cegppo-demo): the cores that other jobs leave idle (by the
+    last minute's load average) shared out, at least one each. Two threads on one busy core spin against the other
+    job and run several times slower (NOTES); 1 or 2 threads give the same figures."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    idle = max(1, cores - round(os.getloadavg()[0]))
+    return max(1, idle // max(1, processes_at_once))
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse's documented hook: a ValueError, printed as one line by main
+        raise ValueError(f"{message} (`cegppo-compare --help` lists the options)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _OneLineParser(
+        prog="cegppo-compare", allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="%(prog)s --recipe RECIPE.yaml [--arms ARM ...] [--seeds N ...] [--launcher local|accelerate|slurm] "
+        "[options] [cegppo-train flags ...]\n       %(prog)s --report_only --out DIR",
+        description="Train each arm of a recipe for each seed with cegppo-train, measure every model (the start "
+        "model too) with cegppo-eval, and compare them with paired statistics (docs/comparison.md). Flags this "
+        "command does not know are cegppo-train's and override the recipe for every run, e.g. --max_steps 8.",
+    )  # fmt: skip
+    add = parser.add_argument
+    add("--recipe", help="any file cegppo-train --config takes, e.g. recipes/tiny/cegppo/config_cpu.yaml")
+    add(
+        "--arms",
+        nargs="+",
+        default=["grpo", "cegppo"],
+        help="grpo, dapo (clip-higher 0.28), cegppo (0.5, 1) or beta1,beta2 pairs; the first is the reference",
+    )
+    add("--seeds", nargs="+", type=int, default=[0, 1, 2], help="one run per arm and seed")
+    add("--out", default="cegppo-compare-output", help="output folder; run the same command again to resume")
+    add(
+        "--launcher",
+        choices=LAUNCHERS,
+        default="local",
+        help="local: several runs at once on this machine; accelerate: each run on --num_processes processes, one "
+        "after another; slurm: each run a train.slurm job, its measurement an evaluate.slurm job after it",
+    )
+    add("--jobs", type=int, default=2, help="local: runs at once")
+    add(
+        "--accelerate_config",
+        default="multi_gpu",
+        help="accelerate / slurm: multi_gpu, zero2, zero3, fsdp2 or the path of an accelerate config",
+    )
+    add(
+        "--num_processes",
+        type=int,
+        default=None,
+        help="accelerate: processes per run (default: the config's); slurm: processes per node",
+    )
+    add("--nodes", type=int, default=1, help="slurm: nodes per training job")
+    add("--sbatch_args", default="", help="slurm: more sbatch options for every job, e.g. '--partition gpu'")
+    add("--dry_run", action="store_true", help="print every command instead of running it")
+    add("--report_only", action="store_true", help="only rebuild the table, JSON and figure from the run folders")
+    add("--eval_datasets", nargs="+", default=["builtin:arithmetic_eval"], help="cegppo-eval --datasets")
+    add("--eval_k", type=int, default=8, help="samples per held-out problem (avg@k, pass@k)")
+    add("--eval_problems", type=int, default=None, help="measure the first N problems of each set (all)")
+    add(
+        "--protocols",
+        nargs="+",
+        default=["boxed"],
+        help="gradings (cegppo-eval --protocol), one measurement each; the first is the main one",
+    )
+    add(
+        "--eval_preset",
+        choices=("paper",),
+        default=None,
+        help="cegppo-eval --preset: its data sets, k and sampling instead of the recipe's sampling",
+    )
+    add("--eval_backend", choices=("hf", "vllm"), default="hf", help="cegppo-eval --backend")
+    add("--eval_args", default="", help="more cegppo-eval flags for every measurement, e.g. '--batch_size 16'")
+    return parser  # fmt: skip
+
+
 @dataclass
 class CompareArguments:
-    """`cegppo-compare`'s settings; every field is also ``--name`` on the command line and a key of ``--config``."""
-
-    model: str = field(
-        default=TINY_MODEL,
-        metadata={
-            "help": "The start model: a local directory, a Hub id, or builtin:tiny (built and SFT-warm-started)."
-        },
-    )
-    tiny_sft_steps: int = field(default=200, metadata={"help": "builtin:tiny: SFT warm-start steps."})
-    train_dataset: str = field(
-        default="builtin:arithmetic", metadata={"help": "Training problems (load_math_dataset)."}
-    )
-    eval_dataset: str = field(
-        default="builtin:arithmetic_eval",
-        metadata={
-            "help": "Held-out problems (load_math_dataset); a problem also in the training set is removed there."
-        },
-    )
-    eval_problems: int | None = field(default=None, metadata={"help": "Measure the first N held-out problems (all)."})
-    instruction: str | None = field(
-        default=None,
-        metadata={"help": "The prompt, as cegppo-train's --instruction (default: the tiny model's with builtin:tiny, "
-                  "else the paper's)."},
-    )  # fmt: skip
-    example_problem: str | None = field(
-        default=None, metadata={"help": "A worked example before each problem (a user turn); needs --example_answer."}
-    )
-    example_answer: str | None = field(default=None, metadata={"help": "The example's answer (an assistant turn)."})
-    arms: list[str] = field(
-        default_factory=lambda: ["grpo", "cegppo"],
-        metadata={"help": "grpo, dapo (clip-higher 0.28), cegppo (0.5, 1) or beta1,beta2 pairs; the first is the "
-                  "reference of the between-arm differences."},
-    )  # fmt: skip
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2], metadata={"help": "Seeds: one run per arm and seed."})
-    max_steps: int = field(default=320, metadata={"help": "Optimizer steps per run."})
-    steps_per_generation: int = field(
-        default=8, metadata={"help": "Optimizer steps per generation batch (the paper: 8; 1 is on-policy)."}
-    )
-    prompts_per_step: int = field(default=16, metadata={"help": "Prompts per optimizer step."})
-    num_generations: int = field(default=8, metadata={"help": "Completions per prompt (a group)."})
-    dynamic_sampling: bool = field(
-        default=True,
-        metadata={"help": "Train only on groups whose rewards differ (cegppo_exclude_zero_advantage_groups)."},
-    )
-    oversampling: float = field(
-        default=2.0, metadata={"help": "With dynamic sampling, prompts generated per prompt trained on (authors: 2)."}
-    )
-    use_peft: bool = field(default=False, metadata={"help": "Train a LoRA adapter (rank lora_r, alpha 2 x rank)."})
-    lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
-    learning_rate: float = field(default=1e-4, metadata={"help": "Learning rate (constant after the warm-up)."})
-    warmup_steps: int = field(default=8, metadata={"help": "Linear learning-rate warm-up steps."})
-    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping."})
-    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature in training."})
-    max_completion_length: int = field(default=20, metadata={"help": "Completion tokens, training and held-out."})
-    rewards: list[str] = field(default_factory=lambda: ["math"], metadata={"help": "Training rewards: math, format."})
-    eval_k: int = field(default=8, metadata={"help": "Samples per held-out problem (avg@k, pass@1..k)."})
-    eval_temperature: float | None = field(
-        default=None, metadata={"help": "Held-out sampling temperature (default: the training temperature)."}
-    )
-    protocols: list[str] = field(
-        default_factory=lambda: ["boxed", "lighteval"],
-        metadata={"help": "Gradings of the held-out answers: the first is the training reward's, the rest check it."},
-    )
-    eval_every: int = field(
-        default=0,
-        metadata={"help": "Also measure every N optimizer steps (a multiple of steps_per_generation; 0: no)."},
-    )
-    jobs: int = field(default=2, metadata={"help": "Processes at once (one torch thread each)."})
-    out: str = field(default="cegppo-compare-output", metadata={"help": "Output folder; run again to resume."})
+    recipe: str | None
+    arms: list[str]
+    seeds: list[int]
+    out: str
+    launcher: str
+    jobs: int
+    accelerate_config: str
+    num_processes: int | None
+    nodes: int
+    sbatch_args: str
+    dry_run: bool
+    report_only: bool
+    eval_datasets: list[str]
+    eval_k: int
+    eval_problems: int | None
+    protocols: list[str]
+    eval_preset: str | None
+    eval_backend: str
+    eval_args: str
+    train_flags: list[str]
 
     def __post_init__(self):
         self.arm_list = [parse_arm(a) for a in self.arms]  # a bad arm fails here
         names = [a.name for a in self.arm_list]
         if len(set(names)) != len(names) or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"--arms {self.arms} / --seeds {self.seeds}: each arm and seed once.")
-        for name in ("max_steps", "steps_per_generation", "prompts_per_step", "eval_k", "jobs", "lora_r"):
-            if getattr(self, name) < 1:
+        for name in ("jobs", "eval_k", "nodes", "eval_problems", "num_processes"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"--{name} {getattr(self, name)}: must be at least 1.")
-        if self.num_generations < 2:
-            raise ValueError(f"--num_generations {self.num_generations}: a group needs at least 2 completions.")
-        if self.eval_every < 0 or self.eval_every % self.steps_per_generation:
-            raise ValueError(
-                f"--eval_every {self.eval_every}: measure at generation-batch boundaries, a multiple of "
-                f"--steps_per_generation {self.steps_per_generation} (checkpoints there resume exactly), or 0."
-            )
-        if (self.example_problem is None) != (self.example_answer is None):
-            raise ValueError("--example_problem and --example_answer go together: pass both or neither.")
         from ..rewards.protocols import PROTOCOLS
 
         unknown = [p for p in self.protocols if p not in PROTOCOLS]
-        if unknown or not self.protocols:
-            raise ValueError(f"--protocols {self.protocols}: each must be one of {sorted(PROTOCOLS)}.")
-        bad_rewards = [r for r in self.rewards if r not in ("math", "format")]
-        if bad_rewards or not self.rewards:
-            raise ValueError(f"--rewards {self.rewards}: each must be math or format.")
+        if unknown:
+            raise ValueError(f"--protocols {unknown[0]!r}: each must be one of {', '.join(sorted(PROTOCOLS))}.")
+        owned = [
+            f for f in self.train_flags if f.startswith("--") and f[2:].split("=")[0].replace("-", "_") in RUN_FLAGS
+        ]
+        if owned:
+            raise ValueError(f"{owned[0]}: each run sets it (the arm its betas, the seed its seed and folder); "
+                             "put the value in the recipe or leave it out.")  # fmt: skip
+        if not self.report_only and not self.recipe:
+            raise ValueError("--recipe is required: any file cegppo-train --config takes, e.g. "
+                             "recipes/tiny/cegppo/config_cpu.yaml.")  # fmt: skip
 
-    @property
-    def eval_sampling_temperature(self) -> float:
-        return self.temperature if self.eval_temperature is None else self.eval_temperature
+    def shaping(self, recipe_text: str) -> dict[str, Any]:
+        """What shapes every run and measurement (not which runs, nor how they are launched): the recipe's text, the
+        cegppo-train overrides and the measurement. A second call with the same --out must keep them."""
+        return {"recipe_sha256": hashlib.sha256(recipe_text.encode()).hexdigest()[:16], "train_flags": self.train_flags,
+                **{k: getattr(self, k) for k in ("eval_datasets", "eval_k", "eval_problems", "protocols",
+                                                   "eval_preset", "eval_backend", "eval_args")}}  # fmt: skip
 
-    def shaping(self) -> dict[str, Any]:
-        """The fields that shape every run and measurement (not which runs, nor how they are scheduled)."""
-        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return {k: v for k, v in values.items() if k not in SCHEDULING_FIELDS}
 
-    def fingerprint(self) -> str:
-        return hashlib.sha256(json.dumps(self.shaping(), sort_keys=True).encode()).hexdigest()[:16]
+def parse(argv) -> CompareArguments:
+    """The command line: this command's flags, the rest `cegppo-train`'s (a ValueError is the one line to print)."""
+    known, rest = build_parser().parse_known_args(argv)
+    return CompareArguments(**vars(known), train_flags=rest)
 
 
 def preflight(args: CompareArguments) -> list[str]:
     """What the comparison needs, checked before any work: each problem as one line naming the fix (empty: go)."""
+    from ..resources import resolve_shipped_path
     from ..run_checks import first_problem
 
-    extras = [("matplotlib", "plot", "cegppo-compare's figure")]
-    extras += [("peft", "peft", "--use_peft true (LoRA)")] if args.use_peft else []
-    problems = [first_problem(extras=extras, writable=[(args.out, "--out", True)])]
-    if args.model != TINY_MODEL:
-        from ..model_source import resolve_model_source
-
+    problems = [first_problem(extras=[("matplotlib", "plot", "cegppo-compare's figure")],
+                              writable=[(args.out, "--out", True)])]  # fmt: skip
+    if args.report_only:
+        return [p for p in problems if p]
+    try:
+        args.recipe = os.path.abspath(resolve_shipped_path(args.recipe))
+    except FileNotFoundError:
+        problems.append(f"--recipe {args.recipe}: no such file (`cegppo-recipes --list` lists the shipped ones).")
+    if args.launcher != "local":
         try:
-            resolve_model_source(args.model)
-        except (FileNotFoundError, ValueError) as error:
-            problems.append(f"--model: {error}")
+            args.accelerate_config = accelerate_config_path(args.accelerate_config)
+        except FileNotFoundError:
+            problems.append(f"--accelerate_config {args.accelerate_config}: no such file; pass multi_gpu, zero2, "
+                            "zero3, fsdp2 or the path of an accelerate config.")  # fmt: skip
+    if args.launcher == "slurm" and not args.dry_run and shutil.which("sbatch") is None:
+        problems.append("--launcher slurm: sbatch is not on the PATH; run on a SLURM login node, or add --dry_run to "
+                        "print the commands.")  # fmt: skip
     return [p for p in problems if p]
 
 
-def check_same_settings(args: CompareArguments, saved_path: str) -> None:
+def accelerate_config_path(name: str) -> str:
+    from ..resources import resolve_shipped_path
+
+    if "/" not in name and not name.endswith(".yaml"):
+        name = f"accelerate_configs/{name}.yaml"
+    return os.path.abspath(resolve_shipped_path(name))
+
+
+def check_model(model: str) -> str | None:
+    """A start model that cannot be found, as one line (None: found, or built here)."""
+    if model == "builtin:tiny":
+        return None
+    from ..model_source import resolve_model_source
+
+    try:
+        resolve_model_source(model)
+    except (FileNotFoundError, ValueError) as error:
+        return f"model_name_or_path {model}: {error}"
+    return None
+
+
+def check_same_settings(shaping: dict[str, Any], saved_path: Path) -> None:
     """A second call with the same --out keeps the run-shaping settings (finished runs are reused): a ValueError
-    names each field that differs."""
-    if not os.path.isfile(saved_path):
+    names each one that differs."""
+    if not saved_path.is_file():
         return
-    with open(saved_path) as f:
-        saved = json.load(f).get("shaping", {})
-    now = args.shaping()
-    changed = [f"--{k} {saved.get(k)!r} -> {now[k]!r}" for k in now if saved.get(k) != now[k]]
+    saved = json.loads(saved_path.read_text()).get("shaping", {})
+    changed = [f"{k} {saved.get(k)!r} -> {v!r}" for k, v in shaping.items() if saved.get(k) != v]
     if changed:
         raise ValueError(
-            f"--out {args.out} holds runs made with other settings ({'; '.join(changed)}): pass another --out, or the "
-            "same settings to resume (only --arms, --seeds and --jobs may change)."
+            f"--out {saved_path.parent} holds a comparison with other settings ({'; '.join(changed)}): pass another "
+            "--out, or the same recipe, overrides and measurement to resume (--arms, --seeds and the launcher may "
+            "change)."
         )

@@ -26,7 +26,6 @@ DEFAULT_METRICS += QUADRANT_METRICS
 #: The demo's colours: one per toy setting, and CE-GPPO / GRPO in the LM figure.
 SETTING_COLORS = {(0.0, 0.0): "black", (1.0, 0.5): "tab:red", (0.5, 1.0): "tab:blue", (0.0, 1.0): "tab:green",
                   (1.0, 1.0): "tab:purple"}  # fmt: skip
-RUN_COLORS = {"cegppo": "tab:blue", "grpo": "black"}
 
 
 def load_log_history(path: str | os.PathLike) -> list[dict]:
@@ -114,33 +113,6 @@ def plot_toy_grid(runs, path, title: str | None = None) -> str:
                 "(beta1, beta2); bars: beta1 set, beta2 set, unclipped tokens")  # fmt: skip
     bars.axhline(0, color="grey", linewidth=0.8)
     bars.set_xticks(range(len(settings)), [f"({b1:g}, {b2:g})" for b1, b2 in settings], fontsize=7)
-    fig.tight_layout()
-    return save_figure(fig, path, title)
-
-
-def plot_paired_runs(pairs, differences: dict, path, title: str | None = None) -> str:
-    """The demo's LM figure: training entropy and reward of CE-GPPO and GRPO (thin: each seed; thick: the mean), and
-    the held-out CE-GPPO - GRPO differences of accuracy and entropy (one dot per seed, the mean +- std)."""
-    fig, axes = panels(4, ncols=2, width=4.6, height=3.4)
-    for ax, metric in zip(axes[:2], ("entropy", "reward")):
-        for name, color in RUN_COLORS.items():
-            series = [_series(p[name]["log_history"], metric) for p in pairs]
-            for steps, values in series:
-                ax.plot(steps, values, color=color, linewidth=0.6, alpha=0.4)
-            common = min(len(values) for _, values in series)
-            mean = [sum(values[i] for _, values in series) / len(series) for i in range(common)]
-            ax.plot(series[0][0][:common], mean, color=color, linewidth=2, label=pairs[0][name]["label"])
-        style_panel(ax, f"training {metric} (thin: each seed; thick: mean)")
-        ax.legend(fontsize=7)
-    for ax, metric in zip(axes[2:], ("accuracy", "entropy")):
-        diff = differences[metric]
-        ax.axhline(0, color="grey", linewidth=0.8)
-        ax.scatter(range(len(pairs)), diff["values"], color="tab:blue", zorder=3, label="one seed")
-        ax.errorbar([len(pairs)], [diff["mean"]], yerr=[diff["std"]], fmt="o", color="black", capsize=5,
-                    label="mean +- std")  # fmt: skip
-        ax.set_xticks(range(len(pairs)), [str(p["seed"]) for p in pairs], fontsize=7)
-        style_panel(ax, f"held-out {metric} after training, CE-GPPO - GRPO", "seed")
-        ax.legend(fontsize=7)
     fig.tight_layout()
     return save_figure(fig, path, title)
 

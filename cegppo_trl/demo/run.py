@@ -1,7 +1,8 @@
 """`cegppo-demo` (README, *The offline demo*): the exact toy (`toy.py`: CE-GPPO's loss on tabular policies in
 float64, the same figures on every machine), then CE-GPPO vs GRPO from one SFT warm start of the tiny LM over several
-seeds (`lm.py`), with their differences' mean +- std. Writes ``results.md``, ``results.json``, the two figures, the
-warm start and the first seed's models and ``heldout.jsonl`` for the printed `cegppo-eval` commands; CPU, offline.
+seeds, run by `cegppo-compare` (every run `cegppo-train`, every model measured by `cegppo-eval`, in ``lm/``). Writes
+``results.md``, ``results.json``, the two figures and ``heldout.jsonl`` for the printed `cegppo-eval` commands; CPU,
+offline.
 """
 
 from __future__ import annotations
@@ -10,17 +11,28 @@ import argparse
 import dataclasses
 import json
 import os
+import shlex
 import statistics
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
 
+from ..comparison.settings import threads_per_process
 from ..data import write_jsonl
 from ..figures import machine_description
 from ..run_checks import first_problem
-from ..tiny_model import DEFAULT_PROBLEMS, PROBLEM_SETS
-from . import lm
+from ..tiny_model import DEFAULT_PROBLEMS, PROBLEM_SETS, PROMPT_INSTRUCTION, load_rows
+from .plotting import plot_toy_grid
+
+
+#: The user message the tiny model is SFT-trained on: "What is 3+4? Put the final answer in \boxed{}."
+DEMO_INSTRUCTION = "{problem} " + PROMPT_INSTRUCTION
+HELDOUT_FILE = "heldout.jsonl"  # the held-out rows, for `cegppo-eval --datasets`
+DEFAULT_SFT_STEPS, DEFAULT_RL_STEPS, DEFAULT_EVAL_SAMPLES = 200, 32, 8  # why: docs/entropy_results.md, section 4
+MAX_NEW_TOKENS = 20  # the warm-started answer "49+27=76. \boxed{76}" + eos is 16 tokens
 
 
 #: `--quick`: every part and option on, at small sizes (the full sizes, and why: docs/entropy_results.md, section 4).
@@ -60,21 +72,21 @@ def build_parser() -> argparse.ArgumentParser:
     add("--seeds", type=_count, default=3, help="LM seeds, each a CE-GPPO and a GRPO run")
     add("--toy-seeds", type=_count, default=3, help="seeds of the toy grid")
     add("--toy-steps", type=_count, default=100, help="RL steps per toy run")
-    add("--steps", type=_count, default=lm.DEFAULT_RL_STEPS, help="RL optimizer steps per LM run")
-    add("--sft-steps", type=_count, default=lm.DEFAULT_SFT_STEPS, help="SFT warm-start steps")
+    add("--steps", type=_count, default=DEFAULT_RL_STEPS, help="RL optimizer steps per LM run")
+    add("--sft-steps", type=_count, default=DEFAULT_SFT_STEPS, help="SFT warm-start steps")
     add("--beta1", type=float, default=0.5, help="CE-GPPO beta1 (the paper's, 1.5B)")
     add("--beta2", type=float, default=1.0, help="CE-GPPO beta2 (the paper's)")
-    add("--learning-rate", type=float, default=lm.RL_DEFAULTS["learning_rate"], help="RL learning rate")
+    add("--learning-rate", type=float, default=1e-4, help="RL learning rate")
     add("--prompts-per-step", type=_count, default=8, help="prompts per optimizer step")
     add("--num-generations", type=_count, default=8, help="completions per prompt")
     add("--problems", choices=sorted(PROBLEM_SETS), default=DEFAULT_PROBLEMS,
         help="built-in problems: 'sums' (What is a+b?) or 'all' (also a-b, word problems)")  # fmt: skip
     add("--eval-size", type=_count, help="held-out problems evaluated (None: all)")
-    add("--eval-samples", type=_count, default=lm.DEFAULT_EVAL_SAMPLES, help="samples per held-out problem")
+    add("--eval-samples", type=_count, default=DEFAULT_EVAL_SAMPLES, help="samples per held-out problem")
     size = parser.add_mutually_exclusive_group().add_argument
     size("--quick", action="store_true", help=f"a smoke run (defaults become {QUICK}); explicit flags still win")
     size("--long", action="store_true", help=f"the longer demo (defaults become {LONG}); explicit flags still win")
-    add("--threads", type=int, default=0, help="torch intra-op threads (0: one per core that other jobs leave idle)")
+    add("--threads", type=int, default=0, help="the toy's torch threads (0: the cores; the LM runs share them out)")
     add("--no-progress", action="store_true", help="no progress bars")
     return parser
 
@@ -97,7 +109,7 @@ def main(argv=None) -> int:
     from transformers.utils import logging as hf_logging
 
     constants.HF_HUB_OFFLINE = constants.HF_HUB_DISABLE_TELEMETRY = True
-    torch.set_num_threads(args.threads or _idle_cores())
+    torch.set_num_threads(args.threads or threads_per_process(1))
     hf_logging.disable_progress_bar()  # "Loading weights" bars; ours stay
     _run(args, {name: getattr(args, name) for name in QUICK})
     return 0
@@ -118,41 +130,88 @@ def _run(args: argparse.Namespace, sizes: dict) -> dict:
     toy = timed("toy", run_toy_part, range(args.seed, args.seed + sizes["toy_seeds"]), sizes["toy_steps"])
     toy_text = _toy_text(toy, sizes)
     print(toy_text + "\n\n=== Part 2: the same trainer (CEGPPOTrainer) on a tiny language model ===\n", flush=True)
-    eval_rows = lm.load_rows("builtin:arithmetic_eval", sizes["eval_size"], problems=args.problems)
-    heldout = write_jsonl(
-        ({"problem": r["problem"], "answer": r["answer"]} for r in eval_rows), os.path.join(out, lm.HELDOUT_FILE)
-    )
-    warm = timed("warm start", _warm_start, args, sizes, out, eval_rows)
-    pairs = _lm_runs(args, sizes, out, eval_rows, warm, timed)
-    differences = {m: _spread([p["cegppo"][f"end_{m}"] - p["grpo"][f"end_{m}"] for p in pairs])
-                   for m in ("accuracy", "entropy")}  # fmt: skip
-    gains = _gains(pairs)
-    lm_text = _lm_text(pairs, warm, differences, gains, sizes)
+    lm = timed("tiny LM (cegppo-compare)", _lm_part, args, sizes, out)
+    lm_text = _lm_text(lm, sizes)
     print(lm_text, flush=True)
-    plots = timed("figures", _figures, args, sizes, out, toy, pairs, differences)
+    toy_title = f"Exact toy: entropy under CE-GPPO's (beta1, beta2), {len(toy['seeds'])} seeds"
+    plots = {"toy": timed("figures", plot_toy_grid, toy["runs"], os.path.join(out, "toy_entropy.png"), toy_title),
+             "lm": os.path.join(out, "lm", "curves.png")}  # fmt: skip
     shown = args.output_dir.rstrip(os.sep) or out  # the printed commands name the paths as the user gave them
-    models = {"warm_start": os.path.join(shown, "warm_start")}
-    models.update({name: os.path.join(shown, "runs", name, "final") for name in ("cegppo", "grpo")})
-    data = os.path.join(shown, lm.HELDOUT_FILE)
+    models = {"start": os.path.join(shown, "lm", "start-model")}
+    models.update(
+        {r["arm"]: os.path.join(shown, "lm", "runs", r["name"]) for r in lm["runs"] if r["seed"] == args.seed}
+    )
+    data = os.path.join(shown, HELDOUT_FILE)
+    commands = {n: shlex.join(["cegppo-eval", m, "--datasets", data, "--k", str(sizes["eval_samples"])])
+                for n, m in models.items()}  # fmt: skip
     timings["total"] = time.perf_counter() - start
-    summary = {
-        "seed": args.seed, "problems": args.problems, "sizes": sizes, "machine": machine_description(), "toy": toy,
-        "warm_start": warm, "pairs": [{"seed": p["seed"], **{n: _no_history(p[n]) for n in ("cegppo", "grpo")}}
-                                      for p in pairs],
-        "runs": [_no_history(pairs[0][name]) for name in ("cegppo", "grpo")],  # the saved models' runs
-        "differences": differences, "gains": gains, "plots": plots, "heldout": heldout, "timings": timings,
-        "eval_commands": {n: lm.eval_command(p, data, sizes["eval_samples"], args.seed) for n, p in models.items()},
-    }  # fmt: skip
+    summary = {"seed": args.seed, "problems": args.problems, "sizes": sizes, "machine": machine_description(),
+               "toy": toy, "lm": lm, "plots": plots, "heldout": os.path.join(out, HELDOUT_FILE), "timings": timings,
+               "eval_commands": commands}  # fmt: skip
     with open(os.path.join(out, "results.md"), "w") as f:
         f.write(f"## Exact toy\n\n{toy_text}\n\n## Tiny LM\n\n{lm_text}\n")
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(summary, f, indent=1)
     print(f"\n[cegppo-demo] figures: {plots['toy']}, {plots['lm']}\n[cegppo-demo] tables: {out}/results.md, "
-          "results.json\n[cegppo-demo] the first seed's models, saved with their prompt format and sampling, "
-          "evaluate again with cegppo-eval (the same prompts, samples and grader: the same figures):")  # fmt: skip
-    print("\n".join(f"  {command}" for command in summary["eval_commands"].values()))
+          "results.json\n[cegppo-demo] the start and the first seed's models, saved with their prompt format and "
+          "sampling, measure again with cegppo-eval (the same prompts, samples and grader: the same figures):")  # fmt: skip
+    print("\n".join(f"  {command}" for command in commands.values()))
     phases = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in timings.items() if name != "total")
     print(f"[cegppo-demo] time: {phases}; total {timings['total'] // 60:.0f} min {timings['total'] % 60:.0f} s wall")
+    return summary
+
+
+def demo_recipe(args: argparse.Namespace, sizes: dict, train_file: str) -> dict:
+    """The demo's language-model runs as a `cegppo-train` recipe: the paper's off-policy shape (one generation batch
+    feeds 8 optimizer steps), the learning rate warmed up over the first batch (Adam's first steps from a fresh state
+    move every weight by ~lr whatever the gradient: docs/entropy_results.md, section 3), no KL, the +1 / -1 reward."""
+    return {"model_name_or_path": "builtin:tiny", "tiny_sft_steps": sizes["sft_steps"], "dtype": "float32",
+            "dataset_name": train_file, "instruction": DEMO_INSTRUCTION, "reward_funcs": ["math"],
+            "max_steps": sizes["steps"], "num_generations": sizes["num_generations"],
+            "per_device_train_batch_size": sizes["prompts_per_step"] * sizes["num_generations"],
+            "gradient_accumulation_steps": 1, "steps_per_generation": 8, "num_iterations": 1,
+            "max_completion_length": MAX_NEW_TOKENS, "temperature": 1.0, "top_p": 1.0,
+            "learning_rate": args.learning_rate, "lr_scheduler_type": "constant_with_warmup", "warmup_steps": 8,
+            "weight_decay": 0.0, "max_grad_norm": 1.0, "beta": 0.0, "epsilon": 0.2, "loss_type": "dapo",
+            "use_cpu": True, "bf16": False, "activation_checkpointing": False, "report_to": "none",
+            "save_strategy": "no", "logging_steps": max(1, sizes["steps"] // 50), "disable_tqdm": True,
+            "seed": args.seed}  # fmt: skip
+
+
+def _lm_part(args: argparse.Namespace, sizes: dict, out: str) -> dict:
+    """CE-GPPO and GRPO from one SFT warm start over the seeds, through `cegppo-compare` (every run `cegppo-train`,
+    every model measured by `cegppo-eval`); returns its summary, with the runs' arms and seeds."""
+    import yaml
+
+    from ..comparison.report import load, summarize
+
+    folder = os.path.join(out, "lm")
+    os.makedirs(folder, exist_ok=True)
+    held_out = load_rows("builtin:arithmetic_eval", sizes["eval_size"], problems=args.problems)
+    write_jsonl(({"problem": r["problem"], "answer": r["answer"]} for r in held_out), os.path.join(out, HELDOUT_FILE))
+    train_file = write_jsonl(
+        load_rows("builtin:arithmetic", problems=args.problems), os.path.join(folder, "train.jsonl")
+    )
+    recipe = os.path.join(folder, "recipe.yaml")
+    with open(recipe, "w") as f:
+        yaml.safe_dump(demo_recipe(args, sizes, train_file), f, sort_keys=False)
+    arm = "cegppo" if (args.beta1, args.beta2) == (0.5, 1.0) else f"{args.beta1:g},{args.beta2:g}"
+    seeds = [str(args.seed + i) for i in range(sizes["seeds"])]
+    command = [sys.executable, "-m", "cegppo_trl.scripts.compare", "--recipe", recipe, "--arms", "grpo", arm,
+               "--seeds", *seeds, "--eval_datasets", os.path.join(out, HELDOUT_FILE), "--eval_k",
+               str(sizes["eval_samples"]), "--jobs", "2", "--out", folder]  # fmt: skip
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as engine:
+        for line in engine.stdout:  # its progress lines; the demo prints the table with its own sentences
+            print(line, end="", flush=True) if line.startswith("[cegppo-compare]") else None
+    status = engine.returncode
+    if status != 0:
+        raise SystemExit(f"cegppo-demo: the tiny-LM comparison failed (status {status}); its logs are in {folder}.")
+    settings, start, runs = load(Path(folder))
+    summary = summarize(start, runs, ["boxed"])
+    with open(os.path.join(folder, "results.md")) as f:
+        table = f.read()
+    return {"table": table, "summary": summary, "runs": [{k: r[k] for k in ("name", "arm", "seed")} for r in runs],
+            "start_accuracy": statistics.fmean(start["boxed"]["avg"])}  # fmt: skip
 
 
 def run_toy_part(seeds, steps: int) -> dict:
@@ -186,113 +245,33 @@ def _toy_text(toy: dict, sizes: dict) -> str:
     return "\n".join(lines)
 
 
-def _spread(values) -> dict:
-    return {"values": list(values), "mean": statistics.fmean(values),
-            "std": statistics.stdev(values) if len(values) > 1 else 0.0}  # fmt: skip
-
-
-def _gains(pairs: list[dict]) -> dict:
-    """Per arm, held-out accuracy at the end minus at the start (the warm start), over the seeds."""
-    return {name: _spread([p[name]["end_accuracy"] - p[name]["start_accuracy"] for p in pairs])
-            for name in ("cegppo", "grpo")}  # fmt: skip
-
-
-def _warm_start(args, sizes: dict, out: str, eval_rows: list[dict]) -> dict:
-    _, _, warm = lm.warm_start(
-        seed=args.seed, sft_steps=sizes["sft_steps"], progress=not args.no_progress, cache_dir=f"{out}/warm_start",
-        train_rows=lm.load_rows("builtin:arithmetic", problems=args.problems), eval_rows=eval_rows,
-        eval_samples=sizes["eval_samples"],
-    )  # fmt: skip
-    when = "cached" if warm["cached"] else f"{warm['seconds']:.0f} s"
-    print(f"[cegppo-demo] warm start ({when}): held-out accuracy {warm['accuracy']:.3f}, entropy "
-          f"{warm['entropy']:.4f}", flush=True)  # fmt: skip
-    return warm
-
-
-def _lm_runs(args, sizes: dict, out: str, eval_rows: list[dict], warm: dict, timed) -> list[dict]:
-    """CE-GPPO and GRPO from the warm start for each seed; the first seed's models are saved."""
-    runs = (("cegppo", f"CE-GPPO (beta1={args.beta1:g}, beta2={args.beta2:g})", args.beta1, args.beta2),
-            ("grpo", "GRPO (beta1=beta2=0)", 0.0, 0.0))  # fmt: skip
-    train_dataset, pairs = lm.demo_train_dataset(args.problems), []
-    for index in range(sizes["seeds"]):
-        seed, first = args.seed + index, index == 0
-        pair = {"seed": seed}
-        start_eval = {k: warm[k] for k in ("accuracy", "entropy")} if first else None
-        for name, label, beta1, beta2 in runs:
-            model, tokenizer = lm.load_tiny(f"{out}/warm_start")  # identical starting weights
-            pair[name] = timed(
-                f"{name}, seed {seed}", lm.run_rl, model, tokenizer, beta1=beta1, beta2=beta2, seed=seed,
-                max_steps=sizes["steps"], output_dir=f"{out}/runs/{name if first else f'{name}-seed{seed}'}",
-                train_dataset=train_dataset, eval_rows=eval_rows, eval_samples=sizes["eval_samples"],
-                progress=not args.no_progress, label=label, save_final=first, start_eval=start_eval,
-                learning_rate=args.learning_rate, num_generations=sizes["num_generations"],
-                per_device_train_batch_size=sizes["prompts_per_step"] * sizes["num_generations"],
-            )  # fmt: skip
-            start_eval = {k: pair[name][f"start_{k}"] for k in ("accuracy", "entropy")}
-        pairs.append(pair)
-    return pairs
-
-
-def _lm_text(pairs: list[dict], warm: dict, differences: dict, gains: dict, sizes: dict) -> str:
-    lines = [
-        "| seed | held-out accuracy: CE-GPPO | GRPO | CE-GPPO - GRPO | held-out entropy: CE-GPPO | GRPO "
-        "| CE-GPPO - GRPO | train reward, last 10%: CE-GPPO | GRPO |",
-        "|" + "---|" * 9,
-        f"| start (warm start) | {warm['accuracy']:.3f} | {warm['accuracy']:.3f} | | {warm['entropy']:.4f} "
-        f"| {warm['entropy']:.4f} | | | |",
-    ]
-    for p in pairs:
-        c, g = p["cegppo"], p["grpo"]
-        reward = " | ".join(f"{r['end_reward']:+.3f}" if r["end_reward"] is not None else "-" for r in (c, g))
-        lines.append(f"| {p['seed']} | {c['end_accuracy']:.3f} | {g['end_accuracy']:.3f} "
-                     f"| {c['end_accuracy'] - g['end_accuracy']:+.3f} | {c['end_entropy']:.4f} | {g['end_entropy']:.4f} "
-                     f"| {c['end_entropy'] - g['end_entropy']:+.4f} | {reward} |")  # fmt: skip
-    acc, ent = differences["accuracy"], differences["entropy"]
-    lines.append(f"| mean +- std | | | {acc['mean']:+.3f} +- {acc['std']:.3f} | | | "
-                 f"{ent['mean']:+.4f} +- {ent['std']:.4f} | | |")  # fmt: skip
-    cegppo = [p["cegppo"] for p in pairs]
-    share = {k: 100 * statistics.fmean(r[k] for r in cegppo) for k in ("beta1_token_frac", "beta2_token_frac",
-                                                                         "beta1_grad_share", "beta2_grad_share")}  # fmt: skip
-    return "\n".join(lines) + (
-        f"\n\nStart (the warm start, {warm['sft']['steps']} SFT steps): held-out accuracy {warm['accuracy']:.3f} "
-        f"(sampled, T=1), entropy {warm['entropy']:.4f} nats. RL from it, held-out accuracy at the end minus the "
-        f"start: {_gain_text(gains['cegppo'], 'CE-GPPO')}; {_gain_text(gains['grpo'], 'GRPO')}.\n\n"
-        f"What this part shows: the trainer on a real model. Off-policy updates put {share['beta1_token_frac']:.2f}% "
-        f"/ {share['beta2_token_frac']:.2f}% of CE-GPPO's tokens in the beta1 / beta2 sets, carrying "
-        f"{share['beta1_grad_share']:.2f}% / {share['beta2_grad_share']:.2f}% of its gradient weight. CE-GPPO - GRPO "
-        f"over {len(pairs)} seeds: held-out entropy {ent['mean']:+.4f} +- {ent['std']:.4f} nats (higher in "
-        f"{sum(v > 0 for v in ent['values'])} of {len(pairs)}), accuracy {acc['mean']:+.3f} +- {acc['std']:.3f} "
-        f"(higher in {sum(v > 0 for v in acc['values'])} of {len(pairs)}).\n\n" + LM_LIMITS.format(**sizes)
+def _lm_text(lm: dict, sizes: dict) -> str:
+    """The comparison's table, then each arm against the warm start and CE-GPPO - GRPO over the seeds, counted."""
+    summary, reference = lm["summary"], lm["summary"]["reference"]
+    arms = summary["arms"]
+    cegppo = next(a for a in arms if a != reference)
+    versus = summary["versus"][cegppo]["over_seeds"]
+    gains = "; ".join(_gain_text(arms[a]["boxed"]["avg_vs_start"], arms[a]["label"]) for a in (cegppo, reference))
+    accuracy, entropy = versus["boxed"]["avg"]["values"], versus["train_entropy"]["values"]
+    return (
+        lm["table"] + f"\nStart (the warm start, {sizes['sft_steps']} SFT steps): held-out accuracy "
+        f"{lm['start_accuracy']:.3f} (avg@{sizes['eval_samples']}, sampled at T=1). RL from it, held-out accuracy at "
+        f"the end minus the start: {gains}.\n\nCE-GPPO - GRPO over {len(accuracy)} seeds: training entropy "
+        f"{_spread_text(entropy, 4)} nats (higher in {sum(v > 0 for v in entropy)} of {len(entropy)}), held-out "
+        f"accuracy {_spread_text(accuracy, 3)} (higher in {sum(v > 0 for v in accuracy)} of {len(accuracy)}).\n\n"
+        + LM_LIMITS.format(**sizes)
     )
+
+
+def _spread_text(values: list[float], digits: int) -> str:
+    spread = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.fmean(values):+.{digits}f} +- {spread:.{digits}f}"
 
 
 def _gain_text(gain: dict, name: str) -> str:
     values = gain["values"]
-    return (f"{name} {gain['mean']:+.3f} +- {gain['std']:.3f} (above the start in {sum(v > 0 for v in values)} of "
+    return (f"{name} {_spread_text(values, 3)} (above the start in {sum(v > 0 for v in values)} of "
             f"{len(values)} seeds, {min(values):+.3f} to {max(values):+.3f})")  # fmt: skip
-
-
-def _figures(args, sizes: dict, out: str, toy: dict, pairs: list[dict], differences: dict) -> dict:
-    from .plotting import plot_paired_runs, plot_toy_grid
-
-    toy_title = f"Exact toy: entropy under CE-GPPO's (beta1, beta2), {len(toy['seeds'])} seeds"
-    lm_title = (f"Tiny LM, {args.problems}: CE-GPPO ({args.beta1:g}, {args.beta2:g}) vs GRPO, {len(pairs)} seeds, "
-                f"{sizes['steps']} steps of {sizes['prompts_per_step']} x {sizes['num_generations']} completions")  # fmt: skip
-    return {
-        "toy": plot_toy_grid(toy["runs"], os.path.join(out, "toy_entropy.png"), title=toy_title),
-        "lm": plot_paired_runs(pairs, differences, os.path.join(out, "cegppo_vs_grpo.png"), lm_title),
-    }
-
-
-def _no_history(result: dict) -> dict:
-    return {k: v for k, v in result.items() if k != "log_history"}
-
-
-def _idle_cores() -> int:
-    """The cores other jobs leave idle (by the last minute's load average), at least one: two intra-op threads on one
-    free core spin against the other job and run several times slower; 1 or 2 threads give the same figures."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cores - round(os.getloadavg()[0]))
 
 
 if __name__ == "__main__":

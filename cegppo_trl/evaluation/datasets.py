@@ -85,6 +85,9 @@ def load_eval_datasets(names: Sequence[str], settings: EvalSettings) -> tuple[li
                 answer_column=settings.answer_column,
                 system_prompt=settings.system_prompt or None,
                 instruction=settings.instruction or None,
+                example=None
+                if settings.example_problem is None
+                else (settings.example_problem, settings.example_answer),
             )
         except Exception as error:  # noqa: BLE001 - a user's data set: report every failure, with its reason
             failures.append(f"  {name}: {type(error).__name__}: {error}")

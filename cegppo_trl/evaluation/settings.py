@@ -21,6 +21,7 @@ from ..prompt_settings import (
     is_integer,
     is_number,
     prompt_word,
+    saved_example,
     settings_for_model,
 )
 from ..rewards.protocols import DEFAULT_PROTOCOL, PROTOCOLS
@@ -47,7 +48,17 @@ _RULES = {
     **SAMPLING_RULES,
     **dict.fromkeys(("k", "batch_size", "tensor_parallel_size", "max_problems", "max_model_len"), _COUNT),
     **dict.fromkeys(
-        ("instruction", "system_prompt", "problem_column", "answer_column", "base_model", "merge_dir"), _TEXT
+        (
+            "instruction",
+            "system_prompt",
+            "problem_column",
+            "answer_column",
+            "base_model",
+            "merge_dir",
+            "example_problem",
+            "example_answer",
+        ),
+        _TEXT,
     ),
     "timeout_s": (lambda v: is_number(v) and v > 0, "must be > 0 seconds"),
     "gpu_memory_utilization": (lambda v: is_number(v) and 0 < v <= 1, "must be in (0, 1]"),
@@ -75,6 +86,10 @@ class EvalSettings:
         "'Please reason step by step, and put your final answer within \\boxed{}.' (else: 'default')",
     )
     system_prompt: str | None = _option(None, "system message; 'none': no system message (else: none)")
+    example_problem: str | None = _option(
+        None, "a worked example before each problem (a user turn), with --example-answer (else: the model's, if any)"
+    )
+    example_answer: str | None = _option(None, "the worked example's answer (an assistant turn)")
     temperature: float | None = _option(None, f"sampling temperature, 0 = greedy (else: {DEFAULT_TEMPERATURE})")
     top_p: float | None = _option(None, f"nucleus sampling top_p (else: {DEFAULT_TOP_P})")
     top_k: int | None = _option(None, "top-k cut, 0 = none (else: 0)")
@@ -163,6 +178,11 @@ class EvalSettings:
             f"0 is greedy decoding, so all --k {self.k} samples would be equal; pass --k 1 or a temperature > 0",
         )
         self._need(
+            (self.example_problem is None) == (self.example_answer is None),
+            "example_problem",
+            "goes with --example-answer: pass both or neither",
+        )
+        self._need(
             self.pass_ks is None
             or bool(self.pass_ks)
             and all(is_integer(j) and 1 <= j <= self.k for j in self.pass_ks),
@@ -182,6 +202,8 @@ class EvalSettings:
             )
             given["system_prompt"] = self.system_prompt if self.system_prompt is not None else ""
         values, from_checkpoint = settings_for_model(given, model_dirs)
+        if self.example_problem is None and self.example_answer is None:  # the model's worked example, if any
+            values["example_problem"], values["example_answer"] = saved_example(model_dirs) or (None, None)
         return replace(self, **values), from_checkpoint
 
 

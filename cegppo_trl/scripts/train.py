@@ -55,6 +55,10 @@ class CEGPPOScriptArguments(ScriptArguments):
         default=DEFAULT_INSTRUCTION,
         metadata={"help": "'default', 'none', a template with {problem}, or text appended to each problem."},
     )
+    example_problem: str | None = field(
+        default=None, metadata={"help": "A worked example before each problem (a user turn); needs example_answer."}
+    )
+    example_answer: str | None = field(default=None, metadata={"help": "The example's answer (an assistant turn)."})
     max_train_samples: int | None = field(default=None, metadata={"help": "Keep only the first N training rows."})
     reward_funcs: list[str] = field(
         default_factory=lambda: ["math"],
@@ -73,6 +77,8 @@ class CEGPPOScriptArguments(ScriptArguments):
     def __post_init__(self):
         self.instruction = resolve_instruction(self.instruction)  # ValueError names an unknown {placeholder}
         self.system_prompt = resolve_system_prompt(self.system_prompt)
+        if (self.example_problem is None) != (self.example_answer is None):
+            raise ValueError("--example_problem and --example_answer go together: pass both or neither.")
         if self.max_train_samples is not None and self.max_train_samples < 1:
             raise ValueError(
                 f"--max_train_samples {self.max_train_samples}: it keeps the first N training rows and must be at "
@@ -161,12 +167,18 @@ def resolve_model(name: str | None, script_args: CEGPPOScriptArguments, training
     return materialize_tiny_in_job(path, training_args.seed, script_args.tiny_sft_steps)
 
 
+def worked_example(script_args) -> tuple[str, str] | None:
+    """(problem, answer) of the worked example before each problem, or None."""
+    return None if script_args.example_problem is None else (script_args.example_problem, script_args.example_answer)
+
+
 def load_datasets(script_args: CEGPPOScriptArguments, training_args):
     """(train, eval or None): `load_math_dataset`'s conversational `prompt` and `solution` columns."""
     from ..data import load_math_dataset
 
     columns = dict(problem_column=script_args.problem_column, answer_column=script_args.answer_column,
-                   system_prompt=script_args.system_prompt, instruction=script_args.instruction)  # fmt: skip
+                   system_prompt=script_args.system_prompt, instruction=script_args.instruction,
+                   example=worked_example(script_args))  # fmt: skip
     name, config = script_args.dataset_name, script_args.dataset_config
     if not name:
         raise ValueError(

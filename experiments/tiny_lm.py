@@ -1,4 +1,6 @@
-"""The tiny-LM half of `cegppo-demo`: the SFT warm start, one `CEGPPOTrainer` run, and the held-out figures.
+"""The tiny LM in one process, for the experiments (experiments/entropy_toy_and_tiny_lm.py, docs/tuning.md): the SFT
+warm start, one `CEGPPOTrainer` run, and the held-out figures with the policy's entropy. (`cegppo-demo` and
+`cegppo-compare` run the tiny LM through `cegppo-train` and `cegppo-eval` instead.)
 
 Every model is saved with its prompt format and sampling settings, and the held-out figures are `cegppo-eval`'s code,
 so ``cegppo-eval MODEL_DIR --datasets heldout.jsonl --k K --seed S`` (`eval_command`) gives them again.
@@ -14,10 +16,10 @@ from typing import Any
 
 from transformers import PrinterCallback, ProgressCallback
 
-from ..data import build_prompt, load_builtin_rows, load_math_dataset
-from ..evaluation import evaluate_completions, generate_with_entropy
-from ..prompt_settings import save_eval_settings
-from ..tiny_model import DEFAULT_PROBLEMS, PROMPT_INSTRUCTION, load_rows, load_tiny, save_tiny, warm_tiny
+from cegppo_trl.data import build_prompt, load_builtin_rows, load_math_dataset
+from cegppo_trl.evaluation import evaluate_completions, generate_with_entropy
+from cegppo_trl.prompt_settings import save_eval_settings
+from cegppo_trl.tiny_model import DEFAULT_PROBLEMS, PROMPT_INSTRUCTION, load_rows, load_tiny, save_tiny, warm_tiny
 
 
 #: The user message the tiny model is SFT-trained on: "What is 3+4? Put the final answer in \boxed{}."
@@ -137,9 +139,9 @@ def run_rl(model, tokenizer, *, beta1, beta2, seed, max_steps, output_dir, train
     token fractions and gradient shares, ``output_dir`` (with ``trainer_state.json``) and ``final_dir`` (with
     `save_final`: the model with its prompt format in ``output_dir/final``, else None).
     """
-    from ..config import CEGPPOConfig
-    from ..rewards import math_reward
-    from ..trainer import CEGPPOTrainer
+    from cegppo_trl.config import CEGPPOConfig
+    from cegppo_trl.rewards import math_reward
+    from cegppo_trl.trainer import CEGPPOTrainer
 
     if isinstance(model, (str, os.PathLike)):
         model, tokenizer = load_tiny(model)
