@@ -394,13 +394,13 @@ def test_eval_commands(item, stand_ins, tmp_path, request, monkeypatch, capsys):
     cmd = _set_flag(cmd, "--output", str(tmp_path / "eval.json"))
     assert "avg@" in _console("cegppo-eval", cmd, cwd, monkeypatch, capsys)
     if on_demo:
-        model = Path(cmd[0]).parts  # e.g. cegppo-demo-output/runs/cegppo/final
-        figure = summary["warm_start"]["accuracy"]
-        if model[1] == "runs":
-            figure = next(r["end_accuracy"] for r in summary["runs"] if Path(r["output_dir"]).name == model[2])
+        # e.g. cegppo-demo-output/lm/runs/cegppo-seed0: the comparison's own cegppo-eval report of that model
+        model = Path(cmd[0])
+        report = cwd / (model.parent.parent / "start" if model.name == "start-model" else model) / "eval-boxed.json"
+        (figures,) = json.loads(report.read_text())["datasets"].values()
         (metrics,) = json.loads((tmp_path / "eval.json").read_text())["datasets"].values()
         k = cmd[cmd.index("--k") + 1]
-        assert metrics[f"avg@{k}"] == figure, (cmd, metrics, figure)
+        assert metrics[f"avg@{k}"] == figures[f"avg@{k}"], (cmd, metrics, figures)
 
 
 @pytest.mark.parametrize("item", commands("cegppo-recipes"))
