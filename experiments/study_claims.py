@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from cegppo_trl.comparison.report import verdict
@@ -65,7 +66,10 @@ def claim_rows(found: list[dict]) -> list[str]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("results", metavar="RESULTS.json", help="a comparison's results.json")
-    result = json.loads(open(parser.parse_args(argv).results).read())
+    path = parser.parse_args(argv).results
+    if not os.path.isfile(path):
+        parser.exit(2, f"study_claims.py: {path}: no such file; run the README's cegppo-compare command first.\n")
+    result = json.loads(open(path).read())
     settings = result["settings"]
     protocols = settings.get("protocols") or settings["shaping"]["protocols"]  # the study's results, or the engine's
     print("\n".join(claim_rows(claims(result["summary"], protocols))))

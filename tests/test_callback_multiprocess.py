@@ -22,7 +22,9 @@ def runs(quick_demo, tmp_path_factory):
     runs = {}
     for n in (1, 2):
         out = tmp_path_factory.mktemp(f"avg-at-k-{n}proc")
-        run_launched([*launcher(n), WORKER, quick_demo.out / "lm" / "start-model", quick_demo.out / "heldout.jsonl", out])
+        run_launched(
+            [*launcher(n), WORKER, quick_demo.out / "lm" / "start-model", quick_demo.out / "heldout.jsonl", out]
+        )
         runs[n] = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(n)]
     return runs
 

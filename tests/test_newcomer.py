@@ -38,7 +38,15 @@ SMALL = {
     # (tests/real_model/test_real_model_learning.py); here their own install must import and parse them
     "python": "--help",
 }
-NEEDS = {"cegppo-demo": "plot", "cegppo-plot": "plot", "cegppo-compare": "real", "python": "real"}  # checked first
+# What a command checks first (a `python` command: its script's): a missing extra refuses in one line.
+NEEDS = {"cegppo-demo": "plot", "cegppo-plot": "plot", "cegppo-compare": "real", "real_model_learning.py": "real"}
+
+
+def _needs(argv: list[str]) -> str | None:
+    name = Path(argv[0]).name
+    return NEEDS.get(Path(argv[1]).name if name == "python" else name)
+
+
 REFUSAL_S = 60  # "within seconds": the imports alone take a few on a loaded 2-core machine
 
 
@@ -80,7 +88,8 @@ def _stand_ins(argv: list[str]) -> list[str]:
     run = yaml.safe_load((ROOT / TINY_RECIPE).read_text())["output_dir"]
     swap = dict.fromkeys((*HUB_MODELS, *PLACEHOLDER_MODELS, "RUN_DIR"), run)
     swap.update(dict.fromkeys(HUB_EVAL_SETS, "builtin:arithmetic_eval"))
-    swap.update({w: str(ROOT / w) for w in argv if w.endswith(".py") and (ROOT / w).is_file()})  # the clone's scripts
+    # the clone's scripts and files (the study's recipe): the commands run from the clone's root, this test elsewhere
+    swap.update({w: str(ROOT / w) for w in argv if w.endswith((".py", ".yaml")) and (ROOT / w).is_file()})
     return [swap.get(word, word) for word in argv if not set(word) & set("[]") and word != "..."]
 
 
@@ -109,7 +118,7 @@ def test_readme_commands_run_from_their_own_install(tmp_path):
                 run_checked([name, *_stand_ins(argv[1:]), *SMALL[name].split()], work, env)
             elif step == 0 and install == "gpu" and (launch := _gpu_launch_on_cpu(argv)):
                 _refuses(launch, install, work, env)
-            elif step == 0 and NEEDS.get(name) == install != extra:
+            elif step == 0 and _needs(argv) == install != extra:
                 _refuses([name, *_stand_ins(argv[1:])], install, work, env)  # it must stop before any work
 
 

@@ -82,8 +82,9 @@ def test_quick_demo_from_the_wheel(quick_demo):
     """`cegppo-demo --quick` runs from the wheel (the shared `quick_demo` is the wheel's console script), in a directory
     outside the checkout."""
     assert not (quick_demo.cwd / "recipes").exists() and ROOT not in quick_demo.cwd.parents
-    labels = [r["label"] for r in quick_demo.summary["runs"]]
-    assert len(labels) == 2 and labels[0].startswith("CE-GPPO") and labels[1].startswith("GRPO"), labels
+    arms = {r["arm"] for r in quick_demo.summary["lm"]["runs"]}
+    assert arms == {"cegppo", "grpo"}, quick_demo.summary["lm"]["runs"]
+    assert "CE-GPPO (0.5, 1)" in quick_demo.summary["lm"]["table"] and "GRPO" in quick_demo.summary["lm"]["table"]
 
 
 def test_tiny_recipe_from_the_wheel(wheel_venv, tiny_recipe_run, tmp_path):

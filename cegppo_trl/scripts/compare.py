@@ -156,8 +156,8 @@ def main(argv=None) -> int:
         print(f"{PROG}: {error}", file=sys.stderr)
         return 2
     problems = preflight(args)
-    if problems:
-        print("\n".join(f"{PROG}: {p}" for p in problems), file=sys.stderr)
+    if problems:  # one line: the first (a missing extra comes first), the fix beside it
+        print(f"{PROG}: {problems[0]}", file=sys.stderr)
         return 2
     out = Path(args.out).resolve()
     if args.report_only:
