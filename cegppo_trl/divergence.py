@@ -375,10 +375,8 @@ class DivergenceGuardMixin:
     def _get_grad_norm(self, model, grad_norm=None):
         grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
         (values, then), self._with_check = self._with_check or (None, None), None
-        step, device, engine_skipped = self.state.global_step + 1, self.accelerator.device, 0
-        if self.is_deepspeed_enabled:
-            engine_skipped = self._engine_skipped_since_last_check()
-        outcome = self.step_guard.end_step(step, grad_norm, device, values, engine_skipped)
+        step, engine_skipped = self.state.global_step + 1, self._engine_skipped_since_last_check()
+        outcome = self.step_guard.end_step(step, grad_norm, self.accelerator.device, values, engine_skipped)
         if not self.is_deepspeed_enabled:  # the engine keeps its own optimizer and schedule
             if outcome.skip:
                 model.zero_grad(set_to_none=True)  # the optimizer passes over parameters without a gradient
